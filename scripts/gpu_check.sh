@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# On a Hopper GPU machine: run every GPU test (plus compute-sanitizer memcheck over them), the
+# Python tests on CUDA tensors, the main report, the headline benchmarks and accuracy reports, in one
+# call. Logs go to ${OUT:-gpu-logs}/.
+#
+# Binaries: taken from ${BIN:-.gpu-bin} when present (built on a CPU machine with
+# scripts/stage_gpu_bin.sh and carried over), otherwise built here with scripts/build.sh.
+# The Python module is always built here (it must match this machine's Python).
+# Sections can be chosen: SECTIONS="tests sanitizer python report bench accuracy peers" (default all).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-logs}
+mkdir -p "$OUT"
+BIN=${BIN:-.gpu-bin}
+SECTIONS=${SECTIONS:-"tests sanitizer python report bench accuracy peers"}
+want() { [[ " $SECTIONS " == *" $1 "* ]]; }
+status=0
+note() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+
+# cuDNN 9.19 from torch's wheel first, so our peers run on the version torch and JAX use.
+CUDNN_LIB=$(python3 -c "import os, torch; p=os.path.join(os.path.dirname(torch.__file__), '..', 'nvidia', 'cudnn', 'lib'); print(os.path.realpath(p))" 2>/dev/null || true)
+[ -n "$CUDNN_LIB" ] && [ -d "$CUDNN_LIB" ] && export LD_LIBRARY_PATH="$CUDNN_LIB:${LD_LIBRARY_PATH:-}"
+export PATH="/usr/local/cuda/bin:$PATH"
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$OUT/gpu.txt" 2>&1
+cat "$OUT/gpu.txt"
+
+if [ ! -x "$BIN/mxflash_tests_gpu" ]; then
+  note "building (no staged binaries in $BIN)"
+  BUILD_DIR=build-gpu scripts/build.sh -DMXFLASH_PYTHON=OFF > "$OUT/build.log" 2>&1 || { note "BUILD FAILED"; tail -30 "$OUT/build.log"; exit 1; }
+  BIN=build-gpu/stage; mkdir -p "$BIN"
+  cp build-gpu/tests/mxflash_tests_gpu build-gpu/tests/mxflash_tests_cpu build-gpu/tools/*/mxflash-* "$BIN"/ 2>/dev/null
+fi
+
+if want tests; then
+  note "GPU tests"
+  "$BIN/mxflash_tests_gpu" --gtest_brief=1 > "$OUT/tests_gpu.log" 2>&1 || { status=1; note "GPU TESTS FAILED"; }
+  tail -5 "$OUT/tests_gpu.log"
+fi
+if want sanitizer; then
+  for tool in memcheck racecheck synccheck; do
+    note "compute-sanitizer $tool over the GPU tests"
+    compute-sanitizer --tool "$tool" --error-exitcode 9 "$BIN/mxflash_tests_gpu" --gtest_brief=1 \
+      ${SANITIZER_FILTER:+--gtest_filter=$SANITIZER_FILTER} > "$OUT/sanitizer_$tool.log" 2>&1 \
+      || { status=1; note "SANITIZER $tool FAILED"; }
+    tail -3 "$OUT/sanitizer_$tool.log"
+  done
+fi
+if want python; then
+  note "Python tests (CUDA tensors through DLPack)"
+  if BUILD_DIR=build-gpu-py scripts/build.sh -DMXFLASH_TESTS=OFF > "$OUT/build_py.log" 2>&1; then
+    PYTHONPATH="$PWD/python" python3 -m pytest -q tests/python > "$OUT/pytest.log" 2>&1 || { status=1; note "PYTHON TESTS FAILED"; }
+    tail -3 "$OUT/pytest.log"
+  else
+    status=1; note "PYTHON BUILD FAILED"; tail -20 "$OUT/build_py.log"
+  fi
+fi
+if want report; then
+  note "mxflash-report"
+  "$BIN/mxflash-report" > "$OUT/report.log" 2>&1 || { status=1; note "REPORT FAILED"; }
+  cat "$OUT/report.log"
+fi
+if want bench && [ -x "$BIN/mxflash-bench" ]; then
+  note "mxflash-bench quantize"
+  "$BIN/mxflash-bench" quantize --json "$OUT/bench_quantize.json" > "$OUT/bench_quantize.log" 2>&1 || { status=1; note "BENCH QUANTIZE FAILED"; }
+  cat "$OUT/bench_quantize.log"
+  note "mxflash-bench attention presets"
+  "$BIN/mxflash-bench" both --preset all ${BENCH_ARGS:-} --json "$OUT/bench_attention.json" > "$OUT/bench_attention.log" 2>&1 || { status=1; note "BENCH ATTENTION FAILED"; }
+  cat "$OUT/bench_attention.log"
+fi
+if want peers && [ -f scripts/peer_check.py ]; then
+  note "independent peer check (torch / JAX)"
+  python3 scripts/peer_check.py --preset all --json "$OUT/peer_check.json" > "$OUT/peer_check.log" 2>&1 || { status=1; note "PEER CHECK FAILED"; }
+  cat "$OUT/peer_check.log"
+fi
+if want accuracy && [ -x "$BIN/mxflash-accuracy" ]; then
+  note "mxflash-accuracy (quick suite)"
+  "$BIN/mxflash-accuracy" --quick --json "$OUT/accuracy.json" > "$OUT/accuracy.log" 2>&1 || { status=1; note "ACCURACY FAILED"; }
+  tail -40 "$OUT/accuracy.log"
+fi
+note "gpu_check exit status $status"
+exit $status
