@@ -14,6 +14,9 @@ enum class Device : int { kCPU = 0, kCUDA = 1 };
 const char* to_string(DType t);
 const char* to_string(Device d);
 int dtype_size(DType t);
+struct TensorView;
+// "cpu" or "cuda:N".
+std::string device_string(const TensorView& t);
 
 inline constexpr int kMaxDims = 4;
 

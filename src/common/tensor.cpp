@@ -18,6 +18,9 @@ const char* to_string(DType t) {
   return "?";
 }
 const char* to_string(Device d) { return d == Device::kCPU ? "cpu" : "cuda"; }
+std::string device_string(const TensorView& t) {
+  return t.device == Device::kCPU ? "cpu" : "cuda:" + std::to_string(t.device_id);
+}
 
 int dtype_size(DType t) {
   switch (t) {
@@ -29,15 +32,22 @@ int dtype_size(DType t) {
   }
 }
 
+namespace {
+// Views with more dimensions than kMaxDims keep their ndim (so every shape check rejects them)
+// but only kMaxDims extents are ever read or written.
+int stored_dims(int ndim) { return ndim < kMaxDims ? ndim : kMaxDims; }
+}  // namespace
+
 int64_t TensorView::numel() const {
   int64_t n = 1;
-  for (int i = 0; i < ndim; ++i) n *= shape[i];
+  for (int i = 0; i < stored_dims(ndim); ++i) n *= shape[i];
   return n;
 }
 
 bool TensorView::is_contiguous() const {
+  if (numel() == 0) return true;  // no element to address; frameworks report arbitrary strides
   int64_t expect = 1;
-  for (int i = ndim - 1; i >= 0; --i) {
+  for (int i = stored_dims(ndim) - 1; i >= 0; --i) {
     if (shape[i] != 1 && stride[i] != expect) return false;
     expect *= shape[i];
   }
@@ -46,7 +56,8 @@ bool TensorView::is_contiguous() const {
 
 std::string TensorView::shape_string() const {
   std::string s = "(";
-  for (int i = 0; i < ndim; ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  for (int i = 0; i < stored_dims(ndim); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  if (ndim > kMaxDims) s += ", ...";
   return s + (ndim == 1 ? ",)" : ")");
 }
 
@@ -58,7 +69,7 @@ TensorView make_view(void* data, DType dtype, Device device, int ndim, const int
   v.device_id = device_id;
   v.ndim = ndim;
   int64_t s = 1;
-  for (int i = ndim - 1; i >= 0; --i) {
+  for (int i = stored_dims(ndim) - 1; i >= 0; --i) {
     v.shape[i] = shape[i];
     v.stride[i] = s;
     s *= shape[i];

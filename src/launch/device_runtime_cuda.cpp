@@ -9,6 +9,7 @@ namespace mxflash::detail {
 namespace {
 Status cuda_status(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return Status::Ok();
+  cudaGetLastError();  // a failed call leaves its error pending; the next launch would report it as its own
   return Status::Cuda(std::string(what) + ": " + cudaGetErrorString(e));
 }
 }  // namespace

@@ -21,9 +21,13 @@ struct Arg {
 Status check_devices(const std::vector<Arg>& args, const JaggedMeta& meta, Device* dev) {
   const TensorView& first = *args[0].t;
   for (const Arg& a : args) {
+    // Any value but kCPU would otherwise be routed to the CUDA backend unchecked.
+    if (a.t->device != Device::kCPU && a.t->device != Device::kCUDA)
+      return Status::Invalid(std::string(a.name) + ": device must be cpu or cuda, got " +
+                             std::to_string(int(a.t->device)));
     if (a.t->device != first.device || a.t->device_id != first.device_id)
       return Status::Invalid(std::string(a.name) + ": must be on the same device as " + args[0].name + " (" +
-                             to_string(first.device) + "), got " + to_string(a.t->device));
+                             device_string(first) + "), got " + device_string(*a.t));
   }
   *dev = first.device;
   if (first.device == Device::kCUDA) {

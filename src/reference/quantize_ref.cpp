@@ -15,6 +15,17 @@ float load_x(const detail::QuantizeProblem& p, int64_t i) {
 
 int64_t x_index(int64_t t, int64_t h, int64_t d, int64_t H) { return (t * H + h) * kHeadDim + d; }
 
+// dequantize_element with one defined NaN pattern. A product's NaN bits are not defined by the
+// source (x86/Arm return the NaN operand, the first one the compiler placed when both are NaN; a
+// GPU returns its canonical NaN), so NaN outputs are pinned here to what x86 gives when one operand
+// is NaN: the payload's signed quiet NaN when the element is NaN, else +qNaN for a NaN scale.
+// CUDA's dequantize_value (src/cuda/quantize/mx_device.cuh) follows the same rule.
+float dequantize_value(uint8_t q, uint8_t s) {
+  if ((q & 0x7F) == kE4m3Nan) return bits_float((uint32_t(q & 0x80) << 24) | 0x7FC00000u);
+  if (s == kE8m0Nan) return bits_float(0x7FC00000u);
+  return dequantize_element(q, s);
+}
+
 // Quantizes one block of `n` values (the rest of the 32 count as zeros) and returns its scale.
 uint8_t quantize_block(const float* v, int n, ScalingMode mode, uint8_t* q) {
   float amax = 0.f;
@@ -136,8 +147,8 @@ void dequantize(const detail::DequantizeProblem& p) {
                                                          : hdim_blocked_offset(h, tp, k, d.P);
               break;
           }
-          const float v = dequantize_element(p.payload[payload_offset(p.payload_layout, t, tp, h, c, d.H, d.P)],
-                                             p.scales[so]);
+          const float v = dequantize_value(p.payload[payload_offset(p.payload_layout, t, tp, h, c, d.H, d.P)],
+                                           p.scales[so]);
           const int64_t i = x_index(t, h, c, d.H);
           if (p.out_bf16)
             static_cast<uint16_t*>(p.out)[i] = float_to_bf16(v);

@@ -1,0 +1,565 @@
+"""mxflash: MXFP8 (E4M3 elements, E8M0 block scales) quantization for jagged attention tensors.
+
+Tensors are packed jagged batches: the tokens of all sequences concatenated, shape (T, H, 128),
+described by a :class:`JaggedMeta`. Every function accepts
+
+* numpy arrays (runs the C++ CPU reference; returns numpy arrays), with bf16 as
+  ``ml_dtypes.bfloat16``, E4M3 payloads as ``ml_dtypes.float8_e4m3fn`` or ``uint8`` and E8M0
+  scales as ``ml_dtypes.float8_e8m0fnu`` or ``uint8``;
+* torch tensors, on the CPU (CPU reference) or on a CUDA device (CUDA kernels, enqueued on the
+  current torch stream of that device, no synchronization); returns torch tensors on the same
+  device. Other objects with ``__dlpack__`` are taken through ``torch.from_dlpack`` (CUDA) or
+  ``numpy.from_dlpack`` (CPU).
+
+Outputs: payloads are ``float8_e4m3fn`` (numpy: ml_dtypes; torch: ``torch.float8_e4m3fn``), scales
+are raw E8M0 bytes as ``uint8`` (value = 2**(byte - 127), 255 = NaN) with both numpy and torch.
+Every function takes ``out=`` to write into preallocated tensors instead.
+
+All argument checking is done by the C++ library: a broken rule raises ``ValueError`` whose
+message names the argument (nothing is written); other failures (no CUDA in this build, CUDA
+errors) raise ``RuntimeError``. Inputs are never copied: non-contiguous tensors are rejected.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import ml_dtypes
+
+from . import _mxflash as _C
+
+__all__ = [
+    "JaggedMeta",
+    "quantize",
+    "quantize_hdim_seq",
+    "dequantize",
+    "to_token_contiguous",
+    "to_token_major",
+    "scales_to_blocked",
+    "scales_to_plain",
+    "scale_shape",
+    "payload_shape",
+    "e4m3_encode",
+    "e4m3_decode",
+    "e8m0_scale",
+    "e8m0_decode",
+    "cuda_built",
+    "BLOCK_SIZE",
+    "HEAD_DIM",
+    "E4M3_MAX",
+]
+
+__version__ = "0.1.0"
+
+BLOCK_SIZE = _C.BLOCK_SIZE  # elements sharing one E8M0 scale
+HEAD_DIM = _C.HEAD_DIM  # the only head dimension supported
+E4M3_MAX = _C.E4M3_MAX
+
+_NP_DTYPES = {
+    "float32": np.dtype(np.float32),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float16": np.dtype(np.float16),
+    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
+    "float8_e8m0fnu": np.dtype(ml_dtypes.float8_e8m0fnu),
+    "int32": np.dtype(np.int32),
+    "uint8": np.dtype(np.uint8),
+}
+_BYTE_DTYPES = ("float8_e4m3fn", "float8_e8m0fnu", "uint8")
+_PAYLOAD_DTYPE = "float8_e4m3fn"
+_SCALE_DTYPE = "uint8"
+
+
+def cuda_built() -> bool:
+    """True when the extension was compiled with the CUDA kernels."""
+    return bool(_C.WITH_CUDA)
+
+
+# ---------------------------------------------------------------------------- torch, lazily
+_torch_module = None
+
+
+def _torch():
+    """The torch module if importable (imported on first need only), else None."""
+    global _torch_module
+    if _torch_module is None:
+        try:
+            import torch
+        except ImportError:
+            torch = False
+        _torch_module = torch
+    return _torch_module or None
+
+
+def _is_torch_tensor(obj) -> bool:
+    torch = sys.modules.get("torch")  # an object cannot be a tensor unless torch is imported
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _as_array(obj, name):
+    """numpy arrays and torch tensors pass through; other DLPack objects are wrapped (no copy)."""
+    if isinstance(obj, np.ndarray) or _is_torch_tensor(obj):
+        return obj
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        dev_type = int(obj.__dlpack_device__()[0])
+        if dev_type == 1:  # kDLCPU
+            return np.from_dlpack(obj)
+        torch = _torch()
+        if torch is None:
+            raise TypeError(f"{name}: device arrays need torch (to allocate outputs); torch is not importable")
+        return torch.from_dlpack(obj)
+    raise TypeError(f"{name}: expected a numpy array, a torch tensor or a DLPack array, got {type(obj).__name__}")
+
+
+def _view(arr, name, writable=False):
+    """The raw view tuple the bindings take: (ptr, dtype code, device code, device id, shape, strides)."""
+    if isinstance(arr, np.ndarray):
+        dtype_name = arr.dtype.name
+        code = _C.DTYPES.get(dtype_name) if arr.dtype == _NP_DTYPES.get(dtype_name) else None
+        item = arr.dtype.itemsize
+        strides = [s // item if s % item == 0 else -1 for s in arr.strides]
+        ptr, device, device_id = arr.ctypes.data, _C.DEVICE_CPU, 0
+        if writable and not arr.flags.writeable:
+            raise ValueError(f"{name}: array is read-only")
+    else:
+        dtype_name = str(arr.dtype).replace("torch.", "")
+        code = _C.DTYPES.get(dtype_name)
+        strides = list(arr.stride())
+        ptr = arr.data_ptr()
+        if arr.device.type == "cpu":
+            device, device_id = _C.DEVICE_CPU, 0
+        elif arr.device.type == "cuda":
+            device, device_id = _C.DEVICE_CUDA, arr.device.index
+        else:
+            raise ValueError(f"{name}: device {arr.device} is not supported (cpu or cuda)")
+    if code is None:
+        raise ValueError(
+            f"{name}: dtype {dtype_name} is not supported (mxflash takes {', '.join(_C.DTYPES)})")
+    if arr.ndim > 4:
+        raise ValueError(f"{name}: must have at most 4 dimensions, got {arr.ndim}")
+    shape = [int(s) for s in arr.shape]
+    if 0 in shape:
+        # No element is addressed, so the strides mean nothing (numpy reports zeros): pass row-major.
+        strides = [int(np.prod(shape[i + 1:], dtype=np.int64)) for i in range(len(shape))]
+    return (ptr, code, device, device_id, shape, strides)
+
+
+def _is_cuda(arr) -> bool:
+    return not isinstance(arr, np.ndarray) and arr.device.type == "cuda"
+
+
+def _empty(like, shape, dtype_name):
+    """An uninitialized output next to `like`: numpy for numpy, torch on like's device for torch."""
+    shape = tuple(int(s) for s in shape)
+    if isinstance(like, np.ndarray):
+        return np.empty(shape, dtype=_NP_DTYPES[dtype_name])
+    torch = _torch()
+    return torch.empty(shape, dtype=getattr(torch, dtype_name), device=like.device)
+
+
+def _stream(like) -> int:
+    if _is_cuda(like):
+        return int(_torch().cuda.current_stream(like.device).cuda_stream)
+    return 0
+
+
+def _code(table, value) -> int:
+    """Enum name -> code; unknown names map to -1, which the C++ launchers reject by name."""
+    return table.get(value, -1) if isinstance(value, str) else -1
+
+
+def _check_meta(meta):
+    if not isinstance(meta, JaggedMeta):
+        raise TypeError(f"meta: expected mxflash.JaggedMeta, got {type(meta).__name__}")
+
+
+def _outputs(out, n, what):
+    if out is None:
+        return None
+    if not isinstance(out, (tuple, list)) or len(out) != n:
+        raise ValueError(f"out: must be a tuple ({what})")
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------- metadata
+def _int_list(values, name):
+    if _is_torch_tensor(values):
+        values = values.detach().cpu().numpy()
+    a = np.asarray(values)
+    if a.ndim != 1:
+        raise ValueError(f"{name}: must be 1-D, got shape {a.shape}")
+    if a.size == 0:
+        return []
+    if a.dtype.kind not in "iu":
+        raise ValueError(f"{name}: must hold integers, got dtype {a.dtype}")
+    return a.astype(np.int64).tolist()
+
+
+def _device_index(device) -> int:
+    torch = _torch()
+    if device is None:
+        if torch is None:
+            raise RuntimeError("device: torch is not importable; pass a CUDA device index")
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    if torch is not None:
+        d = torch.device(device)
+        if d.type != "cuda":
+            raise ValueError(f"device: must be a CUDA device, got {d}")
+        return torch.cuda.current_device() if d.index is None else d.index
+    raise ValueError(f"device: expected a CUDA device index, got {device!r}")
+
+
+class JaggedMeta:
+    """Sequences of a packed batch (tokens of all sequences concatenated).
+
+    cu_seqlens (B+1, int32) starts at 0 and is monotone; sequence b is tokens
+    [cu_seqlens[b], cu_seqlens[b+1]). cu_seqlens_sf holds the prefix sums of each length rounded up
+    to 128: where sequence b's scale rows (and token-contiguous payload) start. Zero-length
+    sequences are legal. The device copy a CUDA call needs is made on first use on each device
+    (a blocking copy); call upload() beforehand when that matters (e.g. before CUDA-graph capture).
+    """
+
+    __slots__ = ("_host", "_dev")
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("use JaggedMeta.from_lengths(...) or JaggedMeta.from_cu_seqlens(...)")
+
+    @classmethod
+    def _wrap(cls, cpp):
+        self = object.__new__(cls)
+        self._host = cpp
+        self._dev = {}
+        return self
+
+    @classmethod
+    def from_lengths(cls, lengths) -> "JaggedMeta":
+        """From B >= 1 non-negative sequence lengths (list, numpy array or CPU tensor of ints)."""
+        return cls._wrap(_C.JaggedMeta.from_lengths(_int_list(lengths, "lengths")))
+
+    @classmethod
+    def from_cu_seqlens(cls, cu_seqlens, cu_seqlens_sf=None) -> "JaggedMeta":
+        """From B+1 cumulative offsets; cu_seqlens_sf, when given, is checked against them."""
+        cu = _int_list(cu_seqlens, "cu_seqlens")
+        meta = _C.JaggedMeta.from_cu_seqlens(cu)
+        if cu_seqlens_sf is not None:
+            _C.JaggedMeta.check_cu_seqlens_sf(cu, _int_list(cu_seqlens_sf, "cu_seqlens_sf"))
+        return cls._wrap(meta)
+
+    @property
+    def cu_seqlens(self) -> np.ndarray:
+        return np.asarray(self._host.cu_seqlens, dtype=np.int32)
+
+    @property
+    def cu_seqlens_sf(self) -> np.ndarray:
+        return np.asarray(self._host.cu_seqlens_sf, dtype=np.int32)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.cu_seqlens)
+
+    @property
+    def batch(self) -> int:
+        return self._host.batch
+
+    @property
+    def total_tokens(self) -> int:
+        return self._host.total_tokens
+
+    @property
+    def padded_tokens(self) -> int:
+        return self._host.padded_tokens
+
+    @property
+    def max_seqlen(self) -> int:
+        return self._host.max_seqlen
+
+    def upload(self, device=None) -> "JaggedMeta":
+        """Makes the device copy on `device` (CUDA index, "cuda:N" or torch.device; default: the
+        current torch device) now rather than on first use. Returns self."""
+        self._for_device(_device_index(device))
+        return self
+
+    def _for_device(self, device_id):
+        m = self._dev.get(device_id)
+        if m is None:
+            m = self._host.uploaded_copy(device_id)
+            self._dev[device_id] = m
+        return m
+
+    def _cpp_for(self, arr):
+        # Without CUDA in the build there is no device copy to make; the launcher then reports
+        # that CUDA tensors need a CUDA build (after checking the arguments).
+        if _is_cuda(arr) and _C.WITH_CUDA:
+            return self._for_device(arr.device.index)
+        return self._host
+
+    def __repr__(self):
+        return (f"JaggedMeta(batch={self.batch}, total_tokens={self.total_tokens}, "
+                f"padded_tokens={self.padded_tokens}, max_seqlen={self.max_seqlen})")
+
+
+# ---------------------------------------------------------------------------- shapes
+def scale_shape(meta, heads, orientation, layout="plain") -> tuple:
+    """Shape of the scale tensor for an orientation and scale layout:
+    plain: hdim (T, H, 4), seq (P/32, H, 128), square32 (P/32, H, 4);
+    blocked128x4: hdim and square32 (H*P/4, 16), seq (H*32, P/8)."""
+    _check_meta(meta)
+    return tuple(_C.scale_shape(meta._host, int(heads), _code(_C.ORIENTATIONS, orientation),
+                                _code(_C.SCALE_LAYOUTS, layout)))
+
+
+def payload_shape(meta, heads, layout="token_major") -> tuple:
+    """(T, H, 128) for token_major, (H, 128, P) for token_contiguous."""
+    _check_meta(meta)
+    return tuple(_C.payload_shape(meta._host, int(heads), _code(_C.PAYLOAD_LAYOUTS, layout)))
+
+
+def _heads_of_input(x, meta):
+    """Head count of a (T, H, 128) input; 1 when x is malformed (the launcher then rejects x)."""
+    if x.ndim == 3 and x.shape[0] == meta.total_tokens and x.shape[1] >= 1 and x.shape[2] == HEAD_DIM:
+        return int(x.shape[1])
+    return 1
+
+
+def _shape_or_empty(fn, *args):
+    """Output shape, or (0,) when an enum name is unknown (the launcher rejects it first)."""
+    try:
+        return fn(*args)
+    except ValueError:
+        return (0,)
+
+
+# ---------------------------------------------------------------------------- quantization
+def quantize(x, meta, orientation="hdim", mode="rceil", scale_layout="plain",
+             payload_layout="token_major", out=None):
+    """MX-quantizes x (T, H, 128), bf16 or float32, into (payload, scales).
+
+    orientation: "hdim" (blocks of 32 head-dim values of one token), "seq" (32 tokens of one
+    sequence, one column; blocks start at each sequence start) or "square32" (32 tokens x 32 dims).
+    mode: "rceil" (scale 2^ceil(log2(amax/448))) or "floor" (2^(floor(log2 amax) - 8)).
+    scale_layout: "plain" or "blocked128x4" (see scale_shape). payload_layout: "token_major"
+    (T, H, 128) or "token_contiguous" (H, 128, P), the latter for seq and square32 only.
+    Returns (payload float8_e4m3fn, scales uint8); out=(payload, scales) writes into given tensors.
+    """
+    _check_meta(meta)
+    x = _as_array(x, "x")
+    outs = _outputs(out, 2, "payload, scales")
+    if outs is None:
+        heads = _heads_of_input(x, meta)
+        payload = _empty(x, _shape_or_empty(payload_shape, meta, heads, payload_layout), _PAYLOAD_DTYPE)
+        scales = _empty(x, _shape_or_empty(scale_shape, meta, heads, orientation, scale_layout), _SCALE_DTYPE)
+    else:
+        payload, scales = (_as_array(o, n) for o, n in zip(outs, ("payload", "scales")))
+    _C.quantize(meta._cpp_for(x), _view(x, "x"), _code(_C.ORIENTATIONS, orientation), _code(_C.MODES, mode),
+                _code(_C.SCALE_LAYOUTS, scale_layout), _code(_C.PAYLOAD_LAYOUTS, payload_layout),
+                _view(payload, "payload", True), _view(scales, "scales", True), _stream(x))
+    return payload, scales
+
+
+def quantize_hdim_seq(x, meta, mode="rceil", scale_layout="plain", payload_layout="token_major", out=None):
+    """hdim and seq quantization of x from one read.
+
+    Returns (payload_hdim, scales_hdim, payload_seq, scales_seq). payload_layout applies to the seq
+    payload (the hdim payload is always token_major); scale_layout to both scale tensors.
+    """
+    _check_meta(meta)
+    x = _as_array(x, "x")
+    names = ("payload_hdim", "scales_hdim", "payload_seq", "scales_seq")
+    outs = _outputs(out, 4, ", ".join(names))
+    if outs is None:
+        heads = _heads_of_input(x, meta)
+        outs = (
+            _empty(x, payload_shape(meta, heads, "token_major"), _PAYLOAD_DTYPE),
+            _empty(x, _shape_or_empty(scale_shape, meta, heads, "hdim", scale_layout), _SCALE_DTYPE),
+            _empty(x, _shape_or_empty(payload_shape, meta, heads, payload_layout), _PAYLOAD_DTYPE),
+            _empty(x, _shape_or_empty(scale_shape, meta, heads, "seq", scale_layout), _SCALE_DTYPE),
+        )
+    else:
+        outs = tuple(_as_array(o, n) for o, n in zip(outs, names))
+    _C.quantize_hdim_seq(meta._cpp_for(x), _view(x, "x"), _code(_C.MODES, mode),
+                         _code(_C.SCALE_LAYOUTS, scale_layout), _code(_C.PAYLOAD_LAYOUTS, payload_layout),
+                         *(_view(o, n, True) for o, n in zip(outs, names)), _stream(x))
+    return outs
+
+
+_OUT_DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}
+
+
+def _out_dtype_name(out_dtype):
+    if isinstance(out_dtype, str):
+        name = out_dtype.replace("torch.", "")
+    elif _is_torch_tensor_dtype(out_dtype):
+        name = str(out_dtype).replace("torch.", "")
+    else:
+        try:
+            name = np.dtype(out_dtype).name
+        except TypeError:
+            name = None
+    if name not in _OUT_DTYPES:
+        raise ValueError(f"out_dtype: must be float32 or bfloat16, got {out_dtype!r}")
+    return name
+
+
+def _is_torch_tensor_dtype(obj) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.dtype)
+
+
+def dequantize(payload, scales, meta, orientation, scale_layout="plain", payload_layout="token_major",
+               out_dtype="float32", out=None):
+    """Inverse of quantize: out (T, H, 128) = e4m3(payload) * 2^(scale byte - 127), in float32 or
+    bfloat16 (out_dtype: name, numpy or torch dtype). out= writes into a given tensor."""
+    _check_meta(meta)
+    payload = _as_array(payload, "payload")
+    scales = _as_array(scales, "scales")
+    if out is None:
+        pl = _code(_C.PAYLOAD_LAYOUTS, payload_layout)
+        heads = 1
+        if payload.ndim == 3:
+            heads = int(payload.shape[0] if pl == 1 else payload.shape[1]) or 1
+        out = _empty(payload, (meta.total_tokens, heads, HEAD_DIM), _out_dtype_name(out_dtype))
+    else:
+        out = _as_array(out, "out")
+    _C.dequantize(meta._cpp_for(payload), _view(payload, "payload"), _view(scales, "scales"),
+                  _code(_C.ORIENTATIONS, orientation), _code(_C.SCALE_LAYOUTS, scale_layout),
+                  _code(_C.PAYLOAD_LAYOUTS, payload_layout), _view(out, "out", True), _stream(payload))
+    return out
+
+
+# ---------------------------------------------------------------------------- layout converters
+def _byte_dtype_of(arr):
+    name = str(arr.dtype).replace("torch.", "") if not isinstance(arr, np.ndarray) else arr.dtype.name
+    return name if name in _BYTE_DTYPES else "uint8"
+
+
+def to_token_contiguous(payload, meta, out=None):
+    """(T, H, 128) token-major payload -> (H, 128, P) token-contiguous (each sequence starting at
+    cu_seqlens_sf[b], padding tokens zero). Any 1-byte dtype; the output keeps the input's."""
+    _check_meta(meta)
+    src = _as_array(payload, "src")
+    if out is None:
+        heads = int(src.shape[1]) if src.ndim == 3 and src.shape[1] >= 1 else 1
+        out = _empty(src, payload_shape(meta, heads, "token_contiguous"), _byte_dtype_of(src))
+    else:
+        out = _as_array(out, "dst")
+    _C.to_token_contiguous(meta._cpp_for(src), _view(src, "src"), _view(out, "dst", True), _stream(src))
+    return out
+
+
+def to_token_major(payload, meta, out=None):
+    """(H, 128, P) token-contiguous payload -> (T, H, 128) token-major."""
+    _check_meta(meta)
+    src = _as_array(payload, "src")
+    if out is None:
+        heads = int(src.shape[0]) if src.ndim == 3 and src.shape[0] >= 1 else 1
+        out = _empty(src, payload_shape(meta, heads, "token_major"), _byte_dtype_of(src))
+    else:
+        out = _as_array(out, "dst")
+    _C.to_token_major(meta._cpp_for(src), _view(src, "src"), _view(out, "dst", True), _stream(src))
+    return out
+
+
+def _heads_of_blocked(blocked, meta, orientation):
+    """Head count implied by a blocked scale tensor's shape, or None when it cannot be read off."""
+    if blocked.ndim != 2:
+        return None
+    rows, P = int(blocked.shape[0]), meta.padded_tokens
+    if orientation == "seq":
+        return rows // 32 if rows % 32 == 0 and rows else None
+    if P and (rows * 4) % P == 0 and rows:
+        return rows * 4 // P
+    return None
+
+
+def scales_to_blocked(scales, meta, orientation, heads=None, out=None):
+    """Plain scales -> blocked128x4 (REFERENCE.md §3), padding bytes zero. heads defaults to the
+    plain tensor's axis 1."""
+    _check_meta(meta)
+    plain = _as_array(scales, "plain")
+    if heads is None:
+        if plain.ndim != 3:
+            raise ValueError(f"heads: cannot be read off plain scales of shape {tuple(plain.shape)}; pass heads=")
+        heads = int(plain.shape[1])
+    heads = int(heads)
+    if out is None:
+        shape = _shape_or_empty(scale_shape, meta, max(heads, 1), orientation, "blocked128x4")
+        out = _empty(plain, shape, _byte_dtype_of(plain))
+    else:
+        out = _as_array(out, "blocked")
+    _C.scales_to_blocked(meta._cpp_for(plain), _view(plain, "plain"), heads, _code(_C.ORIENTATIONS, orientation),
+                         _view(out, "blocked", True), _stream(plain))
+    return out
+
+
+def scales_to_plain(scales, meta, orientation, heads=None, out=None):
+    """blocked128x4 scales -> plain. heads defaults to what the blocked shape implies."""
+    _check_meta(meta)
+    blocked = _as_array(scales, "blocked")
+    if heads is None:
+        heads = _heads_of_blocked(blocked, meta, orientation)
+        if heads is None:
+            raise ValueError(f"heads: cannot be read off blocked scales of shape {tuple(blocked.shape)}; pass heads=")
+    heads = int(heads)
+    if out is None:
+        shape = _shape_or_empty(scale_shape, meta, max(heads, 1), orientation, "plain")
+        out = _empty(blocked, shape, _byte_dtype_of(blocked))
+    else:
+        out = _as_array(out, "plain")
+    _C.scales_to_plain(meta._cpp_for(blocked), _view(blocked, "blocked"), heads,
+                       _code(_C.ORIENTATIONS, orientation), _view(out, "plain", True), _stream(blocked))
+    return out
+
+
+# ---------------------------------------------------------------------------- scalar codecs
+# The library's own element and scale rules (include/mxflash/mx.h), vectorized over numpy arrays;
+# they exist to test the C++ codecs against independent implementations such as ml_dtypes.
+def _f32(a, name):
+    a = np.asarray(a)
+    if a.dtype.kind not in "fiu" and a.dtype not in (_NP_DTYPES["bfloat16"],):
+        raise ValueError(f"{name}: must be a real array, got dtype {a.dtype}")
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _bytes(a, name):
+    a = np.asarray(a)
+    if a.dtype.itemsize != 1 or a.dtype.name not in _BYTE_DTYPES:
+        raise ValueError(f"{name}: must be uint8 or a float8 array, got dtype {a.dtype}")
+    return np.ascontiguousarray(a).view(np.uint8)
+
+
+def e4m3_encode(x, saturate=True) -> np.ndarray:
+    """float32 -> E4M3 (e4m3fn) bytes, round to nearest even; x is first converted to float32.
+    saturate=True clamps finite values and infinities to +-448 (the quantizers' rule);
+    saturate=False turns magnitudes that round past 448, and infinities, into NaN (ml_dtypes'
+    rule). NaN keeps its sign (0x7F / 0xFF)."""
+    src = _f32(x, "x")
+    dst = np.empty(src.shape, np.uint8)
+    _C.e4m3_encode(src.reshape(-1), dst.reshape(-1), bool(saturate))
+    return dst
+
+
+def e4m3_decode(b) -> np.ndarray:
+    """E4M3 bytes (uint8 or float8_e4m3fn) -> float32."""
+    src = _bytes(b, "b")
+    dst = np.empty(src.shape, np.float32)
+    _C.e4m3_decode(src.reshape(-1), dst.reshape(-1))
+    return dst
+
+
+def e8m0_scale(amax, mode="rceil", zero_byte=0) -> np.ndarray:
+    """Scale byte for blocks whose largest magnitude is amax (converted to float32).
+    rceil: 2^ceil(log2(amax/448)) with the ratio in float32; floor: 2^(floor(log2 amax) - 8).
+    NaN or inf amax -> 255; amax == 0 -> zero_byte (0 on the host path, 127 in-kernel)."""
+    src = _f32(amax, "amax")
+    dst = np.empty(src.shape, np.uint8)
+    _C.e8m0_scale(src.reshape(-1), dst.reshape(-1), _code(_C.MODES, mode), int(zero_byte))
+    return dst
+
+
+def e8m0_decode(b) -> np.ndarray:
+    """E8M0 bytes (uint8 or float8_e8m0fnu) -> float32 2^(b-127) (byte 0: 2^-127; 255: NaN)."""
+    src = _bytes(b, "b")
+    dst = np.empty(src.shape, np.float32)
+    _C.e8m0_decode(src.reshape(-1), dst.reshape(-1))
+    return dst

@@ -1,0 +1,373 @@
+// _mxflash: the nanobind layer under the `mxflash` Python package.
+//
+// Deliberately thin. The package (python/mxflash/__init__.py) resolves dtypes and devices and
+// allocates outputs with numpy or torch; it passes each tensor here as a raw view tuple
+//   (data pointer, dtype code, device code, device id, shape, strides in elements)
+// and this layer builds TensorViews and calls the C++ API, so every argument check, and its
+// message, is the library's own. A failed Status becomes ValueError (kInvalidArgument) or
+// RuntimeError (anything else) carrying the message verbatim.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#if defined(MXFLASH_WITH_CUDA)
+#include <cuda_runtime.h>
+#endif
+
+#include "mxflash/jagged.h"
+#include "mxflash/mx.h"
+#include "mxflash/quantize.h"
+#include "mxflash/status.h"
+#include "mxflash/tensor.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace mxflash {
+namespace {
+
+// (data, dtype code, device code, device id, shape, strides in elements)
+using View = std::tuple<uintptr_t, int, int, int, std::vector<int64_t>, std::vector<int64_t>>;
+
+constexpr int kNumDTypes = 7;  // DType::kFloat32 .. DType::kUInt8
+
+// Resets the CUDA runtime's last-error state after a failure (a no-op without CUDA): a failed
+// runtime call (cudaSetDevice, cudaMalloc, ...) leaves its error behind, and a later launcher that
+// checks cudaGetLastError() after its launch would report it as its own.
+void clear_cuda_error() {
+#if defined(MXFLASH_WITH_CUDA)
+  (void)cudaGetLastError();
+#endif
+}
+
+void throw_if_error(const Status& s) {
+  if (s.ok()) return;
+  clear_cuda_error();
+  if (s.code() == StatusCode::kInvalidArgument) throw nb::value_error(s.message().c_str());
+  throw std::runtime_error(s.message());
+}
+
+TensorView to_view(const View& v, const char* name) {
+  const auto& [data, dtype, device, device_id, shape, stride] = v;
+  if (dtype < 0 || dtype >= kNumDTypes) throw nb::value_error((std::string(name) + ": unknown dtype code").c_str());
+  if (device != int(Device::kCPU) && device != int(Device::kCUDA))
+    throw nb::value_error((std::string(name) + ": unknown device code").c_str());
+  if (shape.size() != stride.size() || shape.size() > size_t(kMaxDims))
+    throw nb::value_error((std::string(name) + ": at most " + std::to_string(kMaxDims) +
+                           " dimensions, with one stride per dimension")
+                              .c_str());
+  TensorView t;
+  t.data = reinterpret_cast<void*>(data);
+  t.dtype = DType(dtype);
+  t.device = Device(device);
+  t.device_id = device_id;
+  t.ndim = int(shape.size());
+  for (int i = 0; i < t.ndim; ++i) {
+    t.shape[i] = shape[size_t(i)];
+    t.stride[i] = stride[size_t(i)];
+  }
+  return t;
+}
+
+// Makes the tensors' CUDA device current for the call and restores the previous one, as a
+// framework device guard does (the launchers require the tensors' device to be current).
+class DeviceGuard {
+ public:
+  DeviceGuard(const TensorView& t) {
+#if defined(MXFLASH_WITH_CUDA)
+    if (t.device != Device::kCUDA) return;
+    check(cudaGetDevice(&prev_), "cudaGetDevice");
+    if (prev_ != t.device_id) {
+      check(cudaSetDevice(t.device_id), "cudaSetDevice");
+      restore_ = true;
+    }
+#else
+    (void)t;
+#endif
+  }
+  ~DeviceGuard() {
+#if defined(MXFLASH_WITH_CUDA)
+    if (restore_) cudaSetDevice(prev_);
+#endif
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+#if defined(MXFLASH_WITH_CUDA)
+  static void check(cudaError_t e, const char* what) {
+    if (e == cudaSuccess) return;
+    clear_cuda_error();
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+  }
+#endif
+  int prev_ = -1;
+  bool restore_ = false;
+};
+
+void* as_stream(uintptr_t s) { return reinterpret_cast<void*>(s); }
+
+JaggedMeta meta_from_cu_seqlens(const std::vector<int64_t>& cu, const char* name) {
+  std::vector<int32_t> c(cu.size());
+  for (size_t i = 0; i < cu.size(); ++i) {
+    if (cu[i] < std::numeric_limits<int32_t>::min() || cu[i] > std::numeric_limits<int32_t>::max())
+      throw nb::value_error((std::string(name) + ": entry " + std::to_string(i) + " = " + std::to_string(cu[i]) +
+                             " does not fit in int32")
+                                .c_str());
+    c[i] = int32_t(cu[i]);
+  }
+  JaggedMeta m;
+  throw_if_error(JaggedMeta::FromCuSeqlens(c, &m));
+  return m;
+}
+
+std::vector<int32_t> to_int32(const std::vector<int64_t>& v, const char* name) {
+  std::vector<int32_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (v[i] < std::numeric_limits<int32_t>::min() || v[i] > std::numeric_limits<int32_t>::max())
+      throw nb::value_error((std::string(name) + ": entry " + std::to_string(i) + " = " + std::to_string(v[i]) +
+                             " does not fit in int32")
+                                .c_str());
+    out[i] = int32_t(v[i]);
+  }
+  return out;
+}
+
+template <typename E>
+nb::dict enum_names(int count) {
+  nb::dict d;
+  for (int i = 0; i < count; ++i) d[to_string(E(i))] = i;
+  return d;
+}
+
+// Vectorized scalar codecs over 1-D contiguous CPU arrays (for testing against ml_dtypes).
+template <typename T>
+using Vec = nb::ndarray<T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+void check_same_size(size_t a, size_t b) {
+  if (a != b) throw nb::value_error("src and dst must have the same number of elements");
+}
+
+}  // namespace
+}  // namespace mxflash
+
+NB_MODULE(_mxflash, m) {
+  using namespace mxflash;
+  m.doc() = "mxflash C++ bindings (internal; use the mxflash package)";
+
+#if defined(MXFLASH_WITH_CUDA)
+  m.attr("WITH_CUDA") = true;
+#else
+  m.attr("WITH_CUDA") = false;
+#endif
+  {
+    nb::dict dt;
+    for (int i = 0; i < kNumDTypes; ++i) dt[to_string(DType(i))] = i;
+    m.attr("DTYPES") = dt;
+  }
+  m.attr("DEVICE_CPU") = int(Device::kCPU);
+  m.attr("DEVICE_CUDA") = int(Device::kCUDA);
+  m.attr("ORIENTATIONS") = enum_names<Orientation>(3);
+  m.attr("MODES") = enum_names<ScalingMode>(2);
+  m.attr("SCALE_LAYOUTS") = enum_names<ScaleLayout>(2);
+  m.attr("PAYLOAD_LAYOUTS") = enum_names<PayloadLayout>(2);
+  m.attr("BLOCK_SIZE") = kBlockSize;
+  m.attr("HEAD_DIM") = kHeadDim;
+  m.attr("SEQ_PAD") = kSeqPad;
+  m.attr("E4M3_MAX") = kE4m3Max;
+
+  // ------------------------------------------------------------------ JaggedMeta
+  nb::class_<JaggedMeta>(m, "JaggedMeta")
+      .def_static(
+          "from_lengths",
+          [](const std::vector<int64_t>& lengths) {
+            JaggedMeta out;
+            throw_if_error(JaggedMeta::FromLengths(lengths, &out));
+            return out;
+          },
+          "lengths"_a)
+      .def_static(
+          "from_cu_seqlens", [](const std::vector<int64_t>& cu) { return meta_from_cu_seqlens(cu, "cu_seqlens"); },
+          "cu_seqlens"_a)
+      .def_static(
+          "check_cu_seqlens_sf",
+          [](const std::vector<int64_t>& cu, const std::vector<int64_t>& sf) {
+            throw_if_error(JaggedMeta::CheckCuSeqlensSf(to_int32(cu, "cu_seqlens"), to_int32(sf, "cu_seqlens_sf")));
+          },
+          "cu_seqlens"_a, "cu_seqlens_sf"_a)
+      .def_prop_ro("batch", &JaggedMeta::batch)
+      .def_prop_ro("total_tokens", &JaggedMeta::total_tokens)
+      .def_prop_ro("padded_tokens", &JaggedMeta::padded_tokens)
+      .def_prop_ro("max_seqlen", &JaggedMeta::max_seqlen)
+      .def_prop_ro("cu_seqlens", [](const JaggedMeta& self) { return self.cu_seqlens(); })
+      .def_prop_ro("cu_seqlens_sf", [](const JaggedMeta& self) { return self.cu_seqlens_sf(); })
+      .def_prop_ro("on_device", &JaggedMeta::on_device)
+      // A fresh copy of this metadata with its device copy on CUDA device `device_id` (copies made
+      // by the C++ copy constructor share one device allocation, so each device needs its own).
+      .def(
+          "uploaded_copy",
+          [](const JaggedMeta& self, int device_id) {
+            JaggedMeta out;
+            throw_if_error(JaggedMeta::FromCuSeqlens(self.cu_seqlens(), &out));
+            TensorView where;
+            where.device = Device::kCUDA;
+            where.device_id = device_id;
+            DeviceGuard guard(where);
+            throw_if_error(out.upload());
+            return out;
+          },
+          "device_id"_a);
+
+  m.def(
+      "scale_shape",
+      [](const JaggedMeta& meta, int64_t heads, int o, int layout) {
+        if (o < 0 || o > 2) throw nb::value_error("orientation: must be hdim, seq or square32");
+        if (layout < 0 || layout > 1) throw nb::value_error("layout: must be plain or blocked128x4");
+        if (heads < 1) throw nb::value_error("heads: must be >= 1");
+        const ScaleShape s = scale_shape(meta, heads, Orientation(o), ScaleLayout(layout));
+        return std::vector<int64_t>(s.dims, s.dims + s.ndim);
+      },
+      "meta"_a, "heads"_a, "orientation"_a, "layout"_a);
+  m.def(
+      "payload_shape",
+      [](const JaggedMeta& meta, int64_t heads, int layout) {
+        if (layout < 0 || layout > 1) throw nb::value_error("layout: must be token_major or token_contiguous");
+        if (heads < 1) throw nb::value_error("heads: must be >= 1");
+        int64_t s[3];
+        payload_shape(meta, heads, PayloadLayout(layout), s);
+        return std::vector<int64_t>(s, s + 3);
+      },
+      "meta"_a, "heads"_a, "layout"_a);
+
+  // ------------------------------------------------------------------ tensor entry points
+  // The integer enum arguments are passed through unchecked: the launchers reject values out of
+  // range with their own messages (the package maps unknown names to -1).
+  m.def(
+      "quantize",
+      [](const JaggedMeta& meta, const View& x, int o, int mode, int scale_layout, int payload_layout,
+         const View& payload, const View& scales, uintptr_t stream) {
+        const TensorView tx = to_view(x, "x");
+        const TensorView tp = to_view(payload, "payload"), ts = to_view(scales, "scales");
+        QuantizeOptions opt;
+        opt.mode = ScalingMode(mode);
+        opt.scale_layout = ScaleLayout(scale_layout);
+        opt.payload_layout = PayloadLayout(payload_layout);
+        DeviceGuard guard(tx);
+        throw_if_error(quantize(tx, meta, Orientation(o), opt, tp, ts, as_stream(stream)));
+      },
+      "meta"_a, "x"_a, "orientation"_a, "mode"_a, "scale_layout"_a, "payload_layout"_a, "payload"_a, "scales"_a,
+      "stream"_a, nb::call_guard<nb::gil_scoped_release>());
+
+  m.def(
+      "quantize_hdim_seq",
+      [](const JaggedMeta& meta, const View& x, int mode, int scale_layout, int payload_layout,
+         const View& payload_hdim, const View& scales_hdim, const View& payload_seq, const View& scales_seq,
+         uintptr_t stream) {
+        const TensorView tx = to_view(x, "x");
+        const TensorView ph = to_view(payload_hdim, "payload_hdim"), sh = to_view(scales_hdim, "scales_hdim");
+        const TensorView ps = to_view(payload_seq, "payload_seq"), ss = to_view(scales_seq, "scales_seq");
+        QuantizeOptions opt;
+        opt.mode = ScalingMode(mode);
+        opt.scale_layout = ScaleLayout(scale_layout);
+        opt.payload_layout = PayloadLayout(payload_layout);
+        DeviceGuard guard(tx);
+        throw_if_error(quantize_hdim_seq(tx, meta, opt, ph, sh, ps, ss, as_stream(stream)));
+      },
+      "meta"_a, "x"_a, "mode"_a, "scale_layout"_a, "payload_layout"_a, "payload_hdim"_a, "scales_hdim"_a,
+      "payload_seq"_a, "scales_seq"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>());
+
+  m.def(
+      "dequantize",
+      [](const JaggedMeta& meta, const View& payload, const View& scales, int o, int scale_layout,
+         int payload_layout, const View& out, uintptr_t stream) {
+        const TensorView tp = to_view(payload, "payload"), ts = to_view(scales, "scales");
+        const TensorView to = to_view(out, "out");
+        DeviceGuard guard(tp);
+        throw_if_error(dequantize(tp, ts, meta, Orientation(o), ScaleLayout(scale_layout),
+                                  PayloadLayout(payload_layout), to, as_stream(stream)));
+      },
+      "meta"_a, "payload"_a, "scales"_a, "orientation"_a, "scale_layout"_a, "payload_layout"_a, "out"_a,
+      "stream"_a, nb::call_guard<nb::gil_scoped_release>());
+
+  m.def(
+      "to_token_contiguous",
+      [](const JaggedMeta& meta, const View& src, const View& dst, uintptr_t stream) {
+        const TensorView ts = to_view(src, "src"), td = to_view(dst, "dst");
+        DeviceGuard guard(ts);
+        throw_if_error(to_token_contiguous(ts, meta, td, as_stream(stream)));
+      },
+      "meta"_a, "src"_a, "dst"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>());
+  m.def(
+      "to_token_major",
+      [](const JaggedMeta& meta, const View& src, const View& dst, uintptr_t stream) {
+        const TensorView ts = to_view(src, "src"), td = to_view(dst, "dst");
+        DeviceGuard guard(ts);
+        throw_if_error(to_token_major(ts, meta, td, as_stream(stream)));
+      },
+      "meta"_a, "src"_a, "dst"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>());
+  m.def(
+      "scales_to_blocked",
+      [](const JaggedMeta& meta, const View& plain, int64_t heads, int o, const View& blocked, uintptr_t stream) {
+        const TensorView tp = to_view(plain, "plain"), tb = to_view(blocked, "blocked");
+        DeviceGuard guard(tp);
+        throw_if_error(scales_to_blocked(tp, meta, heads, Orientation(o), tb, as_stream(stream)));
+      },
+      "meta"_a, "plain"_a, "heads"_a, "orientation"_a, "blocked"_a, "stream"_a,
+      nb::call_guard<nb::gil_scoped_release>());
+  m.def(
+      "scales_to_plain",
+      [](const JaggedMeta& meta, const View& blocked, int64_t heads, int o, const View& plain, uintptr_t stream) {
+        const TensorView tb = to_view(blocked, "blocked"), tp = to_view(plain, "plain");
+        DeviceGuard guard(tb);
+        throw_if_error(scales_to_plain(tb, meta, heads, Orientation(o), tp, as_stream(stream)));
+      },
+      "meta"_a, "blocked"_a, "heads"_a, "orientation"_a, "plain"_a, "stream"_a,
+      nb::call_guard<nb::gil_scoped_release>());
+
+  // ------------------------------------------------------------------ scalar codecs, vectorized
+  m.def(
+      "e4m3_encode",
+      [](Vec<const float> src, Vec<uint8_t> dst, bool saturate) {
+        check_same_size(src.shape(0), dst.shape(0));
+        const float* s = src.data();
+        uint8_t* d = dst.data();
+        nb::gil_scoped_release nogil;
+        for (size_t i = 0; i < src.shape(0); ++i) d[i] = float_to_e4m3(s[i], saturate);
+      },
+      "src"_a, "dst"_a, "saturate"_a);
+  m.def(
+      "e4m3_decode",
+      [](Vec<const uint8_t> src, Vec<float> dst) {
+        check_same_size(src.shape(0), dst.shape(0));
+        for (size_t i = 0; i < src.shape(0); ++i) dst.data()[i] = e4m3_to_float(src.data()[i]);
+      },
+      "src"_a, "dst"_a);
+  m.def(
+      "e8m0_scale",
+      [](Vec<const float> amax, Vec<uint8_t> dst, int mode, int zero_byte) {
+        check_same_size(amax.shape(0), dst.shape(0));
+        if (mode < 0 || mode > 1) throw nb::value_error("mode: must be rceil or floor");
+        if (zero_byte < 0 || zero_byte > 255) throw nb::value_error("zero_byte: must be in [0, 255]");
+        const float* a = amax.data();
+        uint8_t* d = dst.data();
+        nb::gil_scoped_release nogil;
+        for (size_t i = 0; i < amax.shape(0); ++i) d[i] = e8m0_scale_byte(a[i], ScalingMode(mode), uint8_t(zero_byte));
+      },
+      "amax"_a, "dst"_a, "mode"_a, "zero_byte"_a);
+  m.def(
+      "e8m0_decode",
+      [](Vec<const uint8_t> src, Vec<float> dst) {
+        check_same_size(src.shape(0), dst.shape(0));
+        for (size_t i = 0; i < src.shape(0); ++i) dst.data()[i] = e8m0_to_float(src.data()[i]);
+      },
+      "src"_a, "dst"_a);
+}

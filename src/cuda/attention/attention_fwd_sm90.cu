@@ -1,0 +1,508 @@
+// MXFP8 attention forward, sm_90a: FP8 wgmma, TMA loads, one producer warpgroup and two consumer
+// warpgroups of 64 Q rows each, K/V tiles of 128 keys in a 3-stage pipeline, P in registers.
+//
+// Scales never enter the wgmma loops (attention_fwd_prepare.cuh): the S accumulator of a tile is
+// multiplied by (Q row scale * K tile scale * softmax_scale * log2 e) inside the softmax FFMA; P is
+// stored as e4m3(256 p) (the constant 2^-8 MX scale of the Blackwell kernels); V's per-channel
+// scale and the 1/256 are applied in the epilogue. P.V of each tile accumulates in fresh registers
+// and is promoted into the fp32 output accumulator once per tile (two-level accumulation: Hopper's
+// FP8 tensor-core accumulator keeps ~22 mantissa bits).
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cuda/attention/attention_fwd.h"
+#include "cuda/attention/attention_fwd_prepare.cuh"
+#include "cuda/common/sm90_primitives.cuh"
+
+namespace mxflash::cuda {
+namespace attn {
+
+inline constexpr int kStages = 3;
+inline constexpr int kConsumerWarpgroups = 2;
+inline constexpr int kWarpgroupThreads = 128;
+inline constexpr int kThreads = kWarpgroupThreads * (1 + kConsumerWarpgroups);
+inline constexpr int kRowsPerConsumer = 64;  // wgmma M
+inline constexpr int kTileBytes = kTile * kHeadDim;
+inline constexpr int kProducerRegs = 24;
+inline constexpr int kConsumerRegs = 240;
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+inline constexpr float kPScale = 256.f;  // P stored as e4m3(256 p)
+inline constexpr bool kPipelinedDefault = true;
+static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs * kWarpgroupThreads * kConsumerWarpgroups <= 65536,
+              "register budget exceeds the register file");
+static_assert(kRowsPerConsumer * kConsumerWarpgroups == kTile, "consumers must cover the Q tile");
+
+struct SharedStorage {
+  alignas(1024) uint8_t q[kTileBytes];
+  alignas(1024) uint8_t k[kStages][kTileBytes];
+  alignas(1024) uint8_t v[kStages][kTileBytes];
+  alignas(8) uint64_t q_full;
+  uint64_t full[kStages];
+  uint64_t empty[kStages];
+};
+inline constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
+
+struct FwdParams {
+  const int32_t* cu_q;
+  const int32_t* cu_q_sf;
+  const int32_t* cu_k;
+  const int32_t* cu_k_sf;
+  const float* q_scale;  // (H, Pq)
+  const float* k_scale;  // (H, Pk / 128)
+  const float* v_scale;  // (B, H, 128)
+  const int2* tiles;     // (sequence, Q tile), most keys first
+  int heads;
+  int64_t Pq, Pk, To;
+  float scale_log2;
+  bool broadcast_q;
+  __nv_bfloat16* out;
+  float* lse;
+};
+
+__device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float d) {
+  uint16_t lo, hi;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(b), "f"(a));
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(d), "f"(c));
+  return uint32_t(lo) | (uint32_t(hi) << 16);
+}
+
+// 2^x on the MUFU unit, subnormal results flushed: P below 2^-126 is far under e4m3's 2^-17 floor
+// (256 p < 2^-9), so flushing changes no quantized P.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xFFFFFFFFu, x, 1);
+  return x + __shfl_xor_sync(0xFFFFFFFFu, x, 2);
+}
+
+
+inline constexpr int kTurnBarrier0 = 1;  // named barriers 1, 2: the consumers' GEMM turns (0 is __syncthreads)
+
+template <int N>
+__device__ __forceinline__ void fence_all(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) sm90::fence_regs(r[i]);
+}
+
+// S(64x128) = Q(64 rows of this warpgroup) . K(tile)^T, 4 k32 steps over the head dim.
+__device__ __forceinline__ void issue_s(float (&sc)[64], uint64_t desc_q, uint64_t desc_k) {
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n128k32_ss(sc, desc_q + 2 * kk, desc_k + 2 * kk, kk);
+  sm90::wgmma_commit();
+}
+
+// O_tile(64x128) = P(64x128 keys, registers) . V'(tile), fresh accumulators (promoted by the caller).
+__device__ __forceinline__ void issue_pv(float (&ot)[64], const uint32_t (&pa)[16], uint64_t desc_v) {
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kTile / 32; ++kk) {
+    const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
+    sm90::wgmma_m64n128k32_rs(ot, a, desc_v + 2 * kk, kk);
+  }
+  sm90::wgmma_commit();
+}
+
+// Online softmax of one S tile held as wgmma accumulators: this thread's rows r0 and r0 + 8,
+// columns 8j + 2q + {0, 1}. Produces the tile's P fragments and the rescale factor of O.
+struct TileSoftmax {
+  float row_mult[2];      // Q row scale * softmax_scale * log2 e
+  const float* k_scale;   // per K tile of this (sequence, head)
+  int Lk;
+  int quad;
+
+  // `sc` is only read: ptxas serializes wgmmas when other instructions redefine registers of a
+  // wgmma whose pipeline stage is still open (the P.V of the previous tile is in flight here).
+  __device__ __forceinline__ void run(const float (&sc)[64], int j, float (&m)[2], float (&l)[2],
+                                      float (&alpha)[2], uint32_t (&pa)[16]) const {
+    const float ks = k_scale[j];
+    const int limit = Lk - j * kTile;  // keys at or past `limit` are masked
+    auto masked = [&](int i) {
+      const int col = 8 * (i / 4) + 2 * quad + (i % 2);
+      return (limit < kTile && col >= limit) ? -INFINITY : sc[i];
+    };
+    float mult[2], m_new[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < 64; ++i)
+        if ((i % 4) / 2 == r) mx = fmaxf(mx, masked(i));
+      mult[r] = row_mult[r] * ks;
+      m_new[r] = fmaxf(m[r], quad_max(mx) * mult[r]);
+      alpha[r] = fast_exp2(m[r] - m_new[r]);
+      m[r] = m_new[r];
+      l[r] *= alpha[r];
+    }
+    // P fragments (see permuted_token in the prepare pass): chunk c of 32 keys uses accumulators
+    // 16c..16c+15; each thread packs its own values, V' is stored in the matching key order.
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      float x[16];
+#pragma unroll
+      for (int t = 0; t < 16; ++t) {
+        const int r = (t % 4) / 2;
+        x[t] = fast_exp2(fmaf(masked(16 * c + t), mult[r], -m_new[r]));
+        l[r] += x[t];
+        x[t] *= kPScale;
+      }
+      pa[4 * c + 0] = pack_e4m3x4(x[0], x[1], x[4], x[5]);
+      pa[4 * c + 1] = pack_e4m3x4(x[2], x[3], x[6], x[7]);
+      pa[4 * c + 2] = pack_e4m3x4(x[8], x[9], x[12], x[13]);
+      pa[4 * c + 3] = pack_e4m3x4(x[10], x[11], x[14], x[15]);
+    }
+  }
+};
+
+template <bool kPipelined>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                         const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  SharedStorage& s = *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const int wg = threadIdx.x / kWarpgroupThreads;
+  const int tid = threadIdx.x % kWarpgroupThreads;
+  const int h = blockIdx.x % p.heads;
+  const int2 work = p.tiles[blockIdx.x / p.heads];
+  const int b = work.x, m_block = work.y;
+  const int qb = p.broadcast_q ? 0 : b;
+  const int Lq = p.cu_q[qb + 1] - p.cu_q[qb];
+  const int Lk = p.cu_k[b + 1] - p.cu_k[b];
+  const int n_tiles = (Lk + kTile - 1) / kTile;
+  const int64_t q_row = int64_t(h) * p.Pq + p.cu_q_sf[qb] + int64_t(m_block) * kTile;
+
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(&s.q_full, 1);
+    for (int i = 0; i < kStages; ++i) {
+      sm90::mbar_init(&s.full[i], 1);
+      sm90::mbar_init(&s.empty[i], kConsumerWarpgroups * kWarpgroupThreads);
+    }
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ------------------------------------------------------------ producer
+    sm90::setmaxnreg_dec<kProducerRegs>();
+    if (tid == 0 && n_tiles > 0) {
+      const int k_row = int(int64_t(h) * p.Pk + p.cu_k_sf[b]);
+      const int v_col = p.cu_k_sf[b];
+      sm90::mbar_arrive_expect_tx(&s.q_full, kTileBytes);
+      sm90::tma_load_2d(s.q, &tm_q, &s.q_full, 0, int(q_row));
+      for (int j = 0; j < n_tiles; ++j) {
+        const int stage = j % kStages;
+        const uint32_t phase = (j / kStages) & 1;
+        sm90::mbar_wait(&s.empty[stage], phase ^ 1);
+        sm90::mbar_arrive_expect_tx(&s.full[stage], 2 * kTileBytes);
+        sm90::tma_load_2d(s.k[stage], &tm_k, &s.full[stage], 0, k_row + j * kTile);
+        sm90::tma_load_2d(s.v[stage], &tm_v, &s.full[stage], v_col + j * kTile, h * kHeadDim);
+      }
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------------------------ consumers
+  sm90::setmaxnreg_inc<kConsumerRegs>();
+  const int cw = wg - 1;
+  const int warp = tid / 32, lane = tid % 32, quad = lane % 4;
+  const int r0 = cw * kRowsPerConsumer + warp * 16 + lane / 4;  // rows r0 and r0 + 8 of the Q tile
+  const int rows[2] = {r0, r0 + 8};
+  const int64_t tok_base = p.broadcast_q ? int64_t(b) * Lq : p.cu_q[qb];
+
+  if (n_tiles == 0) {  // no keys: out = 0, lse = -inf
+    for (int r = 0; r < 2; ++r) {
+      const int i = m_block * kTile + rows[r];
+      if (i >= Lq) continue;
+      const int64_t tok = tok_base + i;
+      __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(p.out + (tok * p.heads + h) * kHeadDim);
+      for (int c = quad; c < kHeadDim / 2; c += 4) o[c] = __floats2bfloat162_rn(0.f, 0.f);
+      if (quad == 0) p.lse[h * p.To + tok] = -INFINITY;
+    }
+    return;
+  }
+
+  float row_mult[2];
+  for (int r = 0; r < 2; ++r) row_mult[r] = p.q_scale[q_row + rows[r]] * p.scale_log2;
+  const float* k_scale = p.k_scale + int64_t(h) * (p.Pk / kTile) + p.cu_k_sf[b] / kTile;
+
+  float o[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+  sm90::mbar_wait(&s.q_full, 0);
+  const uint64_t desc_q = sm90::make_desc_k128b(s.q + cw * kRowsPerConsumer * kHeadDim);
+  const TileSoftmax sm{{row_mult[0], row_mult[1]}, k_scale, Lk, quad};
+
+  if constexpr (!kPipelined) {
+    for (int j = 0; j < n_tiles; ++j) {
+      const int stage = j % kStages;
+      sm90::mbar_wait(&s.full[stage], (j / kStages) & 1);
+      float sc[64];
+      issue_s(sc, desc_q, sm90::make_desc_k128b(s.k[stage]));
+      sm90::wgmma_wait<0>();
+      fence_all(sc);
+      uint32_t pa[16];
+      float alpha[2];
+      sm.run(sc, j, m, l, alpha, pa);
+      float ot[64];
+      issue_pv(ot, pa, sm90::make_desc_k128b(s.v[stage]));
+      sm90::wgmma_wait<0>();
+      fence_all(ot);
+      sm90::mbar_arrive(&s.empty[stage]);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i % 4) / 2], ot[i]);
+    }
+  } else {
+    // Ping-pong: the two consumer warpgroups take turns issuing their GEMMs (named barriers), so one
+    // warpgroup's softmax runs while the other's GEMMs occupy the tensor cores. P.V of tile j-1 is
+    // issued in the same turn as S of tile j.
+    const int my_turn = kTurnBarrier0 + cw, other_turn = kTurnBarrier0 + (1 - cw);
+    constexpr int kTurnThreads = 2 * kWarpgroupThreads;
+    if (cw == 1) sm90::named_barrier_arrive(other_turn, kTurnThreads);  // warpgroup 0 goes first
+    // Warpgroup 1 gave one turn in advance, so it skips the hand-over after its last issue.
+    auto hand_over = [&](int j) {
+      if (!(cw == 1 && j == n_tiles - 1)) sm90::named_barrier_arrive(other_turn, kTurnThreads);
+    };
+    uint32_t pa[16];
+    float alpha[2];
+    {
+      sm90::mbar_wait(&s.full[0], 0);
+      float sc[64];
+      sm90::named_barrier_sync(my_turn, kTurnThreads);
+      issue_s(sc, desc_q, sm90::make_desc_k128b(s.k[0]));
+      hand_over(0);
+      sm90::wgmma_wait<0>();
+      fence_all(sc);
+      sm.run(sc, 0, m, l, alpha, pa);
+    }
+    for (int j = 1; j < n_tiles; ++j) {
+      const int stage = j % kStages, prev = (j - 1) % kStages;
+      sm90::mbar_wait(&s.full[stage], (j / kStages) & 1);
+      float sc[64], ot[64];
+      sm90::named_barrier_sync(my_turn, kTurnThreads);
+      issue_s(sc, desc_q, sm90::make_desc_k128b(s.k[stage]));
+      issue_pv(ot, pa, sm90::make_desc_k128b(s.v[prev]));
+      hand_over(j);
+      // NOTES: waiting for S alone (wait_group 1) and running the softmax under the in-flight P.V
+      // made ptxas serialize every wgmma of the kernel (C7513): the softmax reuses registers of the
+      // open pipeline stage. The overlap comes from the other warpgroup instead.
+      sm90::wgmma_wait<0>();
+      fence_all(sc);
+      fence_all(ot);
+      sm90::mbar_arrive(&s.empty[prev]);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i % 4) / 2], ot[i]);
+      sm.run(sc, j, m, l, alpha, pa);
+    }
+    const int last = (n_tiles - 1) % kStages;
+    float ot[64];
+    issue_pv(ot, pa, sm90::make_desc_k128b(s.v[last]));
+    sm90::wgmma_wait<0>();
+    fence_all(ot);
+    sm90::mbar_arrive(&s.empty[last]);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i % 4) / 2], ot[i]);
+  }
+
+  // ---------------------------------------------------------------------------- epilogue
+  const float* v_scale = p.v_scale + (int64_t(b) * p.heads + h) * kHeadDim;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float lsum = quad_sum(l[r]);
+    const int i = m_block * kTile + rows[r];
+    if (i >= Lq) continue;
+    const int64_t tok = tok_base + i;
+    const float inv = 1.f / (lsum * kPScale);
+    __nv_bfloat16* orow = p.out + (tok * p.heads + h) * kHeadDim;
+#pragma unroll
+    for (int jn = 0; jn < 16; ++jn) {
+      const int col = 8 * jn + 2 * quad;
+      const float a = o[4 * jn + 2 * r] * inv * v_scale[col];
+      const float c = o[4 * jn + 2 * r + 1] * inv * v_scale[col + 1];
+      *reinterpret_cast<__nv_bfloat162*>(orow + col) = __floats2bfloat162_rn(a, c);
+    }
+    if (quad == 0) p.lse[h * p.To + tok] = (m[r] + log2f(lsum)) * kLn2;
+  }
+}
+
+}  // namespace attn
+
+namespace {
+
+Status cuda_check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::Ok();
+  return Status::Cuda(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
+
+struct WorkspaceLayout {
+  size_t q, k, v, q_scale, k_scale, v_byte, v_scale, tiles, total;
+};
+
+WorkspaceLayout layout_of(int batch, int heads, int64_t Pq, int64_t Pk, int64_t num_tiles) {
+  WorkspaceLayout w;
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = off;
+    off += align256(bytes);
+    return at;
+  };
+  w.q = take(size_t(heads) * Pq * kHeadDim);
+  w.k = take(size_t(heads) * Pk * kHeadDim);
+  w.v = take(size_t(heads) * Pk * kHeadDim);
+  w.q_scale = take(size_t(heads) * Pq * sizeof(float));
+  w.k_scale = take(size_t(heads) * (Pk / attn::kTile) * sizeof(float));
+  w.v_byte = take(size_t(batch) * heads * kHeadDim);
+  w.v_scale = take(size_t(batch) * heads * kHeadDim * sizeof(float));
+  w.tiles = take(size_t(num_tiles) * sizeof(int2));
+  w.total = off;
+  return w;
+}
+
+Status make_map(CUtensorMap* map, void* base, uint64_t inner, uint64_t rows) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (!encode) {
+    cudaDriverEntryPointQueryResult q;
+    void* fn = nullptr;
+    MXFLASH_RETURN_IF_ERROR(cuda_check(
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q),
+        "cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled)"));
+    if (q != cudaDriverEntryPointSuccess || !fn) return Status::Cuda("cuTensorMapEncodeTiled not found in the driver");
+    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }
+  const cuuint64_t dims[2] = {inner, rows};
+  const cuuint64_t strides[1] = {inner};
+  const cuuint32_t box[2] = {attn::kTile, attn::kTile};
+  const cuuint32_t elem[2] = {1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, base, dims, strides, box, elem,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return Status::Cuda("cuTensorMapEncodeTiled failed with CUresult " + std::to_string(int(r)));
+  return Status::Ok();
+}
+
+// Q tiles of every sequence, the ones facing the most keys first (a jagged batch then finishes
+// its long sequences while short ones fill the gaps).
+std::vector<int2> schedule(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k, int batch,
+                           bool broadcast_q) {
+  std::vector<int2> tiles;
+  for (int b = 0; b < batch; ++b) {
+    const int qb = broadcast_q ? 0 : b;
+    const int lq = cu_q[qb + 1] - cu_q[qb];
+    for (int m = 0; m * attn::kTile < lq; ++m) tiles.push_back(make_int2(b, m));
+  }
+  std::stable_sort(tiles.begin(), tiles.end(), [&](int2 x, int2 y) {
+    return cu_k[x.x + 1] - cu_k[x.x] > cu_k[y.x + 1] - cu_k[y.x];
+  });
+  return tiles;
+}
+
+}  // namespace
+
+int64_t attention_fwd_num_q_tiles(const std::vector<int32_t>& cu_q, int batch, bool broadcast_q) {
+  int64_t n = 0;
+  for (int b = 0; b < (broadcast_q ? 1 : batch); ++b) n += (cu_q[b + 1] - cu_q[b] + attn::kTile - 1) / attn::kTile;
+  return broadcast_q ? n * batch : n;
+}
+
+size_t attention_fwd_workspace_bytes(int batch, int heads, int64_t Pq, int64_t Pk, int64_t num_q_tiles) {
+  return layout_of(batch, heads, Pq, Pk, num_q_tiles).total;
+}
+
+Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t workspace_bytes, void* stream_ptr) {
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  const std::vector<int2> tiles = schedule(*p.host_cu_q, *p.host_cu_k, p.batch, p.broadcast_q);
+  const WorkspaceLayout w = layout_of(p.batch, p.heads, p.Pq, p.Pk, int64_t(tiles.size()));
+  bool owned = false;
+  if (!workspace) {
+    MXFLASH_RETURN_IF_ERROR(cuda_check(cudaMallocAsync(&workspace, w.total, stream), "cudaMallocAsync(workspace)"));
+    owned = true;
+  } else if (workspace_bytes < w.total) {
+    return Status::Invalid("workspace: " + std::to_string(workspace_bytes) + " bytes given, " +
+                           std::to_string(w.total) + " needed");
+  }
+  uint8_t* ws = static_cast<uint8_t*>(workspace);
+  auto run = [&]() -> Status {
+    const int64_t H = p.heads;
+    if (p.Pq > 0)
+      attn::prepare_rows_kernel<true><<<dim3(unsigned(p.Pq / attn::kTile), unsigned(H)), attn::kTile, 0, stream>>>(
+          p.q.payload, p.q.scales, p.q.scale_layout, p.cu_q, p.cu_q_sf, p.broadcast_q ? 1 : p.batch, H, p.Pq, ws + w.q,
+          reinterpret_cast<float*>(ws + w.q_scale));
+    MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "prepare Q launch"));
+    if (p.Pk > 0) {
+      attn::prepare_rows_kernel<false><<<dim3(unsigned(p.Pk / attn::kTile), unsigned(H)), attn::kTile, 0, stream>>>(
+          p.k.payload, p.k.scales, p.k.scale_layout, p.cu_k, p.cu_k_sf, p.batch, H, p.Pk, ws + w.k,
+          reinterpret_cast<float*>(ws + w.k_scale));
+      MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "prepare K launch"));
+    }
+    attn::prepare_v_scale_kernel<<<unsigned(int64_t(p.batch) * H), attn::kVScaleSlices * kHeadDim, 0, stream>>>(
+        p.v.scales, p.v.scale_layout, p.cu_k, p.cu_k_sf, H, p.Pk, ws + w.v_byte, reinterpret_cast<float*>(ws + w.v_scale));
+    MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "prepare V scales launch"));
+    if (p.Pk > 0) {
+      attn::prepare_v_kernel<<<dim3(unsigned(p.Pk / attn::kTile), unsigned(H)), attn::kTile, 0, stream>>>(
+          p.v.payload, p.v.payload_layout, p.v.scales, p.v.scale_layout, p.cu_k, p.cu_k_sf, p.batch, H, p.Pk,
+          ws + w.v_byte, ws + w.v);
+      MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "prepare V launch"));
+    }
+    if (tiles.empty()) return Status::Ok();
+    MXFLASH_RETURN_IF_ERROR(cuda_check(
+        cudaMemcpyAsync(ws + w.tiles, tiles.data(), tiles.size() * sizeof(int2), cudaMemcpyHostToDevice, stream),
+        "cudaMemcpyAsync(tile list)"));
+    CUtensorMap tm_q, tm_k, tm_v;
+    MXFLASH_RETURN_IF_ERROR(make_map(&tm_q, ws + w.q, kHeadDim, uint64_t(H * p.Pq)));
+    // A batch whose K/V sequences are all empty still needs valid (unused) maps.
+    MXFLASH_RETURN_IF_ERROR(make_map(&tm_k, ws + w.k, kHeadDim, uint64_t(std::max<int64_t>(H * p.Pk, attn::kTile))));
+    MXFLASH_RETURN_IF_ERROR(make_map(&tm_v, ws + w.v, uint64_t(std::max<int64_t>(p.Pk, attn::kTile)), uint64_t(H * kHeadDim)));
+    attn::FwdParams fp;
+    fp.cu_q = p.cu_q;
+    fp.cu_q_sf = p.cu_q_sf;
+    fp.cu_k = p.cu_k;
+    fp.cu_k_sf = p.cu_k_sf;
+    fp.q_scale = reinterpret_cast<const float*>(ws + w.q_scale);
+    fp.k_scale = reinterpret_cast<const float*>(ws + w.k_scale);
+    fp.v_scale = reinterpret_cast<const float*>(ws + w.v_scale);
+    fp.tiles = reinterpret_cast<const int2*>(ws + w.tiles);
+    fp.heads = p.heads;
+    fp.Pq = p.Pq;
+    fp.Pk = p.Pk;
+    fp.To = p.To;
+    fp.scale_log2 = p.softmax_scale * attn::kLog2e;
+    fp.broadcast_q = p.broadcast_q;
+    fp.out = static_cast<__nv_bfloat16*>(p.out);
+    fp.lse = p.lse;
+    auto kernel = attn::kPipelinedDefault ? attn::attention_fwd_kernel<true> : attn::attention_fwd_kernel<false>;
+    if (const char* v = std::getenv("MXFLASH_FWD_PIPELINED")) kernel = v[0] == '1' ? attn::attention_fwd_kernel<true> : attn::attention_fwd_kernel<false>;
+    MXFLASH_RETURN_IF_ERROR(cuda_check(cudaFuncSetAttribute(kernel,
+                                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                            int(attn::kSmemBytes)),
+                                       "cudaFuncSetAttribute(smem)"));
+    const int64_t ctas = int64_t(tiles.size()) * p.heads;
+    kernel<<<unsigned(ctas), attn::kThreads, attn::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, fp);
+    return cuda_check(cudaGetLastError(), "attention_fwd_kernel launch");
+  };
+  Status st = run();
+  if (owned) {
+    const Status fr = cuda_check(cudaFreeAsync(workspace, stream), "cudaFreeAsync(workspace)");
+    if (st.ok()) st = fr;
+  }
+  return st;
+}
+
+}  // namespace mxflash::cuda

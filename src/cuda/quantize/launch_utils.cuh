@@ -1,0 +1,53 @@
+// Host-side helpers shared by the quantization launchers: CUDA error -> Status, alignment checks,
+// grid sizing for grid-stride kernels.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "mxflash/status.h"
+
+namespace mxflash::cuda {
+
+inline Status cuda_error(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::Ok();
+  return Status::Cuda(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// After a <<<>>> launch: configuration errors surface here, not at the launch statement.
+inline Status check_launch(const char* kernel) { return cuda_error(cudaGetLastError(), kernel); }
+
+// The kernels move 4-, 8- or 16-byte vectors; a view whose data pointer is offset inside its
+// allocation can break that (the launcher checks only contiguity). Rejected before any launch, so
+// nothing is written.
+inline Status check_aligned(const void* p, int bytes, const char* name) {
+  if (reinterpret_cast<uintptr_t>(p) % uintptr_t(bytes) == 0) return Status::Ok();
+  return Status::Invalid(std::string(name) + ": the CUDA kernels need a " + std::to_string(bytes) +
+                         "-byte aligned data pointer");
+}
+
+// Grid for a grid-stride kernel: every CTA resident at once (a second wave of CTAs would each
+// carry a full share of the work and double the run time), capped by the work available.
+// Occupancy is cached per kernel: it depends only on the kernel and the architecture.
+template <auto Kernel>
+Status grid_size(int threads, int64_t work_items, int* grid) {
+  static const int blocks_per_sm = [threads] {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, threads, 0) != cudaSuccess) {
+      cudaGetLastError();  // only a sizing hint: clear it so the launch check does not report it
+      n = 1;
+    }
+    return n > 0 ? n : 1;
+  }();
+  int dev = 0, sms = 0;
+  MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetDevice(&dev), "cudaGetDevice"));
+  MXFLASH_RETURN_IF_ERROR(
+      cuda_error(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute"));
+  const int64_t resident = int64_t(sms) * blocks_per_sm;
+  *grid = int(work_items < resident ? work_items : resident);
+  if (*grid < 1) *grid = 1;
+  return Status::Ok();
+}
+
+}  // namespace mxflash::cuda

@@ -1,0 +1,180 @@
+// Host launcher of the MXFP8 attention forward: validates every argument, then runs the exact-MX
+// CPU reference (CPU tensors) or the sm_90a kernel (CUDA tensors).
+#include "mxflash/attention.h"
+
+#include <string>
+#include <vector>
+
+#include "cuda/attention/attention_fwd.h"
+#include "launch/device_runtime.h"
+#include "reference/attention_ref.h"
+
+namespace mxflash {
+namespace {
+
+float resolved_scale(const AttentionOptions& opt) {
+  return std::isnan(opt.softmax_scale) ? float(1.0 / std::sqrt(double(kHeadDim))) : opt.softmax_scale;
+}
+
+std::string with(const char* op, const char* field) { return std::string(op) + "." + field; }
+
+// One MX operand: orientation, dtypes, shapes, contiguity for its metadata and head count.
+Status check_operand(const MxTensor& t, const char* name, Orientation want, const JaggedMeta& meta, int64_t* heads) {
+  if (t.orientation != want)
+    return Status::Invalid(with(name, "orientation") + ": must be " + to_string(want) + ", got " +
+                           to_string(t.orientation));
+  if (int(t.scale_layout) < 0 || int(t.scale_layout) > 1)
+    return Status::Invalid(with(name, "scale_layout") + ": must be plain or blocked128x4");
+  if (int(t.payload_layout) < 0 || int(t.payload_layout) > 1)
+    return Status::Invalid(with(name, "payload_layout") + ": must be token_major or token_contiguous");
+  if (want == Orientation::kHdim && t.payload_layout != PayloadLayout::kTokenMajor)
+    return Status::Invalid(with(name, "payload_layout") + ": hdim payloads are token_major only");
+  const std::string pn = with(name, "payload"), sn = with(name, "scales");
+  MXFLASH_RETURN_IF_ERROR(check_dtype(t.payload, pn.c_str(), {DType::kE4M3, DType::kUInt8}));
+  MXFLASH_RETURN_IF_ERROR(check_dtype(t.scales, sn.c_str(), {DType::kE8M0, DType::kUInt8}));
+  if (t.payload.ndim != 3) return Status::Invalid(pn + ": must be 3-D, got " + t.payload.shape_string());
+  const int64_t H = t.payload_layout == PayloadLayout::kTokenMajor ? t.payload.shape[1] : t.payload.shape[0];
+  if (H < 1) return Status::Invalid(pn + ": head count must be >= 1");
+  if (*heads == 0) *heads = H;
+  if (H != *heads)
+    return Status::Invalid(pn + ": has " + std::to_string(H) + " heads, q has " + std::to_string(*heads));
+  int64_t shape[3];
+  payload_shape(meta, H, t.payload_layout, shape);
+  MXFLASH_RETURN_IF_ERROR(check_shape(t.payload, pn.c_str(), 3, shape));
+  const ScaleShape ss = scale_shape(meta, H, t.orientation, t.scale_layout);
+  MXFLASH_RETURN_IF_ERROR(check_shape(t.scales, sn.c_str(), ss.ndim, ss.dims));
+  for (const auto* v : {&t.payload, &t.scales}) {
+    const std::string n = v == &t.payload ? pn : sn;
+    MXFLASH_RETURN_IF_ERROR(check_contiguous(*v, n.c_str()));
+    MXFLASH_RETURN_IF_ERROR(check_not_null(*v, n.c_str()));
+  }
+  // TMA and 16-byte vector loads read the payloads.
+  MXFLASH_RETURN_IF_ERROR(check_alignment(t.payload, pn.c_str(), 16));
+  return Status::Ok();
+}
+
+Status check_same_device(const std::vector<std::pair<const TensorView*, std::string>>& views, Device* dev) {
+  const TensorView& first = *views[0].first;
+  for (const auto& [v, name] : views)
+    if (v->device != first.device || v->device_id != first.device_id)
+      return Status::Invalid(name + ": must be on the same device as " + views[0].second + " (" +
+                             device_string(first) + "), got " + device_string(*v));
+  *dev = first.device;
+  return Status::Ok();
+}
+
+int64_t out_tokens(const JaggedMeta& q_meta, const JaggedMeta& k_meta, bool broadcast_q) {
+  return broadcast_q ? int64_t(k_meta.batch()) * q_meta.total_tokens() : q_meta.total_tokens();
+}
+
+// CPU: dequantize the operands (exact) and run the exact-MX reference, whose quantizers return
+// already-representable MX values unchanged.
+Status forward_cpu(const MxTensor& q, const MxTensor& k, const MxTensor& v, const JaggedMeta& qm, const JaggedMeta& km,
+                   int64_t H, float scale, bool broadcast_q, TensorView out, TensorView lse) {
+  auto dequant = [&](const MxTensor& t, const JaggedMeta& m, std::vector<float>* x) {
+    x->assign(size_t(m.total_tokens() * H * kHeadDim), 0.f);
+    return dequantize(t.payload, t.scales, m, t.orientation, t.scale_layout, t.payload_layout,
+                      make_view(x->data(), DType::kFloat32, Device::kCPU, {m.total_tokens(), H, kHeadDim}));
+  };
+  std::vector<float> qf, kf, vf;
+  MXFLASH_RETURN_IF_ERROR(dequant(q, qm, &qf));
+  MXFLASH_RETURN_IF_ERROR(dequant(k, km, &kf));
+  MXFLASH_RETURN_IF_ERROR(dequant(v, km, &vf));
+  ref::AttnProblem p;
+  p.q_meta = &qm;
+  p.k_meta = &km;
+  p.heads = H;
+  p.q = qf.data();
+  p.k = kf.data();
+  p.v = vf.data();
+  p.softmax_scale = scale;
+  p.broadcast_q = broadcast_q;
+  ref::AttnForwardResult r;
+  MXFLASH_RETURN_IF_ERROR(ref::attention_forward(p, ref::AttnMethod::kMx, &r));
+  uint16_t* o = out.ptr<uint16_t>();
+  for (size_t i = 0; i < r.out.size(); ++i) o[i] = float_to_bf16(float(r.out[i]));
+  float* l = lse.ptr<float>();
+  for (size_t i = 0; i < r.lse.size(); ++i) l[i] = float(r.lse[i]);
+  return Status::Ok();
+}
+
+}  // namespace
+
+size_t attention_forward_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
+                                        const AttentionOptions& opt) {
+  if (q_meta.batch() < 1 || k_meta.batch() < 1 || heads < 1) return 0;
+  return cuda::attention_fwd_workspace_bytes(
+      k_meta.batch(), int(heads), q_meta.padded_tokens(), k_meta.padded_tokens(),
+      cuda::attention_fwd_num_q_tiles(q_meta.cu_seqlens(), k_meta.batch(), opt.broadcast_q));
+}
+
+Status attention_forward(const MxTensor& q, const MxTensor& k, const MxTensor& v, const JaggedMeta& q_meta,
+                         const JaggedMeta& k_meta, const AttentionOptions& opt, TensorView out, TensorView lse,
+                         void* workspace, size_t workspace_bytes, void* stream) {
+  if (q_meta.batch() < 1) return Status::Invalid("q_meta: empty metadata");
+  if (k_meta.batch() < 1) return Status::Invalid("k_meta: empty metadata");
+  if (opt.broadcast_q && q_meta.batch() != 1)
+    return Status::Invalid("q_meta: broadcast_q needs exactly one Q sequence, got " + std::to_string(q_meta.batch()));
+  if (!opt.broadcast_q && q_meta.batch() != k_meta.batch())
+    return Status::Invalid("q_meta: has " + std::to_string(q_meta.batch()) + " sequences but k_meta has " +
+                           std::to_string(k_meta.batch()) + " (use broadcast_q for one shared Q sequence)");
+  const float scale = resolved_scale(opt);
+  if (!(scale > 0.f) || std::isinf(scale)) return Status::Invalid("softmax_scale: must be a finite positive number");
+  int64_t H = 0;
+  MXFLASH_RETURN_IF_ERROR(check_operand(q, "q", Orientation::kHdim, q_meta, &H));
+  MXFLASH_RETURN_IF_ERROR(check_operand(k, "k", Orientation::kHdim, k_meta, &H));
+  MXFLASH_RETURN_IF_ERROR(check_operand(v, "v", Orientation::kSeq, k_meta, &H));
+  const int64_t To = out_tokens(q_meta, k_meta, opt.broadcast_q);
+  const int64_t out_shape[3] = {To, H, kHeadDim}, lse_shape[2] = {H, To};
+  MXFLASH_RETURN_IF_ERROR(check_dtype(out, "out", {DType::kBFloat16}));
+  MXFLASH_RETURN_IF_ERROR(check_shape(out, "out", 3, out_shape));
+  MXFLASH_RETURN_IF_ERROR(check_contiguous(out, "out"));
+  MXFLASH_RETURN_IF_ERROR(check_not_null(out, "out"));
+  MXFLASH_RETURN_IF_ERROR(check_alignment(out, "out", 4));
+  MXFLASH_RETURN_IF_ERROR(check_dtype(lse, "lse", {DType::kFloat32}));
+  MXFLASH_RETURN_IF_ERROR(check_shape(lse, "lse", 2, lse_shape));
+  MXFLASH_RETURN_IF_ERROR(check_contiguous(lse, "lse"));
+  MXFLASH_RETURN_IF_ERROR(check_not_null(lse, "lse"));
+  Device dev = Device::kCPU;
+  MXFLASH_RETURN_IF_ERROR(check_same_device({{&q.payload, "q.payload"},
+                                             {&q.scales, "q.scales"},
+                                             {&k.payload, "k.payload"},
+                                             {&k.scales, "k.scales"},
+                                             {&v.payload, "v.payload"},
+                                             {&v.scales, "v.scales"},
+                                             {&out, "out"},
+                                             {&lse, "lse"}},
+                                            &dev));
+  if (To == 0) return Status::Ok();
+  if (dev == Device::kCPU) return forward_cpu(q, k, v, q_meta, k_meta, H, scale, opt.broadcast_q, out, lse);
+  if (!detail::cuda_built()) return Status::Unsupported("q.payload: CUDA tensors need a CUDA build");
+  MXFLASH_RETURN_IF_ERROR(detail::check_current_device(q.payload.device_id, "q.payload"));
+  if (!q_meta.on_device()) return Status::Invalid("q_meta: has no device copy; call q_meta.upload() first");
+  if (!k_meta.on_device()) return Status::Invalid("k_meta: has no device copy; call k_meta.upload() first");
+  if (workspace && workspace_bytes < attention_forward_workspace_size(q_meta, k_meta, H, opt))
+    return Status::Invalid("workspace: smaller than attention_forward_workspace_size()");
+  cuda::AttentionFwdProblem p;
+  p.batch = k_meta.batch();
+  p.heads = int(H);
+  p.Tq = q_meta.total_tokens();
+  p.Pq = q_meta.padded_tokens();
+  p.Tk = k_meta.total_tokens();
+  p.Pk = k_meta.padded_tokens();
+  p.To = To;
+  p.broadcast_q = opt.broadcast_q;
+  p.softmax_scale = scale;
+  p.cu_q = q_meta.device_cu_seqlens();
+  p.cu_q_sf = q_meta.device_cu_seqlens_sf();
+  p.cu_k = k_meta.device_cu_seqlens();
+  p.cu_k_sf = k_meta.device_cu_seqlens_sf();
+  p.host_cu_q = &q_meta.cu_seqlens();
+  p.host_cu_k = &k_meta.cu_seqlens();
+  p.q = {q.payload.ptr<const uint8_t>(), q.scales.ptr<const uint8_t>(), q.scale_layout, q.payload_layout};
+  p.k = {k.payload.ptr<const uint8_t>(), k.scales.ptr<const uint8_t>(), k.scale_layout, k.payload_layout};
+  p.v = {v.payload.ptr<const uint8_t>(), v.scales.ptr<const uint8_t>(), v.scale_layout, v.payload_layout};
+  p.out = out.data;
+  p.lse = lse.ptr<float>();
+  return cuda::attention_forward(p, workspace, workspace_bytes, stream);
+}
+
+}  // namespace mxflash

@@ -1,0 +1,498 @@
+#include "reference/attention_ref.h"
+
+#include <algorithm>
+#include <atomic>
+#include <limits>
+#include <thread>
+
+#include "mxflash/mx.h"
+#include "mxflash/quantize.h"
+#include "mxflash/tensor.h"
+
+namespace mxflash::ref {
+namespace {
+
+constexpr int kD = kHeadDim;
+constexpr double kLog2e = 1.4426950408889634074;
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+using Vec = std::vector<double>;
+
+// ---------------------------------------------------------------- element rounding
+double to_f32(double x) { return double(float(x)); }
+// Via fp32, as a kernel converts its fp32 accumulator.
+double to_bf16(double x) { return double(bf16_to_float(float_to_bf16(float(x)))); }
+// e4m3 with a (not necessarily power-of-two) scale: e4m3(x * inv) * descale, saturating RNE.
+double e4m3_scaled(double x, float inv, double descale) {
+  return double(e4m3_to_float(float_to_e4m3(float(x) * inv, /*saturate=*/true))) * descale;
+}
+
+// How P is rounded before the P.V (forward) and P^T.dO (backward) products.
+enum class PRound { kNone, kBf16, kE4m3Fp8, kE4m3Mx };
+double round_p(double p, PRound r) {
+  switch (r) {
+    case PRound::kNone: return p;
+    case PRound::kBf16: return to_bf16(p);
+    case PRound::kE4m3Fp8: return e4m3_scaled(p, kFp8PScale, 1.0 / double(kFp8PScale));
+    case PRound::kE4m3Mx: return e4m3_scaled(p, float(1 << kMxPScaleLog2), 1.0 / double(1 << kMxPScaleLog2));
+  }
+  return p;
+}
+PRound p_round_of(AttnMethod m) {
+  switch (m) {
+    case AttnMethod::kFp64: return PRound::kNone;
+    case AttnMethod::kBf16: return PRound::kBf16;
+    case AttnMethod::kFp8PerTensor: return PRound::kE4m3Fp8;
+    case AttnMethod::kMx: return PRound::kE4m3Mx;
+  }
+  return PRound::kNone;
+}
+
+// In-kernel MX quantization of one block of fp32 values (rows x cols, row stride `ld`), in place:
+// RCEIL, zero block byte 127 (REFERENCE.md §2), values replaced by their dequantized e4m3.
+void mx_block_inplace(double* x, int rows, int cols, int64_t ld) {
+  float amax = 0.f;
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) amax = amax_nan(amax, float(x[r * ld + c]));
+  const uint8_t s = e8m0_scale_byte(amax, ScalingMode::kRceil, /*zero_byte=*/kE8m0One);
+  const float inv = e8m0_inv_scale(s);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) x[r * ld + c] = double(dequantize_element(quantize_element(float(x[r * ld + c]), inv), s));
+}
+
+// 128-long dot product with four independent partial sums (lets the compiler pipeline the FMAs).
+inline double dot128(const double* a, const double* b) {
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  for (int d = 0; d < kD; d += 4) {
+    s0 += a[d] * b[d];
+    s1 += a[d + 1] * b[d + 1];
+    s2 += a[d + 2] * b[d + 2];
+    s3 += a[d + 3] * b[d + 3];
+  }
+  return (s0 + s1) + (s2 + s3);
+}
+inline void axpy128(double a, const double* x, double* y) {
+  for (int d = 0; d < kD; ++d) y[d] += a * x[d];
+}
+
+// ---------------------------------------------------------------- geometry
+struct Geometry {
+  int B = 0;
+  int64_t H = 0, Tq = 0, Tk = 0, To = 0;
+  std::vector<int64_t> q0, lq, k0, lk, o0;  // per batch: first token and length
+  int64_t idx(int64_t t, int64_t h) const { return (t * H + h) * kD; }
+};
+
+Geometry geometry_of(const AttnProblem& p) {
+  Geometry g;
+  g.B = p.k_meta->batch();
+  g.H = p.heads;
+  g.Tq = p.q_meta->total_tokens();
+  g.Tk = p.k_meta->total_tokens();
+  g.To = out_tokens(p);
+  for (int b = 0; b < g.B; ++b) {
+    const int64_t lq = p.broadcast_q ? p.q_meta->length(0) : p.q_meta->length(b);
+    g.q0.push_back(p.broadcast_q ? 0 : p.q_meta->cu_seqlens()[b]);
+    g.lq.push_back(lq);
+    g.k0.push_back(p.k_meta->cu_seqlens()[b]);
+    g.lk.push_back(p.k_meta->length(b));
+    g.o0.push_back(p.broadcast_q ? b * lq : p.q_meta->cu_seqlens()[b]);
+  }
+  return g;
+}
+
+// Metadata of the output tokens (what dO is quantized against).
+JaggedMeta out_meta_of(const AttnProblem& p, const Geometry& g) {
+  if (!p.broadcast_q) return *p.q_meta;
+  JaggedMeta m;
+  Status s = JaggedMeta::FromLengths(std::vector<int64_t>(size_t(g.B), g.lq.empty() ? 0 : g.lq[0]), &m);
+  (void)s;  // lengths are those of a validated metadata, so always valid
+  return m;
+}
+
+// Runs f(b, h) over every (sequence, head) item on `threads` workers, largest items first.
+// Each item writes disjoint outputs, so results do not depend on the schedule.
+template <typename F>
+void for_each_item(const Geometry& g, int threads, F&& f) {
+  std::vector<std::pair<int, int64_t>> items;
+  for (int b = 0; b < g.B; ++b)
+    for (int64_t h = 0; h < g.H; ++h) items.push_back({b, h});
+  std::stable_sort(items.begin(), items.end(), [&](const auto& x, const auto& y) {
+    return g.lq[x.first] * (g.lk[x.first] + 1) > g.lq[y.first] * (g.lk[y.first] + 1);
+  });
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < items.size();) f(items[i].first, items[i].second);
+  };
+  const int n = std::max(1, std::min<int>(threads, int(items.size())));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < n; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+}
+
+// ---------------------------------------------------------------- operand preparation
+// Every operand is held as the values the method's GEMMs consume (dequantized), in double.
+Vec raw_of(const float* x, int64_t n) { return Vec(x, x + n); }
+
+Vec bf16_of(const float* x, int64_t n) {
+  Vec out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(x[i]);
+  return out;
+}
+
+// Per-tensor FP8: descale = amax / 448 per head (fp32), elements e4m3(x * 448 / amax).
+Vec fp8_tensor_of(const float* x, int64_t T, int64_t H) {
+  Vec out(size_t(T * H * kD), 0.0);
+  for (int64_t h = 0; h < H; ++h) {
+    float amax = 0.f;
+    for (int64_t t = 0; t < T; ++t)
+      for (int d = 0; d < kD; ++d) amax = amax_nan(amax, x[(t * H + h) * kD + d]);
+    if (amax == 0.f) continue;
+    const float inv = kE4m3Max / amax;
+    const double descale = double(amax / kE4m3Max);
+    for (int64_t t = 0; t < T; ++t)
+      for (int d = 0; d < kD; ++d) {
+        const int64_t i = (t * H + h) * kD + d;
+        out[i] = e4m3_scaled(x[i], inv, descale);
+      }
+  }
+  return out;
+}
+
+// MX through the library's CPU quantizer (RCEIL, host rules), dequantized back to fp32.
+Status mx_of(const float* x, const JaggedMeta& meta, int64_t H, Orientation o, Vec* out) {
+  const int64_t T = meta.total_tokens();
+  out->assign(size_t(T * H * kD), 0.0);
+  if (T == 0) return Status::Ok();
+  std::vector<uint8_t> payload(size_t(T * H * kD));
+  const ScaleShape ss = scale_shape(meta, H, o, ScaleLayout::kPlain);
+  std::vector<uint8_t> scales(size_t(ss.numel()));
+  std::vector<float> deq(size_t(T * H * kD));
+  const TensorView xv = make_view(const_cast<float*>(x), DType::kFloat32, Device::kCPU, {T, H, kD});
+  const TensorView pv = make_view(payload.data(), DType::kE4M3, Device::kCPU, {T, H, kD});
+  const TensorView sv = make_view(scales.data(), DType::kE8M0, Device::kCPU, ss.ndim, ss.dims);
+  const TensorView dv = make_view(deq.data(), DType::kFloat32, Device::kCPU, {T, H, kD});
+  QuantizeOptions opt;  // RCEIL, plain scales, token-major payload
+  MXFLASH_RETURN_IF_ERROR(quantize(xv, meta, o, opt, pv, sv));
+  MXFLASH_RETURN_IF_ERROR(dequantize(pv, sv, meta, o, ScaleLayout::kPlain, PayloadLayout::kTokenMajor, dv));
+  for (size_t i = 0; i < deq.size(); ++i) (*out)[i] = deq[i];
+  return Status::Ok();
+}
+
+// Operands of one method; unused entries stay empty, shared ones point at one copy.
+struct Operands {
+  std::vector<Vec> store;
+  const double *q_s = nullptr, *k_s = nullptr;    // S = Q K^T
+  const double *v_o = nullptr;                    // O = P V
+  const double *v_dp = nullptr, *do_g = nullptr;  // dP = dO V^T, dV = P^T dO
+  const double *q_dk = nullptr, *k_dq = nullptr;  // dK = dS^T Q, dQ = dS K
+  const double* add(Vec v) {
+    store.push_back(std::move(v));
+    return store.back().data();
+  }
+};
+
+// backward=false prepares q_s, k_s, v_o; backward=true prepares everything but v_o.
+Status prepare(const AttnProblem& p, const Geometry& g, AttnMethod m, const float* dout, const JaggedMeta& out_meta,
+               bool backward, Operands* ops) {
+  const int64_t nq = g.Tq * g.H * kD, nk = g.Tk * g.H * kD, no = g.To * g.H * kD;
+  ops->store.reserve(8);  // pointers into `store` must stay valid
+  switch (m) {
+    case AttnMethod::kFp64:
+    case AttnMethod::kBf16: {
+      auto conv = [&](const float* x, int64_t n) { return m == AttnMethod::kFp64 ? raw_of(x, n) : bf16_of(x, n); };
+      ops->q_s = ops->q_dk = ops->add(conv(p.q, nq));
+      ops->k_s = ops->k_dq = ops->add(conv(p.k, nk));
+      ops->v_o = ops->v_dp = ops->add(conv(p.v, nk));
+      if (backward) ops->do_g = ops->add(conv(dout, no));
+      return Status::Ok();
+    }
+    case AttnMethod::kFp8PerTensor:
+      ops->q_s = ops->q_dk = ops->add(fp8_tensor_of(p.q, g.Tq, g.H));
+      ops->k_s = ops->k_dq = ops->add(fp8_tensor_of(p.k, g.Tk, g.H));
+      ops->v_o = ops->v_dp = ops->add(fp8_tensor_of(p.v, g.Tk, g.H));
+      if (backward) ops->do_g = ops->add(fp8_tensor_of(dout, g.To, g.H));
+      return Status::Ok();
+    case AttnMethod::kMx: {
+      Vec t;
+      MXFLASH_RETURN_IF_ERROR(mx_of(p.q, *p.q_meta, g.H, Orientation::kHdim, &t));
+      ops->q_s = ops->add(std::move(t));
+      MXFLASH_RETURN_IF_ERROR(mx_of(p.k, *p.k_meta, g.H, Orientation::kHdim, &t));
+      ops->k_s = ops->add(std::move(t));
+      if (!backward) {
+        MXFLASH_RETURN_IF_ERROR(mx_of(p.v, *p.k_meta, g.H, Orientation::kSeq, &t));
+        ops->v_o = ops->add(std::move(t));
+        return Status::Ok();
+      }
+      MXFLASH_RETURN_IF_ERROR(mx_of(p.v, *p.k_meta, g.H, Orientation::kHdim, &t));
+      ops->v_dp = ops->add(std::move(t));
+      MXFLASH_RETURN_IF_ERROR(mx_of(dout, out_meta, g.H, Orientation::kSquare32, &t));
+      ops->do_g = ops->add(std::move(t));
+      MXFLASH_RETURN_IF_ERROR(mx_of(p.q, *p.q_meta, g.H, Orientation::kSeq, &t));
+      ops->q_dk = ops->add(std::move(t));
+      MXFLASH_RETURN_IF_ERROR(mx_of(p.k, *p.k_meta, g.H, Orientation::kSeq, &t));
+      ops->k_dq = ops->add(std::move(t));
+      return Status::Ok();
+    }
+  }
+  return Status::Invalid("method: unknown attention method");
+}
+
+bool valid_method(AttnMethod m) { return int(m) >= 0 && int(m) <= 3; }
+
+}  // namespace
+
+// ---------------------------------------------------------------- public
+const char* to_string(AttnMethod m) {
+  switch (m) {
+    case AttnMethod::kFp64: return "fp64";
+    case AttnMethod::kBf16: return "bf16";
+    case AttnMethod::kFp8PerTensor: return "fp8";
+    case AttnMethod::kMx: return "mx";
+  }
+  return "?";
+}
+
+bool parse_attn_method(const std::string& name, AttnMethod* m) {
+  for (AttnMethod x : {AttnMethod::kFp64, AttnMethod::kBf16, AttnMethod::kFp8PerTensor, AttnMethod::kMx})
+    if (name == to_string(x)) {
+      *m = x;
+      return true;
+    }
+  return false;
+}
+
+int64_t out_tokens(const AttnProblem& p) {
+  if (!p.broadcast_q) return p.q_meta->total_tokens();
+  return int64_t(p.k_meta->batch()) * p.q_meta->length(0);
+}
+
+Status check_problem(const AttnProblem& p) {
+  if (!p.q_meta || p.q_meta->batch() < 1) return Status::Invalid("q_meta: missing or empty metadata");
+  if (!p.k_meta || p.k_meta->batch() < 1) return Status::Invalid("k_meta: missing or empty metadata");
+  if (p.broadcast_q) {
+    if (p.q_meta->batch() != 1)
+      return Status::Invalid("q_meta: broadcast_q needs exactly one Q sequence, got " + std::to_string(p.q_meta->batch()));
+  } else if (p.q_meta->batch() != p.k_meta->batch()) {
+    return Status::Invalid("q_meta: batch " + std::to_string(p.q_meta->batch()) + " differs from k_meta batch " +
+                           std::to_string(p.k_meta->batch()) + " (set broadcast_q for one shared Q sequence)");
+  }
+  if (p.heads < 1) return Status::Invalid("heads: must be >= 1");
+  if (!(p.softmax_scale > 0.0) || !std::isfinite(p.softmax_scale))
+    return Status::Invalid("softmax_scale: must be finite and > 0");
+  if (p.q_meta->total_tokens() > 0 && !p.q) return Status::Invalid("q: data pointer is null");
+  if (p.k_meta->total_tokens() > 0 && (!p.k || !p.v)) return Status::Invalid("k, v: data pointer is null");
+  return Status::Ok();
+}
+
+Status attention_operands(const AttnProblem& p, AttnMethod m, const float* dout, AttnOperands* ops) {
+  MXFLASH_RETURN_IF_ERROR(check_problem(p));
+  if (!valid_method(m)) return Status::Invalid("method: unknown attention method");
+  if (!ops) return Status::Invalid("ops: null");
+  const Geometry g = geometry_of(p);
+  if (g.To > 0 && !dout) return Status::Invalid("dout: data pointer is null");
+  Operands f, b;
+  MXFLASH_RETURN_IF_ERROR(prepare(p, g, m, nullptr, *p.q_meta, /*backward=*/false, &f));
+  MXFLASH_RETURN_IF_ERROR(prepare(p, g, m, dout, out_meta_of(p, g), /*backward=*/true, &b));
+  const size_t nq = size_t(g.Tq * g.H * kD), nk = size_t(g.Tk * g.H * kD), no = size_t(g.To * g.H * kD);
+  auto copy = [](const double* x, size_t n) { return Vec(x, x + n); };
+  ops->q_s = copy(f.q_s, nq);
+  ops->k_s = copy(f.k_s, nk);
+  ops->v_o = copy(f.v_o, nk);
+  ops->v_dp = copy(b.v_dp, nk);
+  ops->do_g = copy(b.do_g, no);
+  ops->q_dk = copy(b.q_dk, nq);
+  ops->k_dq = copy(b.k_dq, nk);
+  return Status::Ok();
+}
+
+Status attention_forward(const AttnProblem& p, AttnMethod m, AttnForwardResult* result, const AttnOptions& opt) {
+  MXFLASH_RETURN_IF_ERROR(check_problem(p));
+  if (!valid_method(m)) return Status::Invalid("method: unknown attention method");
+  if (!result) return Status::Invalid("result: null");
+  const Geometry g = geometry_of(p);
+  Operands ops;
+  MXFLASH_RETURN_IF_ERROR(prepare(p, g, m, nullptr, *p.q_meta, /*backward=*/false, &ops));
+  const bool exact = m == AttnMethod::kFp64;
+  const bool round = !exact && opt.round_outputs;
+  const PRound pr = p_round_of(m);
+  result->out.assign(size_t(g.To * g.H * kD), 0.0);
+  result->lse.assign(size_t(g.H * g.To), kNegInf);
+
+  for_each_item(g, opt.threads, [&](int b, int64_t h) {
+    const int64_t lk = g.lk[b];
+    if (lk == 0) return;  // O = 0, LSE = -inf
+    Vec s(static_cast<size_t>(lk));
+    double acc[kD];
+    for (int64_t i = 0; i < g.lq[b]; ++i) {
+      const double* q = ops.q_s + g.idx(g.q0[b] + i, h);
+      double m_row = kNegInf;
+      for (int64_t j = 0; j < lk; ++j) {
+        const double dot = dot128(q, ops.k_s + g.idx(g.k0[b] + j, h));
+        s[j] = (exact ? dot : to_f32(dot)) * p.softmax_scale;
+        m_row = std::max(m_row, s[j]);
+      }
+      double l = 0.0;
+      std::fill(acc, acc + kD, 0.0);
+      for (int64_t j = 0; j < lk; ++j) {
+        double pj = std::exp(s[j] - m_row);
+        if (!exact) pj = to_f32(pj);
+        l += pj;  // the row sum uses the unquantized P, as FA kernels do
+        const double pq = round_p(pj, pr);
+        if (pq != 0.0) axpy128(pq, ops.v_o + g.idx(g.k0[b] + j, h), acc);
+      }
+      if (!exact) l = to_f32(l);
+      const int64_t t = g.o0[b] + i;
+      double* o = result->out.data() + g.idx(t, h);
+      for (int d = 0; d < kD; ++d) {
+        const double v = acc[d] / l;
+        o[d] = round ? to_bf16(v) : (exact ? v : to_f32(v));
+      }
+      const double lse = m_row + std::log(l);
+      result->lse[size_t(h * g.To + t)] = exact ? lse : to_f32(lse);
+    }
+  });
+  return Status::Ok();
+}
+
+Status attention_backward(const AttnProblem& p, AttnMethod m, const AttnForwardResult& fwd, const float* dout,
+                          AttnBackwardResult* grads, const AttnOptions& opt) {
+  MXFLASH_RETURN_IF_ERROR(check_problem(p));
+  if (!valid_method(m)) return Status::Invalid("method: unknown attention method");
+  if (!grads) return Status::Invalid("grads: null");
+  const Geometry g = geometry_of(p);
+  if (fwd.out.size() != size_t(g.To * g.H * kD) || fwd.lse.size() != size_t(g.H * g.To))
+    return Status::Invalid("fwd: out / lse sizes do not match the problem (" + std::to_string(g.To) + " output tokens)");
+  if (g.To > 0 && !dout) return Status::Invalid("dout: data pointer is null");
+  const JaggedMeta out_meta = out_meta_of(p, g);
+  Operands ops;
+  MXFLASH_RETURN_IF_ERROR(prepare(p, g, m, dout, out_meta, /*backward=*/true, &ops));
+  const bool exact = m == AttnMethod::kFp64;
+  const bool round = !exact && opt.round_outputs;
+  const PRound pr = p_round_of(m);
+  const int64_t no = g.To * g.H * kD;
+  // D = rowsum(O . dO): the forward's O and the dO the method received (bf16 for BF16, fp32 else).
+  const Vec do_d = m == AttnMethod::kBf16 ? bf16_of(dout, no) : raw_of(dout, no);
+
+  Vec dq_part(size_t(no), 0.0);  // per output token; summed over the batch for broadcast_q
+  grads->dk.assign(size_t(g.Tk * g.H * kD), 0.0);
+  grads->dv.assign(size_t(g.Tk * g.H * kD), 0.0);
+  // Per-tensor FP8 quantizes dS with its exact per-head amax: a first pass finds it.
+  std::vector<double> item_amax(size_t(g.B * g.H), 0.0);
+  std::vector<double> ds_descale(size_t(g.H), 0.0);
+  std::vector<float> ds_inv(size_t(g.H), 0.f);
+
+  // One (sequence, head) item in tiles of 32 query rows aligned to the sequence start (the MX
+  // dS blocks along Q tokens). amax_only: per-tensor FP8's first pass.
+  auto run_item = [&](int b, int64_t h, bool amax_only) {
+    const int64_t lk = g.lk[b], lq = g.lq[b];
+    if (lk == 0 || lq == 0) return;
+    Vec ps(size_t(kBlockSize * lk)), dsk(size_t(kBlockSize * lk)), dsq;
+    double amax = 0.0;
+    for (int64_t i0 = 0; i0 < lq; i0 += kBlockSize) {
+      const int n = int(std::min<int64_t>(kBlockSize, lq - i0));
+      for (int r = 0; r < n; ++r) {
+        const int64_t tq = g.q0[b] + i0 + r, to = g.o0[b] + i0 + r;
+        const double lse = fwd.lse[size_t(h * g.To + to)];
+        const double* q = ops.q_s + g.idx(tq, h);
+        const double* dov = ops.do_g + g.idx(to, h);
+        double dsum = dot128(fwd.out.data() + g.idx(to, h), do_d.data() + g.idx(to, h));
+        if (!exact) dsum = to_f32(dsum);
+        for (int64_t j = 0; j < lk; ++j) {
+          const int64_t tk = g.k0[b] + j;
+          const double sdot = dot128(q, ops.k_s + g.idx(tk, h));
+          double pij, dp = dot128(dov, ops.v_dp + g.idx(tk, h));
+          if (exact) {
+            pij = lse == kNegInf ? 0.0 : std::exp(sdot * p.softmax_scale - lse);
+          } else {
+            const double x = to_f32(sdot) * p.softmax_scale * kLog2e - lse * kLog2e;
+            pij = lse == kNegInf ? 0.0 : to_f32(std::exp2(std::min(x, kPExp2Clamp)));
+            dp = to_f32(dp);
+          }
+          double ds = pij * (dp - dsum);
+          if (!exact) ds = to_f32(ds);
+          if (m == AttnMethod::kMx && lk == 1) ds = 0.0;  // softmax over one key: dS = 0 exactly
+          ps[r * lk + j] = pij;
+          dsk[r * lk + j] = ds;
+          amax = std::max(amax, std::fabs(ds));
+        }
+      }
+      if (amax_only) continue;
+
+      // Round P and dS the way the method feeds them to the dV, dK and dQ products.
+      for (int64_t e = 0; e < n * lk; ++e) ps[e] = round_p(ps[e], pr);
+      switch (m) {
+        case AttnMethod::kFp64: dsq = dsk; break;
+        case AttnMethod::kBf16:
+          for (int64_t e = 0; e < n * lk; ++e) dsk[e] = to_bf16(dsk[e]);
+          dsq = dsk;
+          break;
+        case AttnMethod::kFp8PerTensor: {
+          if (ds_descale[h] > 0)
+            for (int64_t e = 0; e < n * lk; ++e) dsk[e] = e4m3_scaled(dsk[e], ds_inv[h], ds_descale[h]);
+          dsq = dsk;
+          break;
+        }
+        case AttnMethod::kMx:
+          dsq = dsk;
+          for (int64_t j = 0; j < lk; ++j) mx_block_inplace(dsk.data() + j, n, 1, lk);  // 1x32 along Q
+          for (int64_t j0 = 0; j0 < lk; j0 += kBlockSize)                                 // 32x32
+            mx_block_inplace(dsq.data() + j0, n, int(std::min<int64_t>(kBlockSize, lk - j0)), lk);
+          break;
+      }
+
+      for (int64_t j = 0; j < lk; ++j) {
+        const int64_t tk = g.k0[b] + j;
+        double* dv = grads->dv.data() + g.idx(tk, h);
+        double* dk = grads->dk.data() + g.idx(tk, h);
+        for (int r = 0; r < n; ++r) {
+          const double pq = ps[r * lk + j], ds = dsk[r * lk + j];
+          if (pq != 0.0) axpy128(pq, ops.do_g + g.idx(g.o0[b] + i0 + r, h), dv);
+          if (ds != 0.0) axpy128(ds, ops.q_dk + g.idx(g.q0[b] + i0 + r, h), dk);
+        }
+      }
+      for (int r = 0; r < n; ++r) {
+        double* dq = dq_part.data() + g.idx(g.o0[b] + i0 + r, h);
+        for (int64_t j = 0; j < lk; ++j) {
+          const double ds = dsq[r * lk + j];
+          if (ds != 0.0) axpy128(ds, ops.k_dq + g.idx(g.k0[b] + j, h), dq);
+        }
+      }
+    }
+    if (amax_only) item_amax[size_t(b * g.H + h)] = amax;
+  };
+
+  if (m == AttnMethod::kFp8PerTensor) {
+    for_each_item(g, opt.threads, [&](int b, int64_t h) { run_item(b, h, /*amax_only=*/true); });
+    for (int64_t h = 0; h < g.H; ++h) {
+      double amax = 0.0;
+      for (int b = 0; b < g.B; ++b) amax = std::max(amax, item_amax[size_t(b * g.H + h)]);
+      if (amax == 0.0) continue;  // dS = 0: nothing to scale
+      ds_inv[h] = kE4m3Max / float(amax);
+      ds_descale[h] = double(float(amax) / kE4m3Max);
+    }
+  }
+  for_each_item(g, opt.threads, [&](int b, int64_t h) { run_item(b, h, /*amax_only=*/false); });
+
+  // dQ: sum over the batch (broadcast_q) in batch order, then the softmax scale; dK likewise.
+  grads->dq.assign(size_t(g.Tq * g.H * kD), 0.0);
+  if (p.broadcast_q) {
+    const int64_t n = g.lq.empty() ? 0 : g.lq[0] * g.H * kD;
+    for (int b = 0; b < g.B; ++b)
+      for (int64_t e = 0; e < n; ++e) grads->dq[e] += dq_part[size_t(b * n + e)];
+  } else {
+    grads->dq = dq_part;
+  }
+  auto finish = [&](Vec& x, double scale) {
+    for (double& e : x) {
+      e *= scale;
+      e = round ? to_bf16(e) : (exact ? e : to_f32(e));
+    }
+  };
+  finish(grads->dq, p.softmax_scale);
+  finish(grads->dk, p.softmax_scale);
+  finish(grads->dv, 1.0);
+  return Status::Ok();
+}
+
+}  // namespace mxflash::ref

@@ -1,0 +1,119 @@
+// CPU reference of attention forward and backward on packed jagged (T, H, 128) tensors, non-causal,
+// in four numeric methods. The FP64 method is the ground truth every accuracy number is measured
+// against; the exact-MX method is the definition the GPU kernels are checked against
+// (ARCHITECTURE.md §3, §5; REFERENCE.md §2, §5).
+//
+// Shapes and conventions (all host memory, token-major, head dim 128):
+//   q (Tq, H, 128), k and v (Tk, H, 128), fp32, with independent metadata q_meta and k_meta.
+//   Without broadcast_q, q_meta and k_meta have the same batch B and Q sequence b attends to K/V
+//   sequence b; the output has Tq tokens. With broadcast_q, q_meta holds one sequence of length Lq
+//   that attends to each of the B K/V sequences; the output has B*Lq tokens (token b*Lq + i) and
+//   dQ is summed over the batch.
+//   out (To, H, 128); lse (H, To), natural log; rows with no keys give O = 0 and LSE = -inf.
+//   dout (To, H, 128) fp32; dq (Tq, H, 128); dk, dv (Tk, H, 128).
+//
+// Methods (what each models):
+//   kFp64         exact math in double on the unquantized inputs.
+//   kBf16         a BF16 flash-attention kernel: Q, K, V, dO rounded to bf16; S in fp32; P rounded
+//                 to bf16 before P.V; row sum l from the fp32 P; fp32 accumulation; O, dQ, dK, dV
+//                 rounded to bf16; backward P and dS rounded to bf16 before their GEMMs.
+//   kFp8PerTensor cuDNN / FA3 FP8: one fp32 scale per (tensor, head), descale = amax / 448 from
+//                 the exact current amax (not a power of two: that is what those libraries are fed,
+//                 and it is the most favourable per-tensor choice), elements e4m3 with saturating
+//                 RNE. P in [0, 1] is stored as e4m3(448 p) (the scale that maps P's maximum 1.0 to
+//                 the top of the e4m3 range, as cuDNN's scale_s for amax(P) = 1; FA3 converts P
+//                 unscaled, which differs only for p < 2^-6) in the forward and for dV; dS per
+//                 tensor and head from its exact amax (a first backward pass finds it); D as for MX
+//                 below; fp32 accumulation; O, dQ, dK, dV in bf16.
+//   kMx           exact MX: Q, K along hdim, V along seq (32-token blocks from each sequence start),
+//                 RCEIL, through the library quantizer; products are sums over 32-blocks of
+//                 scale_a * scale_b * (a8 . b8), evaluated exactly (dequantize, then double).
+//                 Forward P = exp(S*scale - m) with m the row max, stored as e4m3(256 p) (constant
+//                 2^-8 scale); O = sum(P_q V) / l with l = sum of the unquantized P (as FA kernels
+//                 do); O in bf16, LSE = m + log l in fp32.
+//                 Backward: P = exp2(min(S*scale*log2e - LSE*log2e, 20)) from the forward LSE; dO in
+//                 32x32 blocks; dP = dO_q . V_q^T with V hdim-oriented; dV = P_q^T . dO_q (P_q as in
+//                 the forward); D = rowsum(O . dO) from the forward's O and the fp32 dO;
+//                 dS = P (dP - D), quantized in-kernel style (RCEIL, zero block byte 127) in 1x32
+//                 blocks along Q tokens for dK = dS^T . Q_seq and in 32x32 blocks for dQ = dS . K_seq
+//                 (blocks aligned to the Q and K sequence starts); softmax_scale applied to dK and dQ
+//                 afterwards. A K/V sequence of length 1 gives dS = 0 exactly (softmax over one key
+//                 is constant; REFERENCE.md §5): the MX method applies that rule explicitly, because
+//                 the quantized dP and the bf16 O no longer cancel on their own.
+// "fp32 accumulation" is modelled as double accumulation rounded to fp32 at each GEMM output: the
+// fp32 summation error (~1e-7 relative) is orders of magnitude below the bf16 / e4m3 rounding the
+// methods are compared on. The forward uses the final row max instead of an online running max:
+// the same relative P rounding for every element above the e4m3 subnormal range.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mxflash/jagged.h"
+#include "mxflash/status.h"
+
+namespace mxflash::ref {
+
+enum class AttnMethod : int { kFp64 = 0, kBf16 = 1, kFp8PerTensor = 2, kMx = 3 };
+const char* to_string(AttnMethod m);  // "fp64", "bf16", "fp8", "mx"
+bool parse_attn_method(const std::string& name, AttnMethod* m);
+
+inline const double kDefaultSoftmaxScale = 1.0 / std::sqrt(double(kHeadDim));
+inline constexpr float kFp8PScale = 448.f;  // per-tensor FP8: P stored as e4m3(448 p)
+inline constexpr int kMxPScaleLog2 = 8;     // exact MX: P stored as e4m3(2^8 p)
+inline constexpr double kPExp2Clamp = 20.0; // backward P = exp2(min(x, 20)) (REFERENCE.md §5)
+
+struct AttnProblem {
+  const JaggedMeta* q_meta = nullptr;
+  const JaggedMeta* k_meta = nullptr;
+  int64_t heads = 0;
+  const float* q = nullptr;  // (Tq, H, 128)
+  const float* k = nullptr;  // (Tk, H, 128)
+  const float* v = nullptr;  // (Tk, H, 128)
+  double softmax_scale = kDefaultSoftmaxScale;
+  bool broadcast_q = false;
+};
+
+struct AttnOptions {
+  // Non-FP64 methods: O, dQ, dK, dV rounded to bf16, as the kernels deliver them; false keeps
+  // them at fp32 (for analysis of the output rounding itself). LSE is fp32 either way.
+  bool round_outputs = true;
+  int threads = 2;  // std::thread workers over (sequence, head) items; results do not depend on it
+};
+
+struct AttnForwardResult {
+  std::vector<double> out;  // (To, H, 128)
+  std::vector<double> lse;  // (H, To)
+};
+
+struct AttnBackwardResult {
+  std::vector<double> dq;  // (Tq, H, 128)
+  std::vector<double> dk;  // (Tk, H, 128)
+  std::vector<double> dv;  // (Tk, H, 128)
+};
+
+// The values each product of a method consumes, dequantized to double, (T, H, 128) each: the
+// operand contract of a method (for MX: which orientation feeds which product).
+struct AttnOperands {
+  std::vector<double> q_s, k_s;    // S = Q K^T
+  std::vector<double> v_o;         // O = P V
+  std::vector<double> v_dp, do_g;  // dP = dO V^T; dV = P^T dO
+  std::vector<double> q_dk, k_dq;  // dK = dS^T Q; dQ = dS K
+};
+Status attention_operands(const AttnProblem& p, AttnMethod m, const float* dout, AttnOperands* ops);
+
+// Checks metadata, heads, pointers and the softmax scale; names the argument and the rule.
+Status check_problem(const AttnProblem& p);
+// Output tokens: Tq, or B * Lq with broadcast_q.
+int64_t out_tokens(const AttnProblem& p);
+
+Status attention_forward(const AttnProblem& p, AttnMethod m, AttnForwardResult* result,
+                         const AttnOptions& opt = {});
+
+// `fwd` must be the same method's forward result (its O enters D = rowsum(O . dO), its LSE
+// recomputes P), `dout` (To, H, 128).
+Status attention_backward(const AttnProblem& p, AttnMethod m, const AttnForwardResult& fwd, const float* dout,
+                          AttnBackwardResult* grads, const AttnOptions& opt = {});
+
+}  // namespace mxflash::ref

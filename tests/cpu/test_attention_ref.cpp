@@ -1,0 +1,526 @@
+// CPU attention reference (src/reference/attention_ref): FP64 against a naive implementation and
+// finite differences, the quantized methods against their definitions and measured SQNR bands,
+// and the edge cases (empty sequences, one key, broadcast Q, thread-count independence).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "mxflash/mx.h"
+#include "mxflash/quantize.h"
+#include "mxflash/tensor.h"
+#include "reference/accuracy_suite.h"
+#include "reference/attention_ref.h"
+
+namespace mxflash {
+namespace {
+
+using ref::AttnMethod;
+constexpr int kD = kHeadDim;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+const AttnMethod kAllMethods[] = {AttnMethod::kFp64, AttnMethod::kBf16, AttnMethod::kFp8PerTensor, AttnMethod::kMx};
+
+// A self-contained problem: metadata and tensors owned together.
+struct Case {
+  JaggedMeta qm, km;
+  int64_t H = 1;
+  bool broadcast = false;
+  double scale = ref::kDefaultSoftmaxScale;
+  std::vector<float> q, k, v, dout;
+  ref::AttnProblem problem() const {
+    ref::AttnProblem p;
+    p.q_meta = &qm;
+    p.k_meta = &km;
+    p.heads = H;
+    p.q = q.data();
+    p.k = k.data();
+    p.v = v.data();
+    p.softmax_scale = scale;
+    p.broadcast_q = broadcast;
+    return p;
+  }
+  int64_t To() const { return ref::out_tokens(problem()); }
+};
+
+uint64_t lcg(uint64_t& s) {
+  s = s * 6364136223846793005ull + 1442695040888963407ull;
+  return s >> 33;
+}
+std::vector<float> gaussian(int64_t n, uint64_t seed) {
+  std::vector<float> x(static_cast<size_t>(n));
+  for (size_t i = 0; i < x.size(); i += 2) {
+    const double u1 = (double(lcg(seed)) + 0.5) / 2147483648.0, u2 = (double(lcg(seed)) + 0.5) / 2147483648.0;
+    const double r = std::sqrt(-2 * std::log(u1));
+    x[i] = float(r * std::cos(2 * M_PI * u2));
+    if (i + 1 < x.size()) x[i + 1] = float(r * std::sin(2 * M_PI * u2));
+  }
+  return x;
+}
+// Integers in [-8, 8] times `mult` (a power of two): exactly representable in any MX block.
+std::vector<float> small_ints(int64_t n, uint64_t seed, float mult) {
+  std::vector<float> x(static_cast<size_t>(n));
+  for (float& e : x) e = float(int(lcg(seed) % 17) - 8) * mult;
+  return x;
+}
+
+Case make_case(std::vector<int64_t> ql, std::vector<int64_t> kl, int64_t H, bool broadcast, uint64_t seed) {
+  Case c;
+  EXPECT_TRUE(JaggedMeta::FromLengths(ql, &c.qm).ok());
+  EXPECT_TRUE(JaggedMeta::FromLengths(kl, &c.km).ok());
+  c.H = H;
+  c.broadcast = broadcast;
+  c.q = gaussian(c.qm.total_tokens() * H * kD, seed + 1);
+  c.k = gaussian(c.km.total_tokens() * H * kD, seed + 2);
+  c.v = gaussian(c.km.total_tokens() * H * kD, seed + 3);
+  c.dout = gaussian(c.To() * H * kD, seed + 4);
+  return c;
+}
+
+struct Result {
+  ref::AttnForwardResult f;
+  ref::AttnBackwardResult g;
+};
+Result run(const Case& c, AttnMethod m, bool round = true, int threads = 2) {
+  ref::AttnOptions opt;
+  opt.round_outputs = round;
+  opt.threads = threads;
+  Result r;
+  const Status s1 = ref::attention_forward(c.problem(), m, &r.f, opt);
+  EXPECT_TRUE(s1.ok()) << s1.message();
+  const Status s2 = ref::attention_backward(c.problem(), m, r.f, c.dout.data(), &r.g, opt);
+  EXPECT_TRUE(s2.ok()) << s2.message();
+  return r;
+}
+
+double max_abs(const std::vector<double>& x) {
+  double m = 0;
+  for (double e : x) m = std::max(m, std::fabs(e));
+  return m;
+}
+
+// Naive forward written independently: for every output row, full softmax in long double.
+void naive_forward(const Case& c, std::vector<double>* out, std::vector<double>* lse) {
+  const int64_t To = c.To(), H = c.H;
+  out->assign(size_t(To * H * kD), 0.0);
+  lse->assign(size_t(H * To), -kInf);
+  const int B = c.km.batch();
+  for (int b = 0; b < B; ++b) {
+    const int64_t lq = c.broadcast ? c.qm.length(0) : c.qm.length(b);
+    const int64_t q0 = c.broadcast ? 0 : c.qm.cu_seqlens()[b], k0 = c.km.cu_seqlens()[b], lk = c.km.length(b);
+    const int64_t o0 = c.broadcast ? b * lq : q0;
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < lq; ++i) {
+        if (lk == 0) continue;
+        std::vector<long double> s(static_cast<size_t>(lk));
+        long double mx = -INFINITY;
+        for (int64_t j = 0; j < lk; ++j) {
+          long double acc = 0;
+          for (int d = 0; d < kD; ++d)
+            acc += (long double)c.q[((q0 + i) * H + h) * kD + d] * c.k[((k0 + j) * H + h) * kD + d];
+          s[j] = acc * c.scale;
+          mx = std::max(mx, s[j]);
+        }
+        long double z = 0;
+        for (int64_t j = 0; j < lk; ++j) z += std::exp(s[j] - mx);
+        for (int d = 0; d < kD; ++d) {
+          long double acc = 0;
+          for (int64_t j = 0; j < lk; ++j) acc += std::exp(s[j] - mx) / z * c.v[((k0 + j) * H + h) * kD + d];
+          (*out)[((o0 + i) * H + h) * kD + d] = double(acc);
+        }
+        (*lse)[h * To + o0 + i] = double(mx + std::log(z));
+      }
+  }
+}
+
+TEST(AttentionRef, Fp64ForwardMatchesNaive) {
+  struct Shape {
+    std::vector<int64_t> ql, kl;
+    bool broadcast;
+  };
+  const Shape shapes[] = {{{5, 0, 33}, {7, 3, 40}, false},  // self/cross mix, an empty Q sequence
+                          {{4, 9}, {0, 17}, false},         // an empty K sequence
+                          {{6}, {3, 0, 35}, true}};         // broadcast Q over jagged K
+  for (const Shape& sh : shapes) {
+    const Case c = make_case(sh.ql, sh.kl, 2, sh.broadcast, 7);
+    ref::AttnForwardResult f;
+    ASSERT_TRUE(ref::attention_forward(c.problem(), AttnMethod::kFp64, &f).ok());
+    std::vector<double> out, lse;
+    naive_forward(c, &out, &lse);
+    ASSERT_EQ(f.out.size(), out.size());
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(f.out[i], out[i], 1e-12) << i;
+    for (size_t i = 0; i < lse.size(); ++i) {
+      if (std::isinf(lse[i])) {
+        EXPECT_EQ(f.lse[i], -kInf) << i;
+      } else {
+        EXPECT_NEAR(f.lse[i], lse[i], 1e-12) << i;
+      }
+    }
+  }
+}
+
+// dQ, dK, dV of the FP64 backward against central differences of L = sum(O . G).
+TEST(AttentionRef, Fp64BackwardMatchesFiniteDifferences) {
+  Case c = make_case({3, 2, 4}, {4, 0, 1}, 1, false, 11);
+  // Softer logits: larger finite-difference steps stay in the linear regime.
+  for (float& x : c.q) x *= 0.5f;
+  const Result r = run(c, AttnMethod::kFp64);
+  auto loss = [&](const Case& cc) {
+    ref::AttnForwardResult f;
+    EXPECT_TRUE(ref::attention_forward(cc.problem(), AttnMethod::kFp64, &f).ok());
+    double l = 0;
+    for (size_t i = 0; i < f.out.size(); ++i) l += f.out[i] * cc.dout[i];
+    return l;
+  };
+  uint64_t seed = 5;
+  auto check = [&](std::vector<float> Case::*tensor, const std::vector<double>& grad, const char* name) {
+    const size_t n = (c.*tensor).size();
+    for (int trial = 0; trial < 24; ++trial) {
+      const size_t i = size_t(lcg(seed) % n);
+      Case plus = c, minus = c;
+      const float x = (c.*tensor)[i];
+      (plus.*tensor)[i] = x + 1e-2f;
+      (minus.*tensor)[i] = x - 1e-2f;
+      const double h2 = double((plus.*tensor)[i]) - double((minus.*tensor)[i]);
+      const double fd = (loss(plus) - loss(minus)) / h2;
+      EXPECT_NEAR(grad[i], fd, 2e-5 + 2e-4 * std::fabs(fd)) << name << "[" << i << "]";
+    }
+  };
+  check(&Case::q, r.g.dq, "dq");
+  check(&Case::k, r.g.dk, "dk");
+  check(&Case::v, r.g.dv, "dv");
+}
+
+// Measured on normal(0,1) inputs (ARCHITECTURE.md §3 quotes 49.3 / 25.2 / 25.2 dB forward and
+// 23.5 / 23.6 / 25.4 dB backward for MX at L=4096; these lengths give the same within ~0.5 dB).
+TEST(AttentionRef, SqnrBandsOnNormalInputs) {
+  const Case c = make_case({200, 300}, {200, 300}, 1, false, 3);
+  const Result ref64 = run(c, AttnMethod::kFp64);
+  auto sqnr = [&](const std::vector<double>& a, const std::vector<double>& b) {
+    return accuracy::compare(a, b).sqnr_db;
+  };
+  const Result bf = run(c, AttnMethod::kBf16), f8 = run(c, AttnMethod::kFp8PerTensor), mx = run(c, AttnMethod::kMx);
+  EXPECT_GT(sqnr(ref64.f.out, bf.f.out), 45.0);
+  EXPECT_GT(sqnr(ref64.g.dq, bf.g.dq), 43.0);
+  EXPECT_GT(sqnr(ref64.g.dk, bf.g.dk), 43.0);
+  EXPECT_GT(sqnr(ref64.g.dv, bf.g.dv), 45.0);
+  const double o = sqnr(ref64.f.out, mx.f.out), dq = sqnr(ref64.g.dq, mx.g.dq), dk = sqnr(ref64.g.dk, mx.g.dk),
+               dv = sqnr(ref64.g.dv, mx.g.dv);
+  EXPECT_NEAR(o, 25.5, 1.5);
+  EXPECT_NEAR(dq, 23.5, 1.5);
+  EXPECT_NEAR(dk, 23.5, 1.5);
+  EXPECT_NEAR(dv, 25.3, 1.5);
+  // Per-tensor FP8 and exact MX are both limited by element rounding: within 1 dB of each other.
+  EXPECT_NEAR(sqnr(ref64.f.out, f8.f.out), o, 1.0);
+  EXPECT_NEAR(sqnr(ref64.g.dq, f8.g.dq), dq, 1.0);
+  EXPECT_NEAR(sqnr(ref64.g.dk, f8.g.dk), dk, 1.0);
+  EXPECT_NEAR(sqnr(ref64.g.dv, f8.g.dv), dv, 1.0);
+}
+
+// Test-local MX block quantizer of fp32 values (in-kernel rules: RCEIL, zero block byte 127).
+void quantize_blocks(std::vector<double>& x, int64_t rows, int64_t cols, int64_t br, int64_t bc) {
+  for (int64_t r0 = 0; r0 < rows; r0 += br)
+    for (int64_t c0 = 0; c0 < cols; c0 += bc) {
+      float amax = 0;
+      for (int64_t r = r0; r < std::min(rows, r0 + br); ++r)
+        for (int64_t cc = c0; cc < std::min(cols, c0 + bc); ++cc) amax = std::max(amax, std::fabs(float(x[r * cols + cc])));
+      const uint8_t s = e8m0_scale_byte(amax, ScalingMode::kRceil, kE8m0One);
+      for (int64_t r = r0; r < std::min(rows, r0 + br); ++r)
+        for (int64_t cc = c0; cc < std::min(cols, c0 + bc); ++cc)
+          x[r * cols + cc] = e4m3_to_float(float_to_e4m3(float(x[r * cols + cc]) * e8m0_inv_scale(s))) * e8m0_to_float(s);
+    }
+}
+double p_mx(double p) { return e4m3_to_float(float_to_e4m3(float(p) * 256.f)) / 256.0; }
+
+// One sequence, one head, as dequantized MX operands (each (L, 128) row-major).
+struct MxOperands {
+  std::vector<double> q_s, k_s, v_o, v_dp, do_g, q_dk, k_dq;
+};
+
+// Dequantized MX of x (L, 1, 128) in an orientation, through the library quantizer.
+std::vector<double> library_mx(const std::vector<float>& x, const JaggedMeta& meta, Orientation o) {
+  const int64_t T = meta.total_tokens();
+  std::vector<uint8_t> payload(x.size());
+  const ScaleShape ss = scale_shape(meta, 1, o, ScaleLayout::kPlain);
+  std::vector<uint8_t> scales(static_cast<size_t>(ss.numel()));
+  std::vector<float> deq(x.size());
+  const TensorView xv = make_view(const_cast<float*>(x.data()), DType::kFloat32, Device::kCPU, {T, 1, kD});
+  const TensorView pv = make_view(payload.data(), DType::kE4M3, Device::kCPU, {T, 1, kD});
+  const TensorView sv = make_view(scales.data(), DType::kE8M0, Device::kCPU, ss.ndim, ss.dims);
+  const TensorView dv = make_view(deq.data(), DType::kFloat32, Device::kCPU, {T, 1, kD});
+  EXPECT_TRUE(quantize(xv, meta, o, QuantizeOptions{}, pv, sv).ok());
+  EXPECT_TRUE(dequantize(pv, sv, meta, o, ScaleLayout::kPlain, PayloadLayout::kTokenMajor, dv).ok());
+  return std::vector<double>(deq.begin(), deq.end());
+}
+
+// The exact-MX pipeline written out for one (sequence, head) from given dequantized operands,
+// compared with the reference's MX method at fp32 level (unrounded outputs).
+void expect_mx_pipeline(const Case& c, const MxOperands& op) {
+  const int64_t Lq = c.qm.total_tokens(), Lk = c.km.total_tokens();
+  const Result mx = run(c, AttnMethod::kMx, /*round=*/false);
+  // Forward: P = exp(S - m) quantized as e4m3(256 p) / 256, l from the unquantized P.
+  std::vector<double> s(size_t(Lq * Lk)), out(size_t(Lq * kD));
+  for (int64_t i = 0; i < Lq; ++i) {
+    double m = -kInf, l = 0;
+    for (int64_t j = 0; j < Lk; ++j) {
+      double acc = 0;
+      for (int d = 0; d < kD; ++d) acc += op.q_s[i * kD + d] * op.k_s[j * kD + d];
+      s[i * Lk + j] = double(float(acc)) * c.scale;
+      m = std::max(m, s[i * Lk + j]);
+    }
+    std::vector<double> o(kD, 0.0);
+    for (int64_t j = 0; j < Lk; ++j) {
+      const double pj = float(std::exp(s[i * Lk + j] - m));
+      l += pj;
+      for (int d = 0; d < kD; ++d) o[d] += p_mx(pj) * op.v_o[j * kD + d];
+    }
+    for (int d = 0; d < kD; ++d) out[i * kD + d] = o[d] / l;
+    EXPECT_NEAR(mx.f.lse[i], m + std::log(l), 1e-5);
+  }
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(mx.f.out[i], out[i], 1e-5 * max_abs(out)) << "O " << i;
+
+  // Backward: P = exp2(min(S scale log2e - LSE log2e, 20)) from the MX forward's LSE, in fp32;
+  // dV = P_q^T dO; dS = P (dP - D) in fp32 with D from the MX O and the fp32 dO; dK from dS in
+  // 1x32 blocks along Q, dQ from dS in 32x32 blocks.
+  std::vector<double> dsk(size_t(Lq * Lk)), pq(size_t(Lq * Lk));
+  const double log2e = 1.4426950408889634;
+  for (int64_t i = 0; i < Lq; ++i) {
+    double dsum = 0;
+    for (int d = 0; d < kD; ++d) dsum += mx.f.out[i * kD + d] * c.dout[i * kD + d];
+    for (int64_t j = 0; j < Lk; ++j) {
+      const double x = s[i * Lk + j] * log2e - mx.f.lse[i] * log2e;
+      const double pij = float(std::exp2(std::min(x, 20.0)));
+      double dp = 0;
+      for (int d = 0; d < kD; ++d) dp += op.do_g[i * kD + d] * op.v_dp[j * kD + d];
+      pq[i * Lk + j] = p_mx(pij);
+      dsk[i * Lk + j] = float(pij * (double(float(dp)) - double(float(dsum))));
+    }
+  }
+  std::vector<double> dsq = dsk;
+  quantize_blocks(dsk, Lq, Lk, 32, 1);
+  quantize_blocks(dsq, Lq, Lk, 32, 32);
+  std::vector<double> dq(size_t(Lq * kD), 0.0), dk(size_t(Lk * kD), 0.0), dv(size_t(Lk * kD), 0.0);
+  for (int64_t i = 0; i < Lq; ++i)
+    for (int64_t j = 0; j < Lk; ++j)
+      for (int d = 0; d < kD; ++d) {
+        dv[j * kD + d] += pq[i * Lk + j] * op.do_g[i * kD + d];
+        dk[j * kD + d] += dsk[i * Lk + j] * op.q_dk[i * kD + d] * c.scale;
+        dq[i * kD + d] += dsq[i * Lk + j] * op.k_dq[j * kD + d] * c.scale;
+      }
+  for (size_t i = 0; i < dv.size(); ++i) ASSERT_NEAR(mx.g.dv[i], dv[i], 1e-5 * max_abs(dv)) << "dV " << i;
+  for (size_t i = 0; i < dk.size(); ++i) ASSERT_NEAR(mx.g.dk[i], dk[i], 1e-4 * max_abs(dk)) << "dK " << i;
+  for (size_t i = 0; i < dq.size(); ++i) ASSERT_NEAR(mx.g.dq[i], dq[i], 1e-4 * max_abs(dq)) << "dQ " << i;
+}
+
+Case single_sequence(int64_t Lq, int64_t Lk) {
+  Case c;
+  EXPECT_TRUE(JaggedMeta::FromLengths({Lq}, &c.qm).ok());
+  EXPECT_TRUE(JaggedMeta::FromLengths({Lk}, &c.km).ok());
+  return c;
+}
+
+// Inputs exactly representable in every MX orientation: the MX method is then exact math with
+// only P (constant 2^-8 scale) and dS (in-kernel blocks) quantized.
+TEST(AttentionRef, ExactMxOnRepresentableInputs) {
+  Case c = single_sequence(40, 45);  // two Q-row blocks, two K-column blocks (partial tails)
+  c.q = small_ints(40 * kD, 1, 0.25f);
+  c.k = small_ints(45 * kD, 2, 0.125f);
+  c.v = small_ints(45 * kD, 3, 1.f);
+  c.dout = small_ints(40 * kD, 4, 0.5f);
+  auto raw = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
+  const MxOperands op{raw(c.q), raw(c.k), raw(c.v), raw(c.v), raw(c.dout), raw(c.q), raw(c.k)};
+  expect_mx_pipeline(c, op);
+  // The same pipeline without P quantization is the FP64 method: P rounding must be visible.
+  const Result e64 = run(c, AttnMethod::kFp64), mx = run(c, AttnMethod::kMx, false);
+  EXPECT_LT(accuracy::compare(e64.f.out, mx.f.out).sqnr_db, 40.0);
+}
+
+// Gaussian inputs: every operand of the MX method is the library quantizer's output in the
+// documented orientation (Q, K hdim for S; V seq for O, hdim for dP; dO square32; Q, K seq for
+// dK, dQ), and the method computes the exact-MX pipeline from them.
+TEST(AttentionRef, ExactMxOperandOrientations) {
+  Case c = single_sequence(40, 45);
+  c.q = gaussian(40 * kD, 81);
+  c.k = gaussian(45 * kD, 82);
+  c.v = gaussian(45 * kD, 83);
+  c.dout = gaussian(40 * kD, 84);
+  // Power-of-two scales make an element's rounding independent of its block unless it falls into
+  // the e4m3 subnormal range, so orientations differ only there: a small column (kept in seq
+  // blocks only) and a small token (kept in hdim blocks only) make every orientation distinct.
+  for (auto* x : {&c.q, &c.k, &c.v, &c.dout}) {
+    const int64_t T = int64_t(x->size()) / kD;
+    for (int64_t t = 0; t < T; ++t) (*x)[t * kD + 3] *= 0x1p-14f;
+    for (int d = 0; d < kD; ++d) (*x)[5 * kD + d] *= 0x1p-14f;
+  }
+  MxOperands op;
+  op.q_s = library_mx(c.q, c.qm, Orientation::kHdim);
+  op.k_s = library_mx(c.k, c.km, Orientation::kHdim);
+  op.v_o = library_mx(c.v, c.km, Orientation::kSeq);
+  op.v_dp = library_mx(c.v, c.km, Orientation::kHdim);
+  op.do_g = library_mx(c.dout, c.qm, Orientation::kSquare32);
+  op.q_dk = library_mx(c.q, c.qm, Orientation::kSeq);
+  op.k_dq = library_mx(c.k, c.km, Orientation::kSeq);
+  for (Orientation o : {Orientation::kHdim, Orientation::kSeq})
+    EXPECT_NE(op.do_g, library_mx(c.dout, c.qm, o)) << "inputs must tell the orientations apart";
+  EXPECT_NE(op.v_o, op.v_dp);
+  ref::AttnOperands got;
+  ASSERT_TRUE(ref::attention_operands(c.problem(), AttnMethod::kMx, c.dout.data(), &got).ok());
+  EXPECT_EQ(got.q_s, op.q_s);
+  EXPECT_EQ(got.k_s, op.k_s);
+  EXPECT_EQ(got.v_o, op.v_o);
+  EXPECT_EQ(got.v_dp, op.v_dp);
+  EXPECT_EQ(got.do_g, op.do_g);
+  EXPECT_EQ(got.q_dk, op.q_dk);
+  EXPECT_EQ(got.k_dq, op.k_dq);
+  expect_mx_pipeline(c, op);
+}
+
+// Per-tensor FP8 operands: e4m3(x * 448 / amax) * amax / 448 with one amax per (tensor, head);
+// BF16 operands: bf16(x).
+TEST(AttentionRef, Fp8AndBf16Operands) {
+  const Case c = make_case({30, 20}, {25, 40}, 2, false, 91);
+  ref::AttnOperands f8, b16;
+  ASSERT_TRUE(ref::attention_operands(c.problem(), AttnMethod::kFp8PerTensor, c.dout.data(), &f8).ok());
+  ASSERT_TRUE(ref::attention_operands(c.problem(), AttnMethod::kBf16, c.dout.data(), &b16).ok());
+  auto per_tensor = [&](const std::vector<float>& x) {
+    std::vector<double> out(x.size());
+    const int64_t T = int64_t(x.size()) / (c.H * kD);
+    for (int64_t h = 0; h < c.H; ++h) {
+      float amax = 0;
+      for (int64_t t = 0; t < T; ++t)
+        for (int d = 0; d < kD; ++d) amax = std::max(amax, std::fabs(x[(t * c.H + h) * kD + d]));
+      for (int64_t t = 0; t < T; ++t)
+        for (int d = 0; d < kD; ++d) {
+          const size_t i = size_t((t * c.H + h) * kD + d);
+          out[i] = double(e4m3_to_float(float_to_e4m3(x[i] * (448.f / amax)))) * double(amax / 448.f);
+        }
+    }
+    return out;
+  };
+  EXPECT_EQ(f8.q_s, per_tensor(c.q));
+  EXPECT_EQ(f8.q_dk, f8.q_s);
+  EXPECT_EQ(f8.k_s, per_tensor(c.k));
+  EXPECT_EQ(f8.v_o, per_tensor(c.v));
+  EXPECT_EQ(f8.v_dp, f8.v_o);
+  EXPECT_EQ(f8.do_g, per_tensor(c.dout));
+  for (size_t i = 0; i < c.q.size(); ++i) ASSERT_EQ(b16.q_s[i], double(bf16_to_float(float_to_bf16(c.q[i]))));
+  for (size_t i = 0; i < c.dout.size(); ++i) ASSERT_EQ(b16.do_g[i], double(bf16_to_float(float_to_bf16(c.dout[i]))));
+}
+
+TEST(AttentionRef, EmptySequencesGiveZeroOutputAndGradients) {
+  // K/V sequence 1 is empty (its queries see no keys); Q sequence 2 is empty (its keys see no queries).
+  const Case c = make_case({9, 6, 0}, {12, 0, 7}, 2, false, 21);
+  for (AttnMethod m : kAllMethods) {
+    const Result r = run(c, m);
+    const int64_t To = c.To();
+    for (int64_t t = 9; t < 15; ++t)
+      for (int64_t h = 0; h < c.H; ++h) {
+        EXPECT_EQ(r.f.lse[h * To + t], -kInf) << ref::to_string(m);
+        for (int d = 0; d < kD; ++d) {
+          EXPECT_EQ(r.f.out[(t * c.H + h) * kD + d], 0.0) << ref::to_string(m);
+          EXPECT_EQ(r.g.dq[(t * c.H + h) * kD + d], 0.0) << ref::to_string(m);
+        }
+      }
+    for (int64_t e = 12 * c.H * kD; e < 19 * c.H * kD; ++e) {  // keys of sequence 2
+      EXPECT_EQ(r.g.dk[e], 0.0) << ref::to_string(m);
+      EXPECT_EQ(r.g.dv[e], 0.0) << ref::to_string(m);
+    }
+  }
+  // All sequences empty.
+  const Case e = make_case({0, 0}, {0, 0}, 1, false, 1);
+  for (AttnMethod m : kAllMethods) {
+    const Result r = run(e, m);
+    EXPECT_TRUE(r.f.out.empty() && r.f.lse.empty() && r.g.dq.empty() && r.g.dk.empty());
+  }
+}
+
+// Softmax over one key is constant: dS = 0, so dQ = dK = 0 exactly (REFERENCE.md §5). FP64 and
+// BF16 get it by cancellation (dP and D are the same product), exact MX by its explicit rule.
+// Per-tensor FP8 (cuDNN-style, no such rule) does not: its dP and D use different operands.
+TEST(AttentionRef, OneKeyGivesZeroDqDk) {
+  const Case c = make_case({17, 40}, {1, 1}, 2, false, 31);
+  for (AttnMethod m : {AttnMethod::kFp64, AttnMethod::kBf16, AttnMethod::kMx}) {
+    const Result r = run(c, m);
+    EXPECT_EQ(max_abs(r.g.dq), 0.0) << ref::to_string(m);
+    EXPECT_EQ(max_abs(r.g.dk), 0.0) << ref::to_string(m);
+    EXPECT_GT(max_abs(r.g.dv), 1.0) << ref::to_string(m);  // dV = sum of dO over the queries
+  }
+  const Result f8 = run(c, AttnMethod::kFp8PerTensor);
+  EXPECT_GT(max_abs(f8.g.dq), 0.0);
+}
+
+// broadcast_q equals repeating the shared Q for every K/V sequence and summing dQ over the batch.
+TEST(AttentionRef, BroadcastQEqualsRepeatedQ) {
+  const int64_t Lq = 37, H = 2;
+  const std::vector<int64_t> kl{50, 0, 33, 1};
+  const Case bc = make_case({Lq}, kl, H, true, 41);
+  Case rep;
+  ASSERT_TRUE(JaggedMeta::FromLengths(std::vector<int64_t>(kl.size(), Lq), &rep.qm).ok());
+  rep.km = bc.km;
+  rep.H = H;
+  rep.k = bc.k;
+  rep.v = bc.v;
+  rep.dout = bc.dout;  // the output token order is the same: b * Lq + i
+  for (size_t b = 0; b < kl.size(); ++b) rep.q.insert(rep.q.end(), bc.q.begin(), bc.q.end());
+  for (AttnMethod m : kAllMethods) {
+    const Result a = run(bc, m, /*round=*/false), r = run(rep, m, /*round=*/false);
+    EXPECT_EQ(a.f.out, r.f.out) << ref::to_string(m);
+    EXPECT_EQ(a.f.lse, r.f.lse) << ref::to_string(m);
+    EXPECT_EQ(a.g.dk, r.g.dk) << ref::to_string(m);
+    EXPECT_EQ(a.g.dv, r.g.dv) << ref::to_string(m);
+    std::vector<double> dq(size_t(Lq * H * kD), 0.0);
+    for (size_t b = 0; b < kl.size(); ++b)
+      for (size_t e = 0; e < dq.size(); ++e) dq[e] += r.g.dq[b * dq.size() + e];
+    ASSERT_EQ(a.g.dq.size(), dq.size());
+    const double tol = 1e-6 * max_abs(dq);  // per-token fp32 rounding before the sum
+    for (size_t e = 0; e < dq.size(); ++e) ASSERT_NEAR(a.g.dq[e], dq[e], tol) << ref::to_string(m) << " " << e;
+  }
+}
+
+TEST(AttentionRef, ResultsDoNotDependOnThreadCount) {
+  const Case c = make_case({70, 5, 33}, {64, 90, 1}, 3, false, 51);
+  for (AttnMethod m : kAllMethods) {
+    const Result a = run(c, m, true, 1), b = run(c, m, true, 3);
+    EXPECT_EQ(a.f.out, b.f.out);
+    EXPECT_EQ(a.f.lse, b.f.lse);
+    EXPECT_EQ(a.g.dq, b.g.dq);
+    EXPECT_EQ(a.g.dk, b.g.dk);
+    EXPECT_EQ(a.g.dv, b.g.dv);
+  }
+}
+
+TEST(AttentionRef, RoundedOutputsAreBf16AndFp32) {
+  const Case c = make_case({20}, {30}, 1, false, 61);
+  for (AttnMethod m : {AttnMethod::kBf16, AttnMethod::kFp8PerTensor, AttnMethod::kMx}) {
+    const Result r = run(c, m);
+    for (const auto* t : {&r.f.out, &r.g.dq, &r.g.dk, &r.g.dv})
+      for (double x : *t) ASSERT_EQ(x, double(bf16_to_float(float_to_bf16(float(x))))) << ref::to_string(m);
+    for (double x : r.f.lse) ASSERT_EQ(x, double(float(x)));
+  }
+}
+
+TEST(AttentionRef, RejectsBadProblems) {
+  Case c = make_case({4, 4}, {5, 5, 5}, 1, false, 71);
+  ref::AttnForwardResult f;
+  Status s = ref::attention_forward(c.problem(), AttnMethod::kFp64, &f);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("broadcast_q"), std::string::npos) << s.message();
+  c.broadcast = true;  // two Q sequences cannot be broadcast
+  s = ref::attention_forward(c.problem(), AttnMethod::kFp64, &f);
+  EXPECT_NE(s.message().find("exactly one Q sequence"), std::string::npos) << s.message();
+  Case d = make_case({4}, {5}, 1, false, 71);
+  d.scale = 0;
+  EXPECT_FALSE(ref::attention_forward(d.problem(), AttnMethod::kFp64, &f).ok());
+  d.scale = 1;
+  ref::AttnForwardResult wrong;
+  ref::AttnBackwardResult g;
+  EXPECT_FALSE(ref::attention_backward(d.problem(), AttnMethod::kFp64, wrong, d.dout.data(), &g).ok());
+  AttnMethod m;
+  EXPECT_TRUE(ref::parse_attn_method("fp8", &m));
+  EXPECT_EQ(m, AttnMethod::kFp8PerTensor);
+  EXPECT_FALSE(ref::parse_attn_method("int8", &m));
+}
+
+}  // namespace
+}  // namespace mxflash

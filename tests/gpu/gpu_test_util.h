@@ -1,0 +1,91 @@
+// Helpers of the GPU tests: device detection (tests skip, saying so, without a device), device
+// buffers, views and byte-for-byte comparison.
+#pragma once
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "mxflash/tensor.h"
+
+namespace mxflash::gputest {
+
+inline bool cuda_device_present() {
+  int n = 0;
+  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  cudaGetLastError();  // a failed query must not look like a later kernel's error
+  return ok;
+}
+
+#define MXFLASH_SKIP_WITHOUT_CUDA_DEVICE()                                                              \
+  do {                                                                                                  \
+    if (!::mxflash::gputest::cuda_device_present()) GTEST_SKIP() << "no CUDA device: GPU test skipped"; \
+  } while (0)
+
+// Outputs are filled with these before every run, so an unwritten byte shows up as a difference.
+inline constexpr uint8_t kDevicePoison = 0xA5;
+inline constexpr uint8_t kHostPoison = 0x5A;
+
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    EXPECT_EQ(cudaMalloc(&ptr_, bytes ? bytes : 1), cudaSuccess) << "cudaMalloc of " << bytes << " bytes";
+  }
+  DeviceBuffer(const std::vector<uint8_t>& host) : DeviceBuffer(host.size()) { upload(host); }
+  ~DeviceBuffer() { cudaFree(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* get() const { return ptr_; }
+  size_t size() const { return bytes_; }
+  void upload(const std::vector<uint8_t>& host) {
+    EXPECT_EQ(host.size(), bytes_);
+    EXPECT_EQ(cudaMemcpy(ptr_, host.data(), bytes_, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  void fill(uint8_t value) { EXPECT_EQ(cudaMemset(ptr_, value, bytes_), cudaSuccess); }
+  std::vector<uint8_t> download() const {
+    std::vector<uint8_t> host(bytes_);
+    EXPECT_EQ(cudaMemcpy(host.data(), ptr_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
+    return host;
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+inline TensorView view_of(void* data, DType t, Device d, const std::vector<int64_t>& shape) {
+  return make_view(data, t, d, int(shape.size()), shape.data());
+}
+
+inline int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+// Waits for the device and checks that nothing failed asynchronously.
+inline ::testing::AssertionResult device_ok() {
+  const cudaError_t e = cudaDeviceSynchronize();
+  if (e == cudaSuccess) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "CUDA error: " << cudaGetErrorString(e);
+}
+
+inline ::testing::AssertionResult same_bytes(const std::vector<uint8_t>& cpu, const std::vector<uint8_t>& gpu) {
+  if (cpu.size() != gpu.size())
+    return ::testing::AssertionFailure() << "sizes differ: cpu " << cpu.size() << ", gpu " << gpu.size();
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    if (cpu[i] != gpu[i] && bad++ == 0) first = i;
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "%zu of %zu bytes differ; first at byte %zu: cpu 0x%02X, gpu 0x%02X", bad, cpu.size(),
+                first, cpu[first], gpu[first]);
+  return ::testing::AssertionFailure() << buf;
+}
+
+}  // namespace mxflash::gputest
