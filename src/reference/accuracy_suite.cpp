@@ -387,7 +387,7 @@ against floors (pass / borderline / fail). Runs on the CPU; no GPU needed.
   --broadcast-q        one shared Q sequence of --lq tokens attends to every K/V sequence
   --seed N             input seed (default 0)
   --methods LIST       bf16,fp8,mx,gpu (default all). fp8 = per-tensor FP8 (cuDNN/FA3 style);
-                       mx = exact MX; gpu = our GPU path (not built yet)
+                       mx = exact MX; gpu = our GPU path (forward on a CUDA build with a GPU)
   --thresholds SPEC    floors, e.g. out=0.98:8,dq=0.97:10,dk=0.97:8,dv=0.97:8,lse=0.05
                        (TENSOR=COS:SQNR_DB; lse=MAX_REL_ERR, 0 = not judged).
                        Defaults: the REFERENCE.md §6 floors; LSE not judged
@@ -581,15 +581,18 @@ Status run_suite(const Config& cfg, std::vector<Record>* records, std::ostream* 
     MXFLASH_RETURN_IF_ERROR(run_method(in, ref::AttnMethod::kFp64, opt, &ref_out));
     for (Method m : cfg.methods) {
       Outputs o;
-      const bool available = m != Method::kGpu;
-      if (available) MXFLASH_RETURN_IF_ERROR(run_method(in, ref_method(m), opt, &o));
+      const bool gpu = m == Method::kGpu, gpu_fwd = gpu && cfg.gpu_forward != nullptr;
+      if (!gpu) MXFLASH_RETURN_IF_ERROR(run_method(in, ref_method(m), opt, &o));
+      if (gpu_fwd) MXFLASH_RETURN_IF_ERROR(cfg.gpu_forward(in, &o.fwd.out, &o.fwd.lse));
       for (int t = 0; t < kNumTensors; ++t) {
         Record r;
         r.dist = d;
         r.method = m;
         r.tensor = Tensor(t);
-        r.available = available;
-        if (available) {
+        const bool forward_tensor = r.tensor == Tensor::kOut || r.tensor == Tensor::kLse;
+        r.available = !gpu || (gpu_fwd && forward_tensor);
+        r.missing = gpu_fwd ? kGpuBackwardNotBuilt : kGpuNotBuilt;
+        if (r.available) {
           r.stats = compare(ref_out.get(r.tensor), o.get(r.tensor));
           if (has_verdict(m)) r.verdict = judge(r.tensor, r.stats, cfg.thresholds);
         }
@@ -617,7 +620,7 @@ Summary summarize(const std::vector<Record>& records) {
 // ---------------------------------------------------------------- reporting
 namespace {
 std::string cell(const Record& r) {
-  if (!r.available) return kGpuNotBuilt;
+  if (!r.available) return r.missing;
   const ErrorStats& s = r.stats;
   if (s.mismatched > 0) return "MISMATCH (" + std::to_string(s.mismatched) + " non-finite)";
   const std::string db = std::isinf(s.sqnr_db) ? "  exact" : fmt("%7.2f", s.sqnr_db);
@@ -703,7 +706,7 @@ std::string to_json(const Config& cfg, const std::vector<Record>& records) {
     o << "    {\"dist\": " << json_str(to_string(r.dist)) << ", \"method\": " << json_str(to_string(r.method))
       << ", \"tensor\": " << json_str(to_string(r.tensor)) << ", \"available\": " << (r.available ? "true" : "false");
     if (!r.available) {
-      o << ", \"status\": " << json_str(kGpuNotBuilt);
+      o << ", \"status\": " << json_str(r.missing);
     } else {
       const ErrorStats& s = r.stats;
       o << ", \"sqnr_db\": " << json_num(s.sqnr_db) << ", \"cosine\": " << json_num(s.cosine)
@@ -719,8 +722,9 @@ std::string to_json(const Config& cfg, const std::vector<Record>& records) {
   return o.str();
 }
 
-int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err, GpuForward gpu_forward) {
   Config cfg;
+  cfg.gpu_forward = std::move(gpu_forward);
   bool help = false;
   Status st = parse_args(args, &cfg, &help);
   if (help) {

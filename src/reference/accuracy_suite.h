@@ -4,6 +4,7 @@
 // mxflash-accuracy (tools/accuracy) is a thin front end over run_cli(); tests call the pieces.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <string>
 #include <vector>
@@ -94,6 +95,11 @@ const char* to_string(Method m);  // "bf16", "fp8", "mx", "gpu"
 bool parse_method(const std::string& name, Method* m);
 bool has_verdict(Method m);  // the MX methods (mx, gpu) are judged against the floors
 inline constexpr const char* kGpuNotBuilt = "n/a (not built yet)";
+inline constexpr const char* kGpuBackwardNotBuilt = "n/a (GPU backward not built yet)";
+// Our GPU forward, supplied by a front end that has one (mxflash-accuracy on a CUDA build with a
+// device): out (To, H, 128) and lse (H, To) from the unquantized inputs. The library itself never
+// touches a GPU, so without this hook the gpu column reads kGpuNotBuilt.
+using GpuForward = std::function<Status(const Inputs& in, std::vector<double>* out, std::vector<double>* lse)>;
 
 struct Config {
   std::vector<Dist> dists;        // empty: every distribution but kLong (kLong too with --long)
@@ -109,6 +115,7 @@ struct Config {
   bool quick = false;
   bool long_ctx = false;
   int threads = 0;  // 0: hardware concurrency
+  GpuForward gpu_forward;  // null: no GPU path in this front end
 };
 
 std::string usage();
@@ -122,7 +129,8 @@ struct Record {
   Dist dist = Dist::kNormal;
   Method method = Method::kMx;
   Tensor tensor = Tensor::kOut;
-  bool available = true;  // false: the method is not built (gpu)
+  bool available = true;  // false: the method is not built (gpu); `missing` says why
+  const char* missing = kGpuNotBuilt;
   ErrorStats stats;
   Verdict verdict = Verdict::kNone;
 };
@@ -138,6 +146,7 @@ std::string to_json(const Config& cfg, const std::vector<Record>& records);
 
 // The whole CLI: parse, run, print, write JSON. Returns the exit code: 0 all judged tensors pass
 // or are borderline, 1 any fail, 2 bad arguments or a failed run.
-int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
+            GpuForward gpu_forward = nullptr);
 
 }  // namespace mxflash::accuracy

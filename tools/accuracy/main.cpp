@@ -1,11 +1,101 @@
 // mxflash-accuracy: SQNR / cosine of every attention method against the FP64 reference on the
-// ARCHITECTURE.md §3 distribution suite. All the work is in mxflash::accuracy::run_cli.
+// ARCHITECTURE.md §3 distribution suite. All the work is in mxflash::accuracy::run_cli; on a CUDA
+// build with a GPU this front end adds the gpu column: the sm_90a forward on the same inputs,
+// quantized by the library's quantizer (RCEIL, Q and K along hdim, V along seq).
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "reference/accuracy_suite.h"
 
+#ifdef MXFLASH_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "mxflash/attention.h"
+#include "mxflash/quantize.h"
+
+namespace {
+using namespace mxflash;
+
+// One device allocation, freed on scope exit.
+struct DeviceBytes {
+  void* p = nullptr;
+  ~DeviceBytes() { cudaFree(p); }
+  Status alloc(size_t n) {
+    return cudaMalloc(&p, n ? n : 1) == cudaSuccess ? Status::Ok() : Status::Cuda("cudaMalloc failed");
+  }
+};
+
+Status check(cudaError_t e, const char* what) {
+  return e == cudaSuccess ? Status::Ok() : Status::Cuda(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// Quantizes `x` (host fp32) on the host and uploads payload and scales into a CUDA MxTensor.
+Status upload_mx(const std::vector<float>& x, const JaggedMeta& m, int64_t H, Orientation o, DeviceBytes* payload,
+                 DeviceBytes* scales, MxTensor* t) {
+  int64_t ps[3];
+  payload_shape(m, H, PayloadLayout::kTokenMajor, ps);
+  const ScaleShape ss = scale_shape(m, H, o, ScaleLayout::kPlain);
+  std::vector<uint8_t> hp(size_t(ps[0] * ps[1] * ps[2])), hs(size_t(ss.numel()));
+  MXFLASH_RETURN_IF_ERROR(quantize(make_view(const_cast<float*>(x.data()), DType::kFloat32, Device::kCPU,
+                                             {m.total_tokens(), H, kHeadDim}),
+                                   m, o, QuantizeOptions{}, make_view(hp.data(), DType::kE4M3, Device::kCPU, 3, ps),
+                                   make_view(hs.data(), DType::kE8M0, Device::kCPU, ss.ndim, ss.dims)));
+  MXFLASH_RETURN_IF_ERROR(payload->alloc(hp.size()));
+  MXFLASH_RETURN_IF_ERROR(scales->alloc(hs.size()));
+  MXFLASH_RETURN_IF_ERROR(check(cudaMemcpy(payload->p, hp.data(), hp.size(), cudaMemcpyHostToDevice), "upload"));
+  MXFLASH_RETURN_IF_ERROR(check(cudaMemcpy(scales->p, hs.data(), hs.size(), cudaMemcpyHostToDevice), "upload"));
+  t->payload = make_view(payload->p, DType::kE4M3, Device::kCUDA, 3, ps);
+  t->scales = make_view(scales->p, DType::kE8M0, Device::kCUDA, ss.ndim, ss.dims);
+  t->orientation = o;
+  return Status::Ok();
+}
+
+Status gpu_forward(const accuracy::Inputs& in, std::vector<double>* out, std::vector<double>* lse) {
+  JaggedMeta qm = in.q_meta, km = in.k_meta;
+  MXFLASH_RETURN_IF_ERROR(qm.upload());
+  MXFLASH_RETURN_IF_ERROR(km.upload());
+  const int64_t H = in.heads;
+  const int64_t To = in.broadcast_q ? km.batch() * qm.total_tokens() : qm.total_tokens();
+  DeviceBytes qp, qs, kp, ks, vp, vs, o, l;
+  MxTensor q, k, v;
+  MXFLASH_RETURN_IF_ERROR(upload_mx(in.q, qm, H, Orientation::kHdim, &qp, &qs, &q));
+  MXFLASH_RETURN_IF_ERROR(upload_mx(in.k, km, H, Orientation::kHdim, &kp, &ks, &k));
+  MXFLASH_RETURN_IF_ERROR(upload_mx(in.v, km, H, Orientation::kSeq, &vp, &vs, &v));
+  MXFLASH_RETURN_IF_ERROR(o.alloc(size_t(To * H * kHeadDim * 2)));
+  MXFLASH_RETURN_IF_ERROR(l.alloc(size_t(To * H * 4)));
+  AttentionOptions opt;
+  opt.broadcast_q = in.broadcast_q;
+  opt.softmax_scale = float(in.softmax_scale);
+  MXFLASH_RETURN_IF_ERROR(attention_forward(q, k, v, qm, km, opt,
+                                            make_view(o.p, DType::kBFloat16, Device::kCUDA, {To, H, kHeadDim}),
+                                            make_view(l.p, DType::kFloat32, Device::kCUDA, {H, To})));
+  MXFLASH_RETURN_IF_ERROR(check(cudaDeviceSynchronize(), "attention_forward"));
+  std::vector<uint16_t> ho(size_t(To * H * kHeadDim));
+  std::vector<float> hl(size_t(To * H));
+  MXFLASH_RETURN_IF_ERROR(check(cudaMemcpy(ho.data(), o.p, ho.size() * 2, cudaMemcpyDeviceToHost), "download"));
+  MXFLASH_RETURN_IF_ERROR(check(cudaMemcpy(hl.data(), l.p, hl.size() * 4, cudaMemcpyDeviceToHost), "download"));
+  out->assign(ho.size(), 0.0);
+  for (size_t i = 0; i < ho.size(); ++i) (*out)[i] = bf16_to_float(ho[i]);
+  lse->assign(hl.begin(), hl.end());
+  return Status::Ok();
+}
+
+bool hopper_present() {
+  int n = 0;
+  cudaDeviceProp p;
+  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0 && cudaGetDeviceProperties(&p, 0) == cudaSuccess &&
+                  p.major == 9;
+  cudaGetLastError();
+  return ok;
+}
+}  // namespace
+#endif
+
 int main(int argc, char** argv) {
-  return mxflash::accuracy::run_cli(std::vector<std::string>(argv + 1, argv + argc), std::cout, std::cerr);
+  mxflash::accuracy::GpuForward gpu;
+#ifdef MXFLASH_WITH_CUDA
+  if (hopper_present()) gpu = gpu_forward;
+#endif
+  return mxflash::accuracy::run_cli(std::vector<std::string>(argv + 1, argv + argc), std::cout, std::cerr, gpu);
 }

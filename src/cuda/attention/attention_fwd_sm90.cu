@@ -24,7 +24,7 @@
 namespace mxflash::cuda {
 namespace attn {
 
-inline constexpr int kStages = 3;
+inline constexpr int kStages = 4;  // K+V tiles, 32 KB a stage
 inline constexpr int kConsumerWarpgroups = 2;
 inline constexpr int kWarpgroupThreads = 128;
 inline constexpr int kThreads = kWarpgroupThreads * (1 + kConsumerWarpgroups);
