@@ -51,8 +51,9 @@ if want sanitizer; then
 fi
 if want python; then
   note "Python tests (CUDA tensors through DLPack)"
-  if BUILD_DIR=build-gpu-py scripts/build.sh -DMXFLASH_TESTS=OFF > "$OUT/build_py.log" 2>&1; then
-    PYTHONPATH="$PWD/python" python3 -m pytest -q tests/python > "$OUT/pytest.log" 2>&1 || { status=1; note "PYTHON TESTS FAILED"; }
+  if cmake -S . -B build-gpu-py -G Ninja -DMXFLASH_TESTS=OFF -DPython3_EXECUTABLE="$(command -v python3)" > "$OUT/build_py.log" 2>&1 &&
+     cmake --build build-gpu-py --target _mxflash -j "$(nproc)" >> "$OUT/build_py.log" 2>&1; then
+    PYTHONPATH="$PWD/python" MXFLASH_REQUIRE_CUDA=1 python3 -m pytest -q -rs tests/python > "$OUT/pytest.log" 2>&1 || { status=1; note "PYTHON TESTS FAILED"; }
     tail -3 "$OUT/pytest.log"
   else
     status=1; note "PYTHON BUILD FAILED"; tail -20 "$OUT/build_py.log"

@@ -293,3 +293,55 @@ TEST(AccuracyCli, FailingFloorGivesExitOneAndBadArgsTwo) {
 
 }  // namespace
 }  // namespace mxflash::accuracy
+
+namespace mxflash::accuracy {
+namespace {
+
+// The gpu column through the GpuForward hook: forward tensors judged like mx, the backward reported
+// as not built, and a failing hook stops the run with its message.
+TEST(AccuracyGpuHook, FillsForwardColumnAndReportsMissingBackward) {
+  Config cfg;
+  cfg.dists = {Dist::kNormal};
+  cfg.lengths = {40};
+  cfg.heads = 1;
+  cfg.threads = 2;
+  cfg.methods = {Method::kMx, Method::kGpu};
+  int calls = 0;
+  // A stand-in "GPU" that is the exact-MX reference itself: its numbers must equal the mx column.
+  cfg.gpu_forward = [&](const Inputs& in, std::vector<double>* out, std::vector<double>* lse) {
+    ++calls;
+    ref::AttnForwardResult r;
+    MXFLASH_RETURN_IF_ERROR(ref::attention_forward(in.problem(), ref::AttnMethod::kMx, &r));
+    *out = r.out;
+    *lse = r.lse;
+    return Status::Ok();
+  };
+  std::vector<Record> records;
+  ASSERT_TRUE(run_suite(cfg, &records, nullptr).ok());
+  EXPECT_EQ(calls, 1);
+  const Record* mx_out = nullptr;
+  for (const Record& r : records) {
+    if (r.method == Method::kMx && r.tensor == Tensor::kOut) mx_out = &r;
+  }
+  ASSERT_NE(mx_out, nullptr);
+  for (const Record& r : records) {
+    if (r.method != Method::kGpu) continue;
+    const bool fwd = r.tensor == Tensor::kOut || r.tensor == Tensor::kLse;
+    EXPECT_EQ(r.available, fwd) << to_string(r.tensor);
+    if (!fwd) EXPECT_STREQ(r.missing, kGpuBackwardNotBuilt);
+    if (r.tensor == Tensor::kOut) {
+      EXPECT_DOUBLE_EQ(r.stats.sqnr_db, mx_out->stats.sqnr_db);
+      EXPECT_EQ(r.verdict, Verdict::kPass);
+    }
+  }
+  cfg.gpu_forward = [](const Inputs&, std::vector<double>*, std::vector<double>*) {
+    return Status::Cuda("device lost");
+  };
+  records.clear();
+  const Status st = run_suite(cfg, &records, nullptr);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("device lost"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace mxflash::accuracy

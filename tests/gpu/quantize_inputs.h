@@ -113,6 +113,14 @@ inline std::vector<int64_t> random_lengths(uint64_t seed) {
   return lengths;
 }
 
+// Many sequences, most of them empty in runs of up to 48: the kernels' sequence lookup has to
+// jump over more than 32 sequence starts at once.
+inline std::vector<int64_t> sparse_lengths() {
+  std::vector<int64_t> l;
+  for (int i = 0; i < 400; ++i) l.push_back(i % 50 == 49 ? 1 + (i * 37) % 200 : (i % 7 == 3 ? i % 5 : 0));
+  return l;
+}
+
 // Lengths that hit every boundary of the 32-token blocks and 128-token scale atoms.
 inline const std::vector<int64_t>& hostile_lengths() {
   static const std::vector<int64_t> l = {0, 1, 31, 32, 33, 127, 128, 129, 1000, 4096};

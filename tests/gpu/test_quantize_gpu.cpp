@@ -159,6 +159,11 @@ TEST(QuantizeGpu, HostileLengthsSixteenHeads) {
   check_all_quantize(gputest::hostile_lengths(), 16, 3);
 }
 
+TEST(QuantizeGpu, ManyEmptySequences) {
+  MXFLASH_SKIP_WITHOUT_CUDA_DEVICE();
+  check_all_quantize(gputest::sparse_lengths(), 3, 4);
+}
+
 TEST(QuantizeGpu, RandomBatches) {
   MXFLASH_SKIP_WITHOUT_CUDA_DEVICE();
   const int64_t heads[] = {1, 2, 3, 5};
@@ -177,7 +182,7 @@ TEST(QuantizeGpu, RandomBatches) {
 TEST(DequantizeGpu, RandomBytesAllLayouts) {
   MXFLASH_SKIP_WITHOUT_CUDA_DEVICE();
   uint64_t seed = 100;
-  for (const auto& lengths : {gputest::hostile_lengths(), gputest::random_lengths(7)}) {
+  for (const auto& lengths : {gputest::hostile_lengths(), gputest::random_lengths(7), gputest::sparse_lengths()}) {
     for (int64_t H : {1, 3}) {
       SCOPED_TRACE(lengths_string(lengths) + ", H " + std::to_string(H));
       JaggedMeta meta;
@@ -213,7 +218,8 @@ TEST(DequantizeGpu, RandomBytesAllLayouts) {
 TEST(LayoutGpu, PayloadConverters) {
   MXFLASH_SKIP_WITHOUT_CUDA_DEVICE();
   uint64_t seed = 200;
-  for (const auto& lengths : {gputest::hostile_lengths(), gputest::random_lengths(8), gputest::random_lengths(9)}) {
+  for (const auto& lengths : {gputest::hostile_lengths(), gputest::random_lengths(8), gputest::random_lengths(9),
+                              gputest::sparse_lengths()}) {
     for (int64_t H : {1, 3, 16}) {
       SCOPED_TRACE(lengths_string(lengths) + ", H " + std::to_string(H));
       JaggedMeta meta;
@@ -248,7 +254,8 @@ TEST(LayoutGpu, PayloadConverters) {
 TEST(LayoutGpu, ScaleConverters) {
   MXFLASH_SKIP_WITHOUT_CUDA_DEVICE();
   uint64_t seed = 300;
-  for (const auto& lengths : {gputest::hostile_lengths(), gputest::random_lengths(5), gputest::random_lengths(6)}) {
+  for (const auto& lengths : {gputest::hostile_lengths(), gputest::random_lengths(5), gputest::random_lengths(6),
+                              gputest::sparse_lengths()}) {
     for (int64_t H : {1, 3, 16}) {
       SCOPED_TRACE(lengths_string(lengths) + ", H " + std::to_string(H));
       JaggedMeta meta;

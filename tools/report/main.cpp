@@ -172,6 +172,10 @@ int main(int argc, char** argv) {
   std::string gpu_name = "none";
 #ifdef MXFLASH_WITH_CUDA
   if (!opt.cpu_only) gpu = gpu_present(&gpu_name);
+  if (gpu) {
+    st = meta.upload();
+    if (!st.ok()) return fail(st, "metadata upload");
+  }
 #endif
   std::printf("mxflash-report: MX quantization of a jagged BF16 batch\n");
   std::printf("  sequences %d, lengths", meta.batch());

@@ -1,8 +1,9 @@
 // Dequantization kernel: out (T, H, 128) fp32 or bf16 = e4m3(payload) * scale of its block, for
 // every orientation, scale layout and payload layout. Same tile walk as the quantizer
 // (token_tile.cuh): 128 threads per 32-token x 128-column tile, each thread 4 rows x 8 columns
-// (8 payload bytes per row); a token-contiguous payload is transposed back through shared memory.
-// Launched from dequantize_kernels.cu.
+// (8 payload bytes per row); a token-contiguous payload is transposed back through shared memory,
+// read in 32-byte pieces per column (the quantizer's 128-byte strips would be faster; this is not
+// a hot path). Launched from dequantize_kernels.cu.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -63,7 +64,7 @@ __global__ void __launch_bounds__(kTileThreads) dequantize_kernel(const Dequanti
 #pragma unroll
       for (int i = 0; i < kByteTileRows; ++i) {
         if (row0 + i < span.n_valid) {
-          const uint2 t = __ldcs(reinterpret_cast<const uint2*>(p.payload + off0 + i * row_elems));
+          const uint2 t = __ldg(reinterpret_cast<const uint2*>(p.payload + off0 + i * row_elems));
           q[i][0] = t.x, q[i][1] = t.y;
         }
       }

@@ -1,7 +1,8 @@
 // Layout converter kernels: e4m3 payloads token-major (T, H, 128) <-> token-contiguous (H, 128, P),
 // and scale tensors plain <-> blocked128x4 for each orientation. Same tile walk as the quantizer
-// (token_tile.cuh); padding bytes of the destination are written as 0 in the same pass.
-// Launched from layout_kernels.cu.
+// (token_tile.cuh); padding bytes of the destination are written as 0 in the same pass. The
+// token-contiguous side moves 32-byte pieces per column and tile (the quantizer's 128-byte strips
+// would be faster; converters are not a hot path). Launched from layout_kernels.cu.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -39,7 +40,7 @@ __global__ void __launch_bounds__(kTileThreads) to_token_contiguous_kernel(const
 #pragma unroll
     for (int i = 0; i < kByteTileRows; ++i) {
       if (row0 + i < span.n_valid) {
-        const uint2 t = __ldcs(reinterpret_cast<const uint2*>(p.src + off0 + i * row_elems));
+        const uint2 t = __ldg(reinterpret_cast<const uint2*>(p.src + off0 + i * row_elems));
         q[i][0] = t.x, q[i][1] = t.y;
       }
     }

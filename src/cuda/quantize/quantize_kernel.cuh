@@ -2,20 +2,27 @@
 // output, or both. Launched from quantize_launch.cuh, instantiated per input type in
 // quantize_bf16.cu and quantize_fp32.cu.
 //
-// Work: grid-stride over tiles of 32 padded tokens x 128 columns of one head (token_tile.cuh),
-// 128 threads per tile. Each thread loads kRows 16-byte chunks of one chunk column (all loads in
-// flight before any use), so a warp reads whole 256/512-byte rows: fully coalesced.
+// Work: grid-stride over strips (4 tiles = 128 padded tokens of one head, token_tile.cuh); 128
+// threads process the strip's tiles of 32 tokens x 128 columns one after another, the loads of the
+// next tile issued before the current one is processed. Each thread loads kRows 16-byte chunks of
+// one chunk column, so a warp reads whole 256/512-byte rows: fully coalesced.
 //  hdim:     block = the kLanesPerBlock lanes covering 32 columns of a row: butterfly max; lane j
 //            of the block computes row j's scale and shares 1/scale. No barrier.
 //  seq:      block = one column over the tile's 32 tokens: per-thread max over its rows, shuffle
 //            (bf16: the two half-warps share a chunk column), then the 4 warps through shared
 //            memory; thread d computes column d's scale and publishes 1/scale.
 //  square32: the seq column maxima reduced over the 32 columns of warp d/32.
-//  token-contiguous payloads go through a transposed shared tile and leave as 32-byte sectors.
+//  token-contiguous payloads are transposed into a shared strip and leave as 128-byte lines.
 // Rows past the sequence end are zeros (the reference's zero padding): they give zero bytes in a
-// token-contiguous payload and scale 0 in a padding group, which is what those bytes must hold.
+// token-contiguous payload and scale 0 in a padding group, which is what those bytes must hold;
+// tiles with no real token write those zeros directly.
 // Elements use the hardware e4m3 conversion; blocks with scale 0xFF (holding inf/NaN) get their
 // non-finite elements patched afterwards (mx_device.cuh has the proof obligations).
+//
+// Measured on an H200, 1 GiB of bf16 input, % of device-to-device copy bandwidth (read + write
+// bytes): hdim 89-90, seq / square32 token-major 90-92, token-contiguous 87-90, hdim+seq 79-84
+// (fp32 input: 89-99). Jagged lengths 1..255: the same except token-contiguous, about 76.
+// (tests/gpu/test_quantize_bandwidth_gpu.cpp measures these.)
 #pragma once
 #include <cuda_runtime.h>
 
@@ -142,15 +149,51 @@ __device__ __forceinline__ void store_words(uint8_t* dst, const uint32_t (&q)[kW
     *reinterpret_cast<uint32_t*>(dst) = q[0];
 }
 
+// Zero outputs of a tile with no real token (a strip's tail in a short sequence): the bytes the
+// full path writes for all-zero data, without loads, arithmetic or barriers.
+template <bool kHdim, TokOut kTok, bool kTokContiguous>
+__device__ __forceinline__ void zero_tile(const QuantizeParams& p, int64_t g, int64_t h, int64_t atom, int k,
+                                          uint32_t* s_strip_tile) {
+  const int tid = int(threadIdx.x);
+  // Blocked hdim / square32 scales: 32 rows x 4 blocks of the atom column k; thread t: row t / 4.
+  const int64_t blocked_row_byte = atom + 16 * (tid / 4) + 4 * k + (tid % 4);
+  if constexpr (kHdim) {
+    if (p.blocked) p.hdim_scales[blocked_row_byte] = 0;
+  }
+  if constexpr (kTok == TokOut::kSeq) {
+    p.tok_scales[p.blocked ? atom + 16 * (tid % 32) + 4 * (tid / 32) + k : seq_plain_offset(g, h, tid, p.jd.H)] = 0;
+  } else if constexpr (kTok == TokOut::kSquare32) {
+    if (p.blocked)
+      p.tok_scales[blocked_row_byte] = 0;
+    else if (tid < kHeadDim / kBlockSize)
+      p.tok_scales[square_plain_offset(g, h, tid, p.jd.H)] = 0;
+  }
+  if constexpr (kTokContiguous) {
+    // The tile's 4 KB of the shared strip, whatever the swizzle: word v * 128 + t, as 16 bytes.
+    static_assert(kTileSmemWords == 8 * kTileThreads, "two 16-byte zero stores per thread");
+    reinterpret_cast<uint4*>(s_strip_tile)[tid] = make_uint4(0, 0, 0, 0);
+    reinterpret_cast<uint4*>(s_strip_tile)[tid + kTileThreads] = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// Resident CTAs per SM the register allocation must allow (__launch_bounds__): with one tile being
+// processed and the next one loading, 6 to 8 (bf16) or 4 to 5 (fp32) CTAs keep 100 to 160 KB of
+// loads in flight per SM.
+// Tighter bounds make ptxas spill (checked with -Xptxas -v).
+template <typename In, bool kHdim, TokOut kTok>
+inline constexpr int kQuantizeMinBlocks = sizeof(In) == 2 ? (kTok == TokOut::kNone ? 8 : (kHdim ? 6 : 8))
+                                                          : (kTok == TokOut::kNone ? 5 : (kHdim ? 4 : 5));
+
 template <typename In, bool kHdim, TokOut kTok, bool kTokContiguous>
-__global__ void __launch_bounds__(kTileThreads) quantize_kernel(const QuantizeParams p) {
+__global__ void __launch_bounds__(kTileThreads, kQuantizeMinBlocks<In, kHdim, kTok>)
+    quantize_kernel(const QuantizeParams p) {
   using M = QuantTileMap<In>;
   // Column maxima of each warp's rows: |bf16| bits or |fp32| bits.
   using ColMax = std::conditional_t<sizeof(In) == 2, uint16_t, uint32_t>;
   __shared__ alignas(16) ColMax s_colmax[kTileWarps][kHeadDim];
   __shared__ alignas(16) float s_inv[kHeadDim];   // 1/scale of column d's block
   __shared__ uint32_t s_nan_columns[kTileWarps];  // bit d mod 32 of word d / 32: column d's scale is NaN
-  __shared__ alignas(16) uint32_t s_tile[kTileSmemWords];
+  __shared__ alignas(16) uint32_t s_strip[kTokContiguous ? kStripSmemWords : 4];
 
   const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int chunk = tid % M::kChunksPerRow;
@@ -169,169 +212,210 @@ __global__ void __launch_bounds__(kTileThreads) quantize_kernel(const QuantizePa
 #pragma unroll
       for (int j = 0; j < 4; ++j) tile_word[rq][cw][j] = tile_word_index(col0 + 4 * cw + j, row0 / 4 + rq);
 
-  const TileHalves halves(P);
-  SequenceCursor sequence(p.jd);
-  for (TileWalker tw(blockIdx.x, gridDim.x, p.num_groups, H); tw.valid(); tw.next()) {
-    const int64_t g = tw.g, h = tw.h;
-    const GroupSpan span = sequence.span(g);
-    const int n_valid = span.n_valid;
-    // Element offset of this thread's first row in x and in token-major payloads.
-    const int64_t off0 = int64_t(span.t_first + row0) * row_elems + h * kHeadDim + col0;
-    const int64_t atom = blocked_atom_base(h, g, P);
-    const int group_col = int(g % kGroupsPerAtom);
-
-    // hdim scale of this lane's block in its first row and the step to the next row. Blocked:
-    // hdim_blocked_offset(h, 32 g + r, k, P). Plain (T, H, 4): one byte per 32 elements of x, so
-    // the element offset / 32.
-    const int64_t hdim_scale0 =
-        p.blocked ? atom + 16 * row0 + 4 * group_col + hdim_block : int64_t(uint64_t(off0) / kBlockSize);
-    const int64_t hdim_scale_stride = p.blocked ? int64_t(16) : row_elems / kBlockSize;
-
-    uint4 v[M::kRows];
+  // x of a tile into registers: tile k of the strip at `strip_pos` (zeros past the sequence end).
+  const auto load_tile = [&](uint4(&dst)[M::kRows], const SequencePos& strip_pos, int64_t h, int k) {
+    const int n = strip_pos.count - k * kTileTokens;
+    const In* src = x + int64_t(strip_pos.t_first + k * kTileTokens + row0) * row_elems + h * kHeadDim + col0;
 #pragma unroll
     for (int i = 0; i < M::kRows; ++i) {
-      v[i] = make_uint4(0, 0, 0, 0);
-      if (row0 + i < n_valid) v[i] = __ldcs(reinterpret_cast<const uint4*>(x + off0 + i * row_elems));
+      dst[i] = make_uint4(0, 0, 0, 0);
+      // Plain read-only loads: an evict-first hint (__ldcs) here cost 10% of the bandwidth (measured).
+      if (row0 + i < n) dst[i] = __ldg(reinterpret_cast<const uint4*>(src + i * row_elems));
     }
+  };
 
-    // hdim: block maxima of all kRows rows (butterfly over the kLanesPerBlock lanes of a block).
-    // Lane j of a block then computes the scale of row j only, stores its byte and shares 1/scale
-    // (kLanesPerBlock == kRows), so no scale is computed twice.
-    float hdim_inv[M::kRows];
-    if constexpr (kHdim) {
-      uint32_t amax[M::kRows];
+  // Software pipeline: the loads of the next tile (the next one of this strip, or tile 0 of the
+  // next strip) are issued before the current tile is processed, so every CTA keeps a tile of
+  // loads in flight through its arithmetic and barriers.
+  SequenceCursor sequence(p.jd);
+  TileWalker tw(blockIdx.x, gridDim.x, p.num_groups / kStripTiles, H);
+  if (!tw.valid()) return;                                      // the whole CTA: no barrier is skipped by part of it
+  SequencePos next_pos = sequence.locate(tw.g * kStripTokens);  // a strip is inside one sequence
+  uint4 v_next[M::kRows];
+  load_tile(v_next, next_pos, tw.h, 0);
+  for (;;) {
+    const int64_t strip = tw.g, h = tw.h;
+    const SequencePos pos = next_pos;
+    TileWalker following = tw;
+    following.next();
+    const int64_t atom = blocked_atom_base(h, strip * kStripTiles, P);
+
+#pragma unroll 1
+    for (int k = 0; k < kStripTiles; ++k) {
+      uint4 v[M::kRows];
 #pragma unroll
-      for (int i = 0; i < M::kRows; ++i) amax[i] = chunk_amax_bits<In>(v[i]);
-#pragma unroll
-      for (int o = 1; o < M::kLanesPerBlock; o <<= 1) {
-#pragma unroll
-        for (int i = 0; i < M::kRows; ++i) amax[i] = max(amax[i], __shfl_xor_sync(~0u, amax[i], o));
+      for (int i = 0; i < M::kRows; ++i) v[i] = v_next[i];
+      if (k + 1 < kStripTiles) {
+        load_tile(v_next, pos, h, k + 1);
+      } else if (following.valid()) {
+        next_pos = sequence.locate(following.g * kStripTokens);
+        load_tile(v_next, next_pos, following.h, 0);
       }
-      const int my_row = lane & (M::kLanesPerBlock - 1);
-      uint32_t my_amax = amax[0];
+
+      const int64_t g = strip * kStripTiles + k;
+      const int rest = pos.count - k * kTileTokens;
+      const int n_valid = rest < 0 ? 0 : (rest > kTileTokens ? kTileTokens : rest);
+      // Tile 0 always holds a real token (a sequence's padded chunk starts with one), so its
+      // barriers separate the previous strip's readers of s_strip from this strip's writers.
+      if (n_valid == 0) {
+        zero_tile<kHdim, kTok, kTokContiguous>(p, g, h, atom, k, s_strip + k * kTileSmemWords);
+        continue;  // n_valid is the same in the whole CTA: no barrier is skipped by part of it
+      }
+      // Element offset of this thread's first row in x and in token-major payloads.
+      const int64_t off0 = int64_t(pos.t_first + k * kTileTokens + row0) * row_elems + h * kHeadDim + col0;
+      // hdim scale of this lane's block in its first row and the step to the next row. Blocked:
+      // hdim_blocked_offset(h, 32 g + r, kb, P) = atom + 16 r + 4 k + kb. Plain (T, H, 4): one
+      // byte per 32 elements of x, so the element offset / 32.
+      const int64_t hdim_scale0 =
+          p.blocked ? atom + 16 * row0 + 4 * k + hdim_block : int64_t(uint64_t(off0) / kBlockSize);
+      const int64_t hdim_scale_stride = p.blocked ? int64_t(16) : row_elems / kBlockSize;
+
+      // hdim: block maxima of all kRows rows (butterfly over the kLanesPerBlock lanes of a block).
+      // Lane j of a block then computes the scale of row j only, stores its byte and shares
+      // 1/scale (kLanesPerBlock == kRows), so no scale is computed twice.
+      float hdim_inv[M::kRows];
+      if constexpr (kHdim) {
+        uint32_t amax[M::kRows];
 #pragma unroll
-      for (int i = 1; i < M::kRows; ++i) my_amax = my_row == i ? amax[i] : my_amax;
-      const uint32_t my_scale = scale_byte_from_amax_bits(my_amax, p.mode);
-      // Blocked: padding rows too (their zero data gives scale 0).
-      if (p.blocked || row0 + my_row < n_valid)
-        p.hdim_scales[hdim_scale0 + my_row * hdim_scale_stride] = uint8_t(my_scale);
-      const float my_inv = e8m0_inv_scale(uint8_t(my_scale));
+        for (int i = 0; i < M::kRows; ++i) amax[i] = chunk_amax_bits<In>(v[i]);
 #pragma unroll
-      for (int i = 0; i < M::kRows; ++i) hdim_inv[i] = __shfl_sync(~0u, my_inv, (lane & ~(M::kLanesPerBlock - 1)) | i);
-    }
-    // hdim payload of row i. With a seq/square32 output too it runs in that output's row loop,
-    // so each value is widened to fp32 once for both.
-    const auto hdim_row = [&](int i) {
-      float inv[M::kElems];
+        for (int o = 1; o < M::kLanesPerBlock; o <<= 1) {
 #pragma unroll
-      for (int e = 0; e < M::kElems; ++e) inv[e] = hdim_inv[i];
-      uint32_t q[M::kOutWords];
-      quantize_chunk<In>(v[i], inv, q);
-      if (row0 + i < n_valid) {
-        const int64_t off = off0 + i * row_elems;
-        store_words(p.hdim_payload + off, q);
-        // 1/scale 2^-127 is scale 0xFF (finite blocks give bytes <= 247): the only blocks that
-        // can hold inf/NaN.
-        if (__float_as_uint(hdim_inv[i]) == kInvScaleOfNan) {
-          uint8_t* dst = p.hdim_payload + off;
-          patch_nonfinite(x + off, [dst](int e) { return dst + e; });
+          for (int i = 0; i < M::kRows; ++i) amax[i] = max(amax[i], __shfl_xor_sync(~0u, amax[i], o));
         }
-      }
-    };
-    if constexpr (kHdim && kTok == TokOut::kNone) {
+        const int my_row = lane & (M::kLanesPerBlock - 1);
+        uint32_t my_amax = amax[0];
 #pragma unroll
-      for (int i = 0; i < M::kRows; ++i) hdim_row(i);
-    }
-
-    if constexpr (kTok != TokOut::kNone) {
-      uint32_t cm[4];
-      column_amax<In>(v, cm);
-      if constexpr (sizeof(In) == 2) {
-        // Lanes l and l ^ 16 hold the same columns (rows 4 apart).
-#pragma unroll
-        for (int k = 0; k < 4; ++k) cm[k] = __vmaxu2(cm[k], __shfl_xor_sync(~0u, cm[k], 16));
-        if (lane < 16) *reinterpret_cast<uint4*>(&s_colmax[warp][col0]) = make_uint4(cm[0], cm[1], cm[2], cm[3]);
-      } else {
-        *reinterpret_cast<uint4*>(&s_colmax[warp][col0]) = make_uint4(cm[0], cm[1], cm[2], cm[3]);
-      }
-      __syncthreads();
-      {
-        const int d = tid;  // one thread per column; warp w holds head-dim block w
-        uint32_t amax = 0;
-#pragma unroll
-        for (int w = 0; w < kTileWarps; ++w) amax = max(amax, uint32_t(s_colmax[w][d]) << (sizeof(In) == 2 ? 16 : 0));
-        if constexpr (kTok == TokOut::kSquare32) {
-#pragma unroll
-          for (int o = 16; o > 0; o >>= 1) amax = max(amax, __shfl_xor_sync(~0u, amax, o));
-        }
-        const uint32_t s = scale_byte_from_amax_bits(amax, p.mode);
-        s_inv[d] = e8m0_inv_scale(uint8_t(s));
-        const uint32_t nan_columns = __ballot_sync(~0u, s == kE8m0Nan);
-        if (lane == 0) s_nan_columns[warp] = nan_columns;
-        if constexpr (kTok == TokOut::kSeq) {
-          p.tok_scales[p.blocked ? atom + 16 * (d % 32) + 4 * (d / 32) + group_col : seq_plain_offset(g, h, d, H)] =
-              uint8_t(s);
-        } else if (p.blocked) {
-          // Each token row of the blocked tensor carries its block's scale; padding rows hold 0.
-          p.tok_scales[atom + 16 * lane + 4 * group_col + warp] = lane < n_valid ? uint8_t(s) : uint8_t(0);
-        } else if (lane == 0) {
-          p.tok_scales[square_plain_offset(g, h, warp, H)] = uint8_t(s);
-        }
-      }
-      __syncthreads();
-
-      float inv[M::kElems];
-#pragma unroll
-      for (int k = 0; k < M::kElems / 4; ++k) {
-        const float4 f = *reinterpret_cast<const float4*>(&s_inv[col0 + 4 * k]);
-        inv[4 * k] = f.x, inv[4 * k + 1] = f.y, inv[4 * k + 2] = f.z, inv[4 * k + 3] = f.w;
-      }
-      const bool any_nan_scale = ((s_nan_columns[col0 / 32] >> (col0 % 32)) & ((1u << M::kElems) - 1u)) != 0;
-      uint32_t q[M::kRows][M::kOutWords];
-#pragma unroll
-      for (int i = 0; i < M::kRows; ++i) {
-        if constexpr (kHdim) hdim_row(i);
-        quantize_chunk<In>(v[i], inv, q[i]);
-      }
-
-      if constexpr (!kTokContiguous) {
+        for (int i = 1; i < M::kRows; ++i) my_amax = my_row == i ? amax[i] : my_amax;
+        const uint32_t my_scale = scale_byte_from_amax_bits(my_amax, p.mode);
+        // Blocked: padding rows too (their zero data gives scale 0).
+        if (p.blocked || row0 + my_row < n_valid)
+          p.hdim_scales[hdim_scale0 + my_row * hdim_scale_stride] = uint8_t(my_scale);
+        const float my_inv = e8m0_inv_scale(uint8_t(my_scale));
 #pragma unroll
         for (int i = 0; i < M::kRows; ++i)
-          if (row0 + i < n_valid) store_words(p.tok_payload + off0 + i * row_elems, q[i]);
-        if (any_nan_scale) {
-#pragma unroll 1
-          for (int i = 0; i < n_valid - row0 && i < M::kRows; ++i) {
-            uint8_t* dst = p.tok_payload + off0 + i * row_elems;
-            patch_nonfinite(x + off0 + i * row_elems, [dst](int e) { return dst + e; });
+          hdim_inv[i] = __shfl_sync(~0u, my_inv, (lane & ~(M::kLanesPerBlock - 1)) | i);
+      }
+      // hdim payload of row i. With a seq/square32 output too it runs in that output's row loop,
+      // so each value is widened to fp32 once for both.
+      const auto hdim_row = [&](int i) {
+        float inv[M::kElems];
+#pragma unroll
+        for (int e = 0; e < M::kElems; ++e) inv[e] = hdim_inv[i];
+        uint32_t q[M::kOutWords];
+        quantize_chunk<In>(v[i], inv, q);
+        if (row0 + i < n_valid) {
+          const int64_t off = off0 + i * row_elems;
+          store_words(p.hdim_payload + off, q);
+          // 1/scale 2^-127 is scale 0xFF (finite blocks give bytes <= 247): the only blocks that
+          // can hold inf/NaN.
+          if (__float_as_uint(hdim_inv[i]) == kInvScaleOfNan) {
+            uint8_t* dst = p.hdim_payload + off;
+            patch_nonfinite(x + off, [dst](int e) { return dst + e; });
           }
         }
-      } else {
-        // Transpose 4 tokens x 4 columns at a time into column words; s_tile's previous readers
-        // finished before the first barrier of this tile.
+      };
+      if constexpr (kHdim && kTok == TokOut::kNone) {
 #pragma unroll
-        for (int rq = 0; rq < M::kRows / 4; ++rq) {
+        for (int i = 0; i < M::kRows; ++i) hdim_row(i);
+      }
+
+      if constexpr (kTok != TokOut::kNone) {
+        uint32_t cm[4];
+        column_amax<In>(v, cm);
+        if constexpr (sizeof(In) == 2) {
+          // Lanes l and l ^ 16 hold the same columns (rows 4 apart).
 #pragma unroll
-          for (int cw = 0; cw < M::kOutWords; ++cw) {
-            uint32_t a[4] = {q[4 * rq][cw], q[4 * rq + 1][cw], q[4 * rq + 2][cw], q[4 * rq + 3][cw]};
-            transpose4x4_bytes(a);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) s_tile[tile_word[rq][cw][j]] = a[j];
-          }
+          for (int c = 0; c < 4; ++c) cm[c] = __vmaxu2(cm[c], __shfl_xor_sync(~0u, cm[c], 16));
+          if (lane < 16) *reinterpret_cast<uint4*>(&s_colmax[warp][col0]) = make_uint4(cm[0], cm[1], cm[2], cm[3]);
+        } else {
+          *reinterpret_cast<uint4*>(&s_colmax[warp][col0]) = make_uint4(cm[0], cm[1], cm[2], cm[3]);
         }
-        if (any_nan_scale) {
-          // Padding rows are zeros, so only real rows can hold inf/NaN.
-          uint8_t* tile_bytes = reinterpret_cast<uint8_t*>(s_tile);
-#pragma unroll 1
-          for (int i = 0; i < n_valid - row0 && i < M::kRows; ++i) {
-            const int r = row0 + i;
-            patch_nonfinite(x + off0 + i * row_elems,
-                            [=](int e) { return tile_bytes + 4 * tile_word_index(col0 + e, r / 4) + r % 4; });
+        __syncthreads();
+        {
+          const int d = tid;  // one thread per column; warp w holds head-dim block w
+          uint32_t amax = 0;
+#pragma unroll
+          for (int w = 0; w < kTileWarps; ++w) amax = max(amax, uint32_t(s_colmax[w][d]) << (sizeof(In) == 2 ? 16 : 0));
+          if constexpr (kTok == TokOut::kSquare32) {
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) amax = max(amax, __shfl_xor_sync(~0u, amax, o));
+          }
+          const uint32_t s = scale_byte_from_amax_bits(amax, p.mode);
+          s_inv[d] = e8m0_inv_scale(uint8_t(s));
+          const uint32_t nan_columns = __ballot_sync(~0u, s == kE8m0Nan);
+          if (lane == 0) s_nan_columns[warp] = nan_columns;
+          if constexpr (kTok == TokOut::kSeq) {
+            p.tok_scales[p.blocked ? atom + 16 * (d % 32) + 4 * (d / 32) + k : seq_plain_offset(g, h, d, H)] =
+                uint8_t(s);
+          } else if (p.blocked) {
+            // Each token row of the blocked tensor carries its block's scale; padding rows hold 0.
+            p.tok_scales[atom + 16 * lane + 4 * k + warp] = lane < n_valid ? uint8_t(s) : uint8_t(0);
+          } else if (lane == 0) {
+            p.tok_scales[square_plain_offset(g, h, warp, H)] = uint8_t(s);
           }
         }
         __syncthreads();
-        tile_store_contiguous(s_tile, halves, p.tok_payload + contiguous_tile_offset(h, g, P));
+
+        float inv[M::kElems];
+#pragma unroll
+        for (int c = 0; c < M::kElems / 4; ++c) {
+          const float4 f = *reinterpret_cast<const float4*>(&s_inv[col0 + 4 * c]);
+          inv[4 * c] = f.x, inv[4 * c + 1] = f.y, inv[4 * c + 2] = f.z, inv[4 * c + 3] = f.w;
+        }
+        const bool any_nan_scale = ((s_nan_columns[col0 / 32] >> (col0 % 32)) & ((1u << M::kElems) - 1u)) != 0;
+        uint32_t q[M::kRows][M::kOutWords];
+#pragma unroll
+        for (int i = 0; i < M::kRows; ++i) {
+          if constexpr (kHdim) hdim_row(i);
+          quantize_chunk<In>(v[i], inv, q[i]);
+        }
+
+        if constexpr (!kTokContiguous) {
+#pragma unroll
+          for (int i = 0; i < M::kRows; ++i)
+            if (row0 + i < n_valid) store_words(p.tok_payload + off0 + i * row_elems, q[i]);
+          if (any_nan_scale) {
+#pragma unroll 1
+            for (int i = 0; i < n_valid - row0 && i < M::kRows; ++i) {
+              uint8_t* dst = p.tok_payload + off0 + i * row_elems;
+              patch_nonfinite(x + off0 + i * row_elems, [dst](int e) { return dst + e; });
+            }
+          }
+        } else {
+          // Transpose 4 tokens x 4 columns at a time into column words of tile k of the strip.
+          uint32_t* tile = s_strip + k * kTileSmemWords;
+          const int row_xor = k << 3;  // strip_word_index: tile k's rows XORed with k
+#pragma unroll
+          for (int rq = 0; rq < M::kRows / 4; ++rq) {
+#pragma unroll
+            for (int cw = 0; cw < M::kOutWords; ++cw) {
+              uint32_t a[4] = {q[4 * rq][cw], q[4 * rq + 1][cw], q[4 * rq + 2][cw], q[4 * rq + 3][cw]};
+              transpose4x4_bytes(a);
+#pragma unroll
+              for (int j = 0; j < 4; ++j) tile[tile_word[rq][cw][j] ^ row_xor] = a[j];
+            }
+          }
+          if (any_nan_scale) {
+            // Padding rows are zeros, so only real rows can hold inf/NaN.
+            uint8_t* strip_bytes = reinterpret_cast<uint8_t*>(s_strip);
+#pragma unroll 1
+            for (int i = 0; i < n_valid - row0 && i < M::kRows; ++i) {
+              const int r = row0 + i;
+              patch_nonfinite(x + off0 + i * row_elems,
+                              [=](int e) { return strip_bytes + 4 * strip_word_index(k, col0 + e, r / 4) + r % 4; });
+            }
+          }
+        }
       }
     }
+
+    if constexpr (kTokContiguous) {
+      __syncthreads();
+      strip_store_contiguous(s_strip, p.tok_payload + h * kHeadDim * P + strip * kStripTokens, P);
+    }
+    if (!following.valid()) break;
+    tw = following;
   }
 }
 

@@ -13,7 +13,7 @@ template <typename In, bool kHdim, TokOut kTok, bool kTokContiguous>
 Status run_quantize_kernel(const QuantizeParams& params, cudaStream_t stream) {
   constexpr auto kernel = quantize_kernel<In, kHdim, kTok, kTokContiguous>;
   int grid = 0;
-  MXFLASH_RETURN_IF_ERROR(grid_size<kernel>(kTileThreads, params.num_groups * params.jd.H, &grid));
+  MXFLASH_RETURN_IF_ERROR(grid_size<kernel>(kTileThreads, params.num_groups / kStripTiles * params.jd.H, &grid));
   kernel<<<grid, kTileThreads, 0, stream>>>(params);
   return check_launch("quantize_kernel");
 }

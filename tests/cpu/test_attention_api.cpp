@@ -1,0 +1,215 @@
+// mxflash::attention_forward on CPU tensors (the exact-MX reference path) and its argument checks:
+// every rule gives a failed Status naming the argument, and the poisoned outputs stay untouched.
+// CUDA-tagged views carry dummy pointers: a launcher that dereferenced one before rejecting it
+// would crash the test.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "mxflash/attention.h"
+#include "reference/attention_ref.h"
+
+namespace mxflash {
+namespace {
+
+constexpr uint8_t kPoison = 0xA5;
+void* const kDummyDevicePtr = reinterpret_cast<void*>(uintptr_t(0x1000));
+
+struct HostMx {
+  std::vector<uint8_t> payload, scales;
+  MxTensor t;
+};
+
+HostMx quantize_host(const std::vector<float>& x, const JaggedMeta& m, int64_t H, Orientation o) {
+  HostMx r;
+  int64_t ps[3];
+  payload_shape(m, H, PayloadLayout::kTokenMajor, ps);
+  const ScaleShape ss = scale_shape(m, H, o, ScaleLayout::kPlain);
+  r.payload.assign(size_t(ps[0] * ps[1] * ps[2]), 0);
+  r.scales.assign(size_t(ss.numel()), 0);
+  r.t.payload = make_view(r.payload.data(), DType::kE4M3, Device::kCPU, 3, ps);
+  r.t.scales = make_view(r.scales.data(), DType::kE8M0, Device::kCPU, ss.ndim, ss.dims);
+  r.t.orientation = o;
+  const Status st = quantize(make_view(const_cast<float*>(x.data()), DType::kFloat32, Device::kCPU,
+                                       {m.total_tokens(), H, kHeadDim}),
+                             m, o, QuantizeOptions{}, r.t.payload, r.t.scales);
+  EXPECT_TRUE(st.ok()) << st.message();
+  return r;
+}
+
+class AttentionApi : public ::testing::Test {
+ protected:
+  static constexpr int64_t H = 2;
+  void SetUp() override {
+    ASSERT_TRUE(JaggedMeta::FromLengths({40, 0, 70}, &qm).ok());
+    ASSERT_TRUE(JaggedMeta::FromLengths({33, 5, 0}, &km).ok());
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd;
+    auto draw = [&](int64_t T) {
+      std::vector<float> v(size_t(T * H * kHeadDim));
+      for (auto& x : v) x = nd(rng);
+      return v;
+    };
+    qf = draw(qm.total_tokens());
+    kf = draw(km.total_tokens());
+    vf = draw(km.total_tokens());
+    q = quantize_host(qf, qm, H, Orientation::kHdim);
+    k = quantize_host(kf, km, H, Orientation::kHdim);
+    v = quantize_host(vf, km, H, Orientation::kSeq);
+    out.assign(size_t(qm.total_tokens() * H * kHeadDim * 2), kPoison);
+    lse.assign(size_t(qm.total_tokens() * H * 4), kPoison);
+  }
+  TensorView out_view() { return make_view(out.data(), DType::kBFloat16, Device::kCPU, {qm.total_tokens(), H, kHeadDim}); }
+  TensorView lse_view() { return make_view(lse.data(), DType::kFloat32, Device::kCPU, {H, qm.total_tokens()}); }
+  Status call(const MxTensor& qq, const MxTensor& kk, const MxTensor& vv, AttentionOptions opt = {}) {
+    return attention_forward(qq, kk, vv, qm, km, opt, out_view(), lse_view());
+  }
+  bool untouched() const {
+    auto clean = [](const std::vector<uint8_t>& b) {
+      return std::all_of(b.begin(), b.end(), [](uint8_t x) { return x == kPoison; });
+    };
+    return clean(out) && clean(lse);
+  }
+  void expect_rejected(const Status& st, const char* arg, const char* rule) {
+    EXPECT_FALSE(st.ok());
+    EXPECT_EQ(st.message().rfind(arg, 0), 0u) << "message should start with '" << arg << "': " << st.message();
+    EXPECT_NE(st.message().find(rule), std::string::npos) << st.message();
+    EXPECT_TRUE(untouched()) << "outputs were written by a rejected call";
+  }
+
+  JaggedMeta qm, km;
+  std::vector<float> qf, kf, vf;
+  HostMx q, k, v;
+  std::vector<uint8_t> out, lse;
+};
+
+TEST_F(AttentionApi, CpuPathMatchesFp64AndHandlesEmptyKeys) {
+  const Status st = call(q.t, k.t, v.t);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ref::AttnProblem p;
+  p.q_meta = &qm;
+  p.k_meta = &km;
+  p.heads = H;
+  p.q = qf.data();
+  p.k = kf.data();
+  p.v = vf.data();
+  ref::AttnForwardResult exact;
+  ASSERT_TRUE(ref::attention_forward(p, ref::AttnMethod::kFp64, &exact).ok());
+  double s = 0, n = 0;
+  for (size_t i = 0; i < exact.out.size(); ++i) {
+    uint16_t b;
+    std::memcpy(&b, out.data() + 2 * i, 2);
+    const double o = bf16_to_float(b), r = exact.out[i];
+    s += r * r;
+    n += (o - r) * (o - r);
+  }
+  EXPECT_GT(10 * std::log10(s / n), 20.0);  // e4m3 operands and P: about 25 dB on normal data
+  // Sequence 2 has no keys: its 70 rows are 0 with LSE -inf.
+  for (int64_t t = 40; t < 110; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      float l;
+      std::memcpy(&l, lse.data() + 4 * (h * qm.total_tokens() + t), 4);
+      EXPECT_TRUE(std::isinf(l) && l < 0) << "row " << t;
+      for (int64_t d = 0; d < kHeadDim; ++d) {
+        uint16_t b;
+        std::memcpy(&b, out.data() + 2 * ((t * H + h) * kHeadDim + d), 2);
+        ASSERT_EQ(bf16_to_float(b), 0.f);
+      }
+    }
+}
+
+TEST_F(AttentionApi, RejectsWrongOrientations) {
+  MxTensor bad = q.t;
+  bad.orientation = Orientation::kSeq;
+  expect_rejected(call(bad, k.t, v.t), "q.orientation", "must be hdim");
+  bad = v.t;
+  bad.orientation = Orientation::kHdim;
+  expect_rejected(call(q.t, k.t, bad), "v.orientation", "must be seq");
+  bad = k.t;
+  bad.payload_layout = PayloadLayout::kTokenContiguous;
+  expect_rejected(call(q.t, bad, v.t), "k.payload_layout", "token_major");
+}
+
+TEST_F(AttentionApi, RejectsDtypesShapesAndHeads) {
+  MxTensor bad = q.t;
+  bad.payload.dtype = DType::kBFloat16;
+  expect_rejected(call(bad, k.t, v.t), "q.payload", "dtype");
+  bad = k.t;
+  bad.scales.dtype = DType::kFloat32;
+  expect_rejected(call(q.t, bad, v.t), "k.scales", "dtype");
+  bad = k.t;
+  bad.payload.shape[1] = 1;  // one head where q has two
+  expect_rejected(call(q.t, bad, v.t), "k.payload", "heads");
+  bad = q.t;
+  bad.payload.shape[2] = 64;
+  expect_rejected(call(bad, k.t, v.t), "q.payload", "shape");
+  bad = v.t;
+  bad.scales.shape[0] -= 1;
+  expect_rejected(call(q.t, k.t, bad), "v.scales", "shape");
+  bad = q.t;
+  bad.payload.stride[0] = 2 * H * kHeadDim;
+  expect_rejected(call(bad, k.t, v.t), "q.payload", "contiguous");
+  bad = q.t;
+  bad.payload.data = static_cast<uint8_t*>(bad.payload.data) + 1;
+  expect_rejected(call(bad, k.t, v.t), "q.payload", "aligned");
+}
+
+TEST_F(AttentionApi, RejectsOutputsAndOptions) {
+  TensorView o = out_view();
+  o.dtype = DType::kFloat32;
+  expect_rejected(attention_forward(q.t, k.t, v.t, qm, km, {}, o, lse_view()), "out", "dtype");
+  TensorView l = lse_view();
+  l.shape[0] = 1;
+  expect_rejected(attention_forward(q.t, k.t, v.t, qm, km, {}, out_view(), l), "lse", "shape");
+  AttentionOptions opt;
+  opt.softmax_scale = -1.f;
+  expect_rejected(call(q.t, k.t, v.t, opt), "softmax_scale", "positive");
+  opt.softmax_scale = INFINITY;
+  expect_rejected(call(q.t, k.t, v.t, opt), "softmax_scale", "positive");
+  opt = {};
+  opt.broadcast_q = true;  // q_meta holds three sequences
+  expect_rejected(call(q.t, k.t, v.t, opt), "q_meta", "exactly one Q sequence");
+}
+
+TEST_F(AttentionApi, RejectsMetadataMismatch) {
+  JaggedMeta two;
+  ASSERT_TRUE(JaggedMeta::FromLengths({33, 5}, &two).ok());
+  HostMx k2 = quantize_host(kf, two, H, Orientation::kHdim);
+  HostMx v2 = quantize_host(vf, two, H, Orientation::kSeq);
+  expect_rejected(attention_forward(q.t, k2.t, v2.t, qm, two, {}, out_view(), lse_view()), "q_meta", "sequences");
+  JaggedMeta empty;
+  expect_rejected(attention_forward(q.t, k.t, v.t, empty, km, {}, out_view(), lse_view()), "q_meta", "empty");
+}
+
+TEST_F(AttentionApi, RejectsMixedDevicesAndCudaWithoutUpload) {
+  MxTensor bad = v.t;
+  bad.payload.device = Device::kCUDA;
+  bad.payload.data = kDummyDevicePtr;
+  expect_rejected(call(q.t, k.t, bad), "v.payload", "same device");
+  // Every tensor on CUDA: a CPU-only build says CUDA is not built; a CUDA build wants the
+  // metadata uploaded first. Neither touches the dummy pointers.
+  auto cuda = [](MxTensor t) {
+    t.payload.device = t.scales.device = Device::kCUDA;
+    t.payload.data = t.scales.data = kDummyDevicePtr;
+    return t;
+  };
+  TensorView o = out_view(), l = lse_view();
+  o.device = l.device = Device::kCUDA;
+  o.data = l.data = kDummyDevicePtr;
+  const Status st = attention_forward(cuda(q.t), cuda(k.t), cuda(v.t), qm, km, {}, o, l);
+  EXPECT_FALSE(st.ok());
+#ifdef MXFLASH_WITH_CUDA
+  // Without a device the current-device query fails first; with one, the missing upload does.
+  EXPECT_TRUE(st.code() == StatusCode::kCudaError || st.message().rfind("q_meta", 0) == 0) << st.message();
+#else
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported) << st.message();
+#endif
+  EXPECT_TRUE(untouched());
+}
+
+}  // namespace
+}  // namespace mxflash
