@@ -12,6 +12,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
@@ -23,6 +24,7 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "mxflash/attention.h"
 #include "mxflash/jagged.h"
 #include "mxflash/mx.h"
 #include "mxflash/quantize.h"
@@ -115,6 +117,28 @@ class DeviceGuard {
 };
 
 void* as_stream(uintptr_t s) { return reinterpret_cast<void*>(s); }
+
+// One MX operand: (payload view, scales view, orientation, scale layout, payload layout codes).
+// The codes pass through unchecked; the attention launcher rejects out-of-range ones by name.
+using Mx = std::tuple<View, View, int, int, int>;
+
+MxTensor to_mx(const Mx& m, const char* name) {
+  const auto& [payload, scales, o, scale_layout, payload_layout] = m;
+  MxTensor t;
+  t.payload = to_view(payload, (std::string(name) + ".payload").c_str());
+  t.scales = to_view(scales, (std::string(name) + ".scales").c_str());
+  t.orientation = Orientation(o);
+  t.scale_layout = ScaleLayout(scale_layout);
+  t.payload_layout = PayloadLayout(payload_layout);
+  return t;
+}
+
+AttentionOptions attention_options(double softmax_scale, bool broadcast_q) {
+  AttentionOptions opt;
+  opt.softmax_scale = float(softmax_scale);  // NaN: the library default 1/sqrt(128)
+  opt.broadcast_q = broadcast_q;
+  return opt;
+}
 
 JaggedMeta meta_from_cu_seqlens(const std::vector<int64_t>& cu, const char* name) {
   std::vector<int32_t> c(cu.size());
@@ -332,6 +356,33 @@ NB_MODULE(_mxflash, m) {
       },
       "meta"_a, "blocked"_a, "heads"_a, "orientation"_a, "plain"_a, "stream"_a,
       nb::call_guard<nb::gil_scoped_release>());
+
+  // ------------------------------------------------------------------ attention
+  // Bytes of device workspace attention_forward needs on CUDA tensors (0 in a build without CUDA).
+  // Metadata the launcher would reject (batch mismatch) gives 0 rather than an out-of-range read:
+  // the launcher reports it before the workspace is looked at.
+  m.def(
+      "attention_forward_workspace_size",
+      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, bool broadcast_q) -> size_t {
+        const bool consistent = broadcast_q ? q_meta.batch() == 1 : q_meta.batch() == k_meta.batch();
+        if (!consistent || heads < 1) return 0;
+        return attention_forward_workspace_size(q_meta, k_meta, heads, attention_options(NAN, broadcast_q));
+      },
+      "q_meta"_a, "k_meta"_a, "heads"_a, "broadcast_q"_a);
+  m.def(
+      "attention_forward",
+      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, const Mx& q, const Mx& k, const Mx& v,
+         double softmax_scale, bool broadcast_q, const View& out, const View& lse, uintptr_t workspace,
+         size_t workspace_bytes, uintptr_t stream) {
+        const MxTensor tq = to_mx(q, "q"), tk = to_mx(k, "k"), tv = to_mx(v, "v");
+        const TensorView to = to_view(out, "out"), tl = to_view(lse, "lse");
+        DeviceGuard guard(tq.payload);
+        throw_if_error(attention_forward(tq, tk, tv, q_meta, k_meta, attention_options(softmax_scale, broadcast_q),
+                                         to, tl, reinterpret_cast<void*>(workspace), workspace_bytes,
+                                         as_stream(stream)));
+      },
+      "q_meta"_a, "k_meta"_a, "q"_a, "k"_a, "v"_a, "softmax_scale"_a, "broadcast_q"_a, "out"_a, "lse"_a,
+      "workspace"_a, "workspace_bytes"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>());
 
   // ------------------------------------------------------------------ scalar codecs, vectorized
   m.def(

@@ -13,7 +13,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -35,7 +34,11 @@ inline constexpr int kConsumerRegs = 240;
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 inline constexpr float kPScale = 256.f;  // P stored as e4m3(256 p)
-inline constexpr bool kPipelinedDefault = true;
+// Consumer schedule. false: each warpgroup runs S, softmax, P.V on its own; true: ping-pong (the
+// two warpgroups take turns issuing GEMMs). H200, llm-long forward incl. prepare, 3-stage build, one
+// run: 554.5 TFLOP/s without, 614.1 with ping-pong; an earlier run without gave 635 on a freshly
+// started card, so the gain is inside run-to-run spread: measure again with ncu before relying on it.
+inline constexpr bool kPingPong = true;
 static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs * kWarpgroupThreads * kConsumerWarpgroups <= 65536,
               "register budget exceeds the register file");
 static_assert(kRowsPerConsumer * kConsumerWarpgroups == kTile, "consumers must cover the Q tile");
@@ -170,7 +173,7 @@ struct TileSoftmax {
   }
 };
 
-template <bool kPipelined>
+template <bool kPipelined>  // kPingPong above
 __global__ void __launch_bounds__(kThreads, 1)
     attention_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
@@ -300,8 +303,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       issue_pv(ot, pa, sm90::make_desc_k128b(s.v[prev]));
       hand_over(j);
       // NOTES: waiting for S alone (wait_group 1) and running the softmax under the in-flight P.V
-      // made ptxas serialize every wgmma of the kernel (C7513): the softmax reuses registers of the
-      // open pipeline stage. The overlap comes from the other warpgroup instead.
+      // needs ~250 live registers (> 240): ptxas then serializes every wgmma of the kernel (C7513).
+      // The overlap comes from the other warpgroup instead (docs/attention.md).
       sm90::wgmma_wait<0>();
       fence_all(sc);
       fence_all(ot);
@@ -487,8 +490,7 @@ Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t w
     fp.broadcast_q = p.broadcast_q;
     fp.out = static_cast<__nv_bfloat16*>(p.out);
     fp.lse = p.lse;
-    auto kernel = attn::kPipelinedDefault ? attn::attention_fwd_kernel<true> : attn::attention_fwd_kernel<false>;
-    if (const char* v = std::getenv("MXFLASH_FWD_PIPELINED")) kernel = v[0] == '1' ? attn::attention_fwd_kernel<true> : attn::attention_fwd_kernel<false>;
+    auto kernel = attn::attention_fwd_kernel<attn::kPingPong>;
     MXFLASH_RETURN_IF_ERROR(cuda_check(cudaFuncSetAttribute(kernel,
                                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                             int(attn::kSmemBytes)),
