@@ -7,6 +7,10 @@
 # scripts/stage_gpu_bin.sh and carried over), otherwise built here with scripts/build.sh.
 # The Python module is always built here (it must match this machine's Python).
 # Sections can be chosen: SECTIONS="tests sanitizer python report bench accuracy peers" (default all).
+# All of it takes longer than one 10-minute device command; split it, e.g.
+#   SECTIONS="tests sanitizer python report" scripts/gpu_check.sh      (~4 min)
+#   SECTIONS="bench accuracy peers" BENCH_ARGS="--warmup-s 0.5 --window-s 2" scripts/gpu_check.sh
+# and tar $OUT if it must come back through a channel that limits the file count.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-logs}

@@ -1,4 +1,4 @@
-"""mxflash: MXFP8 (E4M3 elements, E8M0 block scales) quantization for jagged attention tensors.
+"""mxflash: MXFP8 (E4M3 elements, E8M0 block scales) quantization and attention for jagged tensors.
 
 Tensors are packed jagged batches: the tokens of all sequences concatenated, shape (T, H, 128),
 described by a :class:`JaggedMeta`. Every function accepts
@@ -15,6 +15,9 @@ Outputs: payloads are ``float8_e4m3fn`` (numpy: ml_dtypes; torch: ``torch.float8
 are raw E8M0 bytes as ``uint8`` (value = 2**(byte - 127), 255 = NaN) with both numpy and torch.
 Every function takes ``out=`` to write into preallocated tensors instead.
 
+Attention: :func:`attention_forward` takes MX operands (:class:`MxTensor`, e.g. from
+:func:`quantize_mx`): Q and K hdim-oriented, V seq-oriented; it returns out (bf16) and lse (fp32).
+
 All argument checking is done by the C++ library: a broken rule raises ``ValueError`` whose
 message names the argument (nothing is written); other failures (no CUDA in this build, CUDA
 errors) raise ``RuntimeError``. Inputs are never copied: non-contiguous tensors are rejected.
@@ -30,7 +33,10 @@ from . import _mxflash as _C
 
 __all__ = [
     "JaggedMeta",
+    "MxTensor",
+    "attention_forward",
     "quantize",
+    "quantize_mx",
     "quantize_hdim_seq",
     "dequantize",
     "to_token_contiguous",
@@ -357,6 +363,42 @@ def quantize(x, meta, orientation="hdim", mode="rceil", scale_layout="plain",
     return payload, scales
 
 
+class MxTensor:
+    """An MX operand: E4M3 payload + E8M0 scales and how they are laid out (no copy, no checks:
+    the functions that take one check it). orientation: "hdim", "seq" or "square32";
+    scale_layout: "plain" or "blocked128x4"; payload_layout: "token_major" (T, H, 128) or
+    "token_contiguous" (H, 128, P). Build one with :func:`quantize_mx` or from existing tensors."""
+
+    __slots__ = ("payload", "scales", "orientation", "scale_layout", "payload_layout")
+
+    def __init__(self, payload, scales, orientation, scale_layout="plain", payload_layout="token_major"):
+        self.payload = payload
+        self.scales = scales
+        self.orientation = orientation
+        self.scale_layout = scale_layout
+        self.payload_layout = payload_layout
+
+    def dequantize(self, meta, out_dtype="float32", out=None):
+        """:func:`dequantize` of this operand: (T, H, 128) float32 or bfloat16."""
+        return dequantize(self.payload, self.scales, meta, self.orientation, self.scale_layout,
+                          self.payload_layout, out_dtype=out_dtype, out=out)
+
+    def __repr__(self):
+        def desc(a):
+            return f"{type(a).__name__}{tuple(int(d) for d in a.shape)} {a.dtype}" if hasattr(a, "shape") else repr(a)
+        return (f"MxTensor(payload={desc(self.payload)}, scales={desc(self.scales)}, "
+                f"orientation={self.orientation!r}, scale_layout={self.scale_layout!r}, "
+                f"payload_layout={self.payload_layout!r})")
+
+
+def quantize_mx(x, meta, orientation, mode="rceil", scale_layout="plain", payload_layout="token_major",
+                out=None) -> MxTensor:
+    """:func:`quantize`, returned as an :class:`MxTensor` that records the orientation and layouts
+    (what :func:`attention_forward` takes: Q and K with "hdim", V with "seq")."""
+    payload, scales = quantize(x, meta, orientation, mode, scale_layout, payload_layout, out=out)
+    return MxTensor(payload, scales, orientation, scale_layout, payload_layout)
+
+
 def quantize_hdim_seq(x, meta, mode="rceil", scale_layout="plain", payload_layout="token_major", out=None):
     """hdim and seq quantization of x from one read.
 
@@ -509,6 +551,70 @@ def scales_to_plain(scales, meta, orientation, heads=None, out=None):
     _C.scales_to_plain(meta._cpp_for(blocked), _view(blocked, "blocked"), heads,
                        _code(_C.ORIENTATIONS, orientation), _view(out, "plain", True), _stream(blocked))
     return out
+
+
+# ---------------------------------------------------------------------------- attention
+def _check_meta_arg(meta, name):
+    if not isinstance(meta, JaggedMeta):
+        raise TypeError(f"{name}: expected mxflash.JaggedMeta, got {type(meta).__name__}")
+
+
+def _mx_arrays(t, name):
+    """(payload, scales) of an MxTensor argument as arrays (DLPack objects wrapped, no copy)."""
+    if not isinstance(t, MxTensor):
+        raise TypeError(f"{name}: expected mxflash.MxTensor (see mxflash.quantize_mx), got {type(t).__name__}")
+    return _as_array(t.payload, f"{name}.payload"), _as_array(t.scales, f"{name}.scales")
+
+
+def _mx_view(t, arrays, name):
+    payload, scales = arrays
+    return (_view(payload, f"{name}.payload"), _view(scales, f"{name}.scales"),
+            _code(_C.ORIENTATIONS, t.orientation), _code(_C.SCALE_LAYOUTS, t.scale_layout),
+            _code(_C.PAYLOAD_LAYOUTS, t.payload_layout))
+
+
+def attention_forward(q, k, v, q_meta, k_meta, softmax_scale=None, broadcast_q=False, out=None):
+    """MXFP8 attention forward on packed jagged sequences, head dim 128, non-causal.
+
+    q, k, v: :class:`MxTensor` operands (see :func:`quantize_mx`): q and k "hdim"-oriented (token
+    major), v "seq"-oriented (token_major or token_contiguous); scales plain or blocked128x4. q is
+    described by q_meta, k and v by k_meta; Q sequence b attends to K/V sequence b.
+    softmax_scale: None for 1/sqrt(128). broadcast_q: q_meta holds one Q sequence (length Lq) that
+    attends to each of the B K/V sequences; output token b*Lq + i.
+    Returns (out, lse): out (To, H, 128) bfloat16, lse (H, To) float32 natural log, To = Tq, or
+    B*Lq with broadcast_q; rows with no keys give out = 0 and lse = -inf. out=(out, lse) writes into
+    given tensors. numpy operands run the exact-MX CPU reference; CUDA torch tensors run the sm_90a
+    kernel on the current stream (workspace from torch's allocator, no synchronization).
+    """
+    _check_meta_arg(q_meta, "q_meta")
+    _check_meta_arg(k_meta, "k_meta")
+    arrays = [_mx_arrays(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v"))]
+    qp = arrays[0][0]
+    broadcast_q = bool(broadcast_q)
+    # Head count as the launcher reads it off q's payload; 1 when malformed (then q is rejected).
+    heads = 1
+    if qp.ndim == 3:
+        heads = int(qp.shape[0] if q.payload_layout == "token_contiguous" else qp.shape[1]) or 1
+    outs = _outputs(out, 2, "out, lse")
+    if outs is None:
+        tokens = q_meta.total_tokens * (k_meta.batch if broadcast_q else 1)
+        o = _empty(qp, (tokens, heads, HEAD_DIM), "bfloat16")
+        lse = _empty(qp, (heads, tokens), "float32")
+    else:
+        o, lse = _as_array(outs[0], "out"), _as_array(outs[1], "lse")
+    workspace = ws_ptr = ws_bytes = 0
+    if _is_cuda(qp):
+        # Allocated here, on the current stream of q's device, so the call itself allocates nothing.
+        n = _C.attention_forward_workspace_size(q_meta._host, k_meta._host, heads, broadcast_q)
+        workspace = _torch().empty(max(int(n), 1), dtype=_torch().uint8, device=qp.device)
+        ws_ptr, ws_bytes = workspace.data_ptr(), int(workspace.numel())
+    scale = float("nan") if softmax_scale is None else float(softmax_scale)
+    _C.attention_forward(q_meta._cpp_for(qp), k_meta._cpp_for(qp),
+                         *(_mx_view(t, a, n) for t, a, n in zip((q, k, v), arrays, ("q", "k", "v"))),
+                         scale, broadcast_q, _view(o, "out", True), _view(lse, "lse", True), ws_ptr, ws_bytes,
+                         _stream(qp))
+    del workspace  # freed to torch's caching allocator, stream-ordered behind the kernels
+    return o, lse
 
 
 # ---------------------------------------------------------------------------- scalar codecs

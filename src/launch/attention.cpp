@@ -20,6 +20,9 @@ std::string with(const char* op, const char* field) { return std::string(op) + "
 
 // One MX operand: orientation, dtypes, shapes, contiguity for its metadata and head count.
 Status check_operand(const MxTensor& t, const char* name, Orientation want, const JaggedMeta& meta, int64_t* heads) {
+  if (int(t.orientation) < 0 || int(t.orientation) > 2)
+    return Status::Invalid(with(name, "orientation") + ": must be " + to_string(want) + ", got an unknown value " +
+                           std::to_string(int(t.orientation)));
   if (t.orientation != want)
     return Status::Invalid(with(name, "orientation") + ": must be " + to_string(want) + ", got " +
                            to_string(t.orientation));
@@ -103,6 +106,8 @@ Status forward_cpu(const MxTensor& q, const MxTensor& k, const MxTensor& v, cons
 size_t attention_forward_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
                                         const AttentionOptions& opt) {
   if (q_meta.batch() < 1 || k_meta.batch() < 1 || heads < 1) return 0;
+  // Metadata attention_forward would reject: no workspace (and no read past q's cu_seqlens).
+  if (opt.broadcast_q ? q_meta.batch() != 1 : q_meta.batch() != k_meta.batch()) return 0;
   return cuda::attention_fwd_workspace_bytes(
       k_meta.batch(), int(heads), q_meta.padded_tokens(), k_meta.padded_tokens(),
       cuda::attention_fwd_num_q_tiles(q_meta.cu_seqlens(), k_meta.batch(), opt.broadcast_q));

@@ -213,3 +213,24 @@ TEST_F(AttentionApi, RejectsMixedDevicesAndCudaWithoutUpload) {
 
 }  // namespace
 }  // namespace mxflash
+
+namespace mxflash {
+namespace {
+
+TEST(AttentionWorkspace, ZeroForMetadataTheLauncherRejects) {
+  JaggedMeta one, three;
+  ASSERT_TRUE(JaggedMeta::FromLengths({64}, &one).ok());
+  ASSERT_TRUE(JaggedMeta::FromLengths({64, 0, 300}, &three).ok());
+  AttentionOptions opt;
+  EXPECT_EQ(attention_forward_workspace_size(one, three, 2, opt), 0u);  // batch mismatch
+  opt.broadcast_q = true;
+  EXPECT_EQ(attention_forward_workspace_size(three, three, 2, opt), 0u);  // broadcast needs one Q sequence
+#ifdef MXFLASH_WITH_CUDA
+  EXPECT_GT(attention_forward_workspace_size(one, three, 2, opt), 0u);
+  opt.broadcast_q = false;
+  EXPECT_GT(attention_forward_workspace_size(three, three, 2, opt), 0u);
+#endif
+}
+
+}  // namespace
+}  // namespace mxflash

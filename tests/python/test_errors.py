@@ -1,8 +1,6 @@
 """Bad arguments raise ValueError carrying the C++ library's message (naming the argument), and
 nothing is written. CUDA cases (torch tensors on the GPU, mixed CPU/CUDA arguments) skip without
 torch, a CUDA device or a CUDA build (MXFLASH_REQUIRE_CUDA=1 turns those skips into failures)."""
-import importlib.util
-import os
 import re
 
 import ml_dtypes
@@ -191,26 +189,6 @@ def test_non_invalid_status_is_runtime_error(meta, x):
 
 
 # ---------------------------------------------------------------------------- CUDA
-def cuda_skip_reason():
-    if importlib.util.find_spec("torch") is None:
-        return "torch is not installed"
-    import torch
-    if not torch.cuda.is_available():
-        return "no CUDA device visible to torch"
-    if not mxflash.cuda_built():
-        return "mxflash was built without CUDA"
-    return None
-
-
-@pytest.fixture(scope="module")
-def torch_cuda():
-    reason = cuda_skip_reason()
-    if reason:
-        if os.environ.get("MXFLASH_REQUIRE_CUDA") == "1":
-            pytest.fail(f"MXFLASH_REQUIRE_CUDA=1 but {reason}")
-        pytest.skip(reason)
-    import torch
-    return torch
 
 
 def test_cuda_mixed_devices_rejected(torch_cuda, meta, x):

@@ -8,7 +8,6 @@ a CUDA device or a CUDA build (MXFLASH_REQUIRE_CUDA=1 turns those skips into fai
 """
 import functools
 import importlib.util
-import os
 
 import ml_dtypes
 import numpy as np
@@ -444,26 +443,6 @@ def test_out_arguments_are_filled_and_returned():
 
 
 # ---------------------------------------------------------------------------- CUDA
-def cuda_skip_reason():
-    if importlib.util.find_spec("torch") is None:
-        return "torch is not installed"
-    import torch
-    if not torch.cuda.is_available():
-        return "no CUDA device visible to torch"
-    if not mxflash.cuda_built():
-        return "mxflash was built without CUDA"
-    return None
-
-
-@pytest.fixture(scope="module")
-def torch_cuda():
-    reason = cuda_skip_reason()
-    if reason:
-        if os.environ.get("MXFLASH_REQUIRE_CUDA") == "1":
-            pytest.fail(f"MXFLASH_REQUIRE_CUDA=1 but {reason}")
-        pytest.skip(reason)
-    import torch
-    return torch
 
 
 def to_torch(a, torch, device="cuda"):
