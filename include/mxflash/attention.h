@@ -29,6 +29,10 @@ struct AttentionOptions {
   // One shared Q sequence (q_meta has one sequence) attends to each of the B K/V sequences; the
   // output has B*Lq tokens, token b*Lq + i. Q is read in place, never gathered.
   bool broadcast_q = false;
+  // CUDA tensors only: run the exact-MX GPU path (every block scale applied, FP64 sums; slow) instead
+  // of the fast kernel. The oracle for shapes the CPU reference cannot reach; CPU tensors always
+  // run the exact reference.
+  bool exact_mx = false;
 };
 
 // Device workspace the CUDA forward needs (bytes); 0 on CPU. Pass a buffer of at least this size

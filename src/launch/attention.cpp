@@ -179,6 +179,7 @@ Status attention_forward(const MxTensor& q, const MxTensor& k, const MxTensor& v
   p.v = {v.payload.ptr<const uint8_t>(), v.scales.ptr<const uint8_t>(), v.scale_layout, v.payload_layout};
   p.out = out.data;
   p.lse = lse.ptr<float>();
+  if (opt.exact_mx) return cuda::attention_forward_exact(p, stream);
   return cuda::attention_forward(p, workspace, workspace_bytes, stream);
 }
 

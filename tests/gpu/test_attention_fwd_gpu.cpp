@@ -3,7 +3,9 @@
 // exact-MX reference's, LSE to 1e-3, every output element written, empty rows 0 / -inf.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -174,6 +176,112 @@ TEST_F(AttentionFwdGpu, BroadcastQ) {
 
 TEST_F(AttentionFwdGpu, PeakedSoftmaxLongKeys) {
   run_case({{128}, {4096}, 1, false, PayloadLayout::kTokenMajor, ScaleLayout::kPlain, 8.f}, 5);
+}
+
+// Runs the forward on device copies of host MX operands; returns out (as doubles) and lse.
+void run_gpu(const HostMx& hq, const HostMx& hk, const HostMx& hv, const JaggedMeta& qm, const JaggedMeta& km,
+             const AttentionOptions& opt, int64_t H, std::vector<double>* out, std::vector<float>* lse) {
+  const int64_t To = opt.broadcast_q ? km.batch() * qm.total_tokens() : qm.total_tokens();
+  DeviceMx dq(hq), dk(hk), dv(hv);
+  DeviceBuffer o(size_t(To * H * kHeadDim * 2)), l(size_t(To * H * 4));
+  o.fill(gputest::kDevicePoison);
+  l.fill(gputest::kDevicePoison);
+  const Status st = attention_forward(dq.view, dk.view, dv.view, qm, km, opt,
+                                      make_view(o.get(), DType::kBFloat16, Device::kCUDA, {To, H, kHeadDim}),
+                                      make_view(l.get(), DType::kFloat32, Device::kCUDA, {H, To}));
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_TRUE(gputest::device_ok());
+  const std::vector<uint8_t> ob = o.download(), lb = l.download();
+  out->resize(size_t(To * H * kHeadDim));
+  for (size_t i = 0; i < out->size(); ++i) {
+    uint16_t h16;
+    std::memcpy(&h16, ob.data() + 2 * i, 2);
+    (*out)[i] = bf16_to_float(h16);
+  }
+  lse->resize(size_t(To * H));
+  std::memcpy(lse->data(), lb.data(), lb.size());
+}
+
+std::vector<float> normal_values(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd;
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+// The exact-MX GPU path against the exact-MX CPU reference: the same arithmetic step for step, so
+// bf16 outputs agree bit for bit except where a double sum's order flips an fp32 rounding.
+TEST_F(AttentionFwdGpu, ExactPathMatchesCpuReference) {
+  for (const bool bcast : {false, true}) {
+    JaggedMeta qm, km;
+    ASSERT_TRUE(JaggedMeta::FromLengths(bcast ? std::vector<int64_t>{77} : std::vector<int64_t>{1, 130, 0, 64}, &qm).ok());
+    ASSERT_TRUE(JaggedMeta::FromLengths({40, 0, 300, 33}, &km).ok());
+    ASSERT_TRUE(qm.upload().ok());
+    ASSERT_TRUE(km.upload().ok());
+    const int64_t H = 3;
+    const HostMx hq = quantize_host(normal_values(qm.total_tokens() * H * kHeadDim, 11), qm, H, Orientation::kHdim,
+                                    PayloadLayout::kTokenMajor, ScaleLayout::kBlocked128x4);
+    const HostMx hk = quantize_host(normal_values(km.total_tokens() * H * kHeadDim, 12), km, H, Orientation::kHdim,
+                                    PayloadLayout::kTokenMajor, ScaleLayout::kPlain);
+    const HostMx hv = quantize_host(normal_values(km.total_tokens() * H * kHeadDim, 13), km, H, Orientation::kSeq,
+                                    PayloadLayout::kTokenContiguous, ScaleLayout::kPlain);
+    AttentionOptions opt;
+    opt.broadcast_q = bcast;
+    const int64_t To = bcast ? km.batch() * qm.total_tokens() : qm.total_tokens();
+    std::vector<uint16_t> oc(size_t(To * H * kHeadDim));
+    std::vector<float> lc(size_t(To * H));
+    ASSERT_TRUE(attention_forward(hq.view, hk.view, hv.view, qm, km, opt,
+                                  make_view(oc.data(), DType::kBFloat16, Device::kCPU, {To, H, kHeadDim}),
+                                  make_view(lc.data(), DType::kFloat32, Device::kCPU, {H, To}))
+                    .ok());
+    opt.exact_mx = true;
+    std::vector<double> og;
+    std::vector<float> lg;
+    run_gpu(hq, hk, hv, qm, km, opt, H, &og, &lg);
+    size_t differ = 0;
+    for (size_t i = 0; i < og.size(); ++i) {
+      const double c = bf16_to_float(oc[i]);
+      if (og[i] != c) {
+        ++differ;
+        ASSERT_NEAR(og[i], c, 1e-2 * std::max(1.0, std::fabs(c))) << "out[" << i << "]";  // one bf16 ulp
+      }
+    }
+    EXPECT_LE(differ, og.size() / 1000) << differ << " of " << og.size() << " outputs differ";
+    for (size_t i = 0; i < lg.size(); ++i) {
+      if (std::isinf(lc[i])) {
+        ASSERT_TRUE(std::isinf(lg[i]) && lg[i] < 0) << "lse[" << i << "]";
+      } else {
+        ASSERT_NEAR(lg[i], lc[i], 1e-6 * std::max(1.f, std::fabs(lc[i]))) << "lse[" << i << "]";
+      }
+    }
+  }
+}
+
+// A shape the CPU reference would take minutes on: the fast kernel against the exact GPU path.
+TEST_F(AttentionFwdGpu, FastKernelAgainstExactPathLongSequence) {
+  JaggedMeta qm, km;
+  ASSERT_TRUE(JaggedMeta::FromLengths({8192, 3000}, &qm).ok());
+  ASSERT_TRUE(JaggedMeta::FromLengths({8192, 5000}, &km).ok());
+  ASSERT_TRUE(qm.upload().ok());
+  ASSERT_TRUE(km.upload().ok());
+  const int64_t H = 2;
+  const HostMx hq = quantize_host(normal_values(qm.total_tokens() * H * kHeadDim, 21), qm, H, Orientation::kHdim,
+                                  PayloadLayout::kTokenMajor, ScaleLayout::kPlain);
+  const HostMx hk = quantize_host(normal_values(km.total_tokens() * H * kHeadDim, 22), km, H, Orientation::kHdim,
+                                  PayloadLayout::kTokenMajor, ScaleLayout::kPlain);
+  const HostMx hv = quantize_host(normal_values(km.total_tokens() * H * kHeadDim, 23), km, H, Orientation::kSeq,
+                                  PayloadLayout::kTokenMajor, ScaleLayout::kPlain);
+  AttentionOptions opt;
+  std::vector<double> fast, exact;
+  std::vector<float> lf, le;
+  run_gpu(hq, hk, hv, qm, km, opt, H, &fast, &lf);
+  opt.exact_mx = true;
+  run_gpu(hq, hk, hv, qm, km, opt, H, &exact, &le);
+  const double agree = sqnr_db(exact, fast);
+  std::printf("    long sequences: fast vs exact-MX GPU path %.2f dB\n", agree);
+  EXPECT_GT(agree, 30.0);
+  for (size_t i = 0; i < le.size(); ++i) ASSERT_NEAR(lf[i], le[i], 1e-3 * std::max(1.f, std::fabs(le[i])));
 }
 
 TEST_F(AttentionFwdGpu, SixteenHeads) {

@@ -38,6 +38,9 @@ struct AttentionFwdProblem {
 size_t attention_fwd_workspace_bytes(int batch, int heads, int64_t Pq, int64_t Pk, int64_t num_q_tiles);
 int64_t attention_fwd_num_q_tiles(const std::vector<int32_t>& cu_q, int batch, bool broadcast_q);
 
+// The exact-MX oracle (attention_fwd_exact.cu): no workspace.
+Status attention_forward_exact(const AttentionFwdProblem& p, void* stream);
+
 // workspace: at least attention_fwd_workspace_bytes, or nullptr (allocated on the stream).
 Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t workspace_bytes, void* stream);
 

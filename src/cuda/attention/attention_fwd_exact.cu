@@ -1,0 +1,145 @@
+// The exact-MX forward on the GPU: every 32-block scale applied to every product, FP64 sums, P
+// rounded as e4m3(256 p) from the final row max: the same arithmetic, step for step, as the CPU
+// reference's exact-MX method (src/reference/attention_ref.cpp), so results agree with it to the
+// last bit except where a double sum's order or a libm last bit flips an fp32 rounding. Slow on
+// purpose (one warp per output row, two passes over the keys): the oracle for shapes the CPU
+// reference cannot reach in a test.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "cuda/attention/attention_fwd.h"
+#include "mxflash/jagged.h"
+
+namespace mxflash::cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 4;
+
+// The largest b with cu[b] <= t: the sequence owning token t (empty sequences are skipped).
+__device__ __forceinline__ int sequence_of(const int32_t* cu, int batch, int64_t t) {
+  int lo = 0, hi = batch - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (cu[mid] <= t) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+constexpr int kDimsPerLane = kHeadDim / 32;  // lane l holds head dims 4l..4l+3 (block l/8)
+
+struct ExactParams {
+  const int32_t* cu_q;
+  const int32_t* cu_q_sf;
+  const int32_t* cu_k;
+  const int32_t* cu_k_sf;
+  MxOperand q, k, v;
+  int batch;
+  int64_t H, Pq, Pk, To;
+  double softmax_scale;
+  bool broadcast_q;
+  __nv_bfloat16* out;
+  float* lse;
+};
+
+__device__ __forceinline__ float hdim_value(const MxOperand& x, int64_t t, int64_t tp, int64_t h, int d, int64_t H,
+                                            int64_t P) {
+  const uint8_t s = x.scales[x.scale_layout == ScaleLayout::kPlain ? hdim_plain_offset(t, h, d / kBlockSize, H)
+                                                               : hdim_blocked_offset(h, tp, d / kBlockSize, P)];
+  return dequantize_element(x.payload[(t * H + h) * kHeadDim + d], s);
+}
+
+__device__ __forceinline__ float seq_value(const MxOperand& x, int64_t t, int64_t tp, int64_t h, int d, int64_t H,
+                                           int64_t P) {
+  const int64_t g = tp / kBlockSize;
+  const int64_t so = x.scale_layout == ScaleLayout::kPlain ? seq_plain_offset(g, h, d, H) : seq_blocked_offset(h, d, g, P);
+  const int64_t po = x.payload_layout == PayloadLayout::kTokenMajor ? (t * H + h) * kHeadDim + d
+                                                                     : (h * kHeadDim + d) * P + tp;
+  return dequantize_element(x.payload[po], x.scales[so]);
+}
+
+__device__ __forceinline__ double warp_sum(double x) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xFFFFFFFFu, x, o);
+  return x;
+}
+
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_fwd_exact_kernel(const ExactParams p) {
+  const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int64_t h = blockIdx.y;
+  const int lane = threadIdx.x % 32;
+  if (row >= p.To) return;
+  // Output row -> (K/V sequence b, query i, Q token).
+  int b;
+  int64_t i, tq;
+  if (p.broadcast_q) {
+    const int64_t lq = p.cu_q[1] - p.cu_q[0];
+    b = int(row / lq);
+    i = row % lq;
+    tq = p.cu_q[0] + i;
+  } else {
+    b = sequence_of(p.cu_q, p.batch, row);
+    i = row - p.cu_q[b];
+    tq = row;
+  }
+  const int qb = p.broadcast_q ? 0 : b;
+  const int64_t tq_p = p.cu_q_sf[qb] + i;
+  const int64_t k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0, k0_p = p.cu_k_sf[b];
+  __nv_bfloat16* o = p.out + (row * p.H + h) * kHeadDim;
+  if (lk == 0) {
+    for (int d = lane; d < kHeadDim; d += 32) o[d] = __float2bfloat16_rn(0.f);
+    if (lane == 0) p.lse[h * p.To + row] = -INFINITY;
+    return;
+  }
+  float q[kDimsPerLane];
+  for (int e = 0; e < kDimsPerLane; ++e) q[e] = hdim_value(p.q, tq, tq_p, h, kDimsPerLane * lane + e, p.H, p.Pq);
+  auto score = [&](int64_t j) {  // S_j * softmax_scale, S_j rounded to fp32 as the kernels' accumulators
+    double part = 0.0;
+    for (int e = 0; e < kDimsPerLane; ++e)
+      part += double(q[e]) * double(hdim_value(p.k, k0 + j, k0_p + j, h, kDimsPerLane * lane + e, p.H, p.Pk));
+    return double(float(warp_sum(part))) * p.softmax_scale;
+  };
+  double m = -INFINITY;
+  for (int64_t j = 0; j < lk; ++j) m = fmax(m, score(j));
+  double l = 0.0, acc[kDimsPerLane] = {0.0, 0.0, 0.0, 0.0};
+  for (int64_t j = 0; j < lk; ++j) {
+    const double pj = double(float(exp(score(j) - m)));
+    l += pj;
+    const double pq = double(e4m3_to_float(float_to_e4m3(float(pj) * 256.f))) / 256.0;
+    if (pq == 0.0) continue;
+    for (int e = 0; e < kDimsPerLane; ++e)
+      acc[e] += pq * double(seq_value(p.v, k0 + j, k0_p + j, h, kDimsPerLane * lane + e, p.H, p.Pk));
+  }
+  l = double(float(l));
+  for (int e = 0; e < kDimsPerLane; ++e) o[kDimsPerLane * lane + e] = __float2bfloat16_rn(float(acc[e] / l));
+  if (lane == 0) p.lse[h * p.To + row] = float(m + log(l));
+}
+
+}  // namespace
+
+Status attention_forward_exact(const AttentionFwdProblem& p, void* stream) {
+  ExactParams e;
+  e.cu_q = p.cu_q;
+  e.cu_q_sf = p.cu_q_sf;
+  e.cu_k = p.cu_k;
+  e.cu_k_sf = p.cu_k_sf;
+  e.q = p.q;
+  e.k = p.k;
+  e.v = p.v;
+  e.batch = p.batch;
+  e.H = p.heads;
+  e.Pq = p.Pq;
+  e.Pk = p.Pk;
+  e.To = p.To;
+  e.softmax_scale = p.softmax_scale;
+  e.broadcast_q = p.broadcast_q;
+  e.out = static_cast<__nv_bfloat16*>(p.out);
+  e.lse = p.lse;
+  const dim3 grid(unsigned((p.To + kWarpsPerBlock - 1) / kWarpsPerBlock), unsigned(p.heads));
+  attention_fwd_exact_kernel<<<grid, kWarpsPerBlock * 32, 0, static_cast<cudaStream_t>(stream)>>>(e);
+  const cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) return Status::Ok();
+  return Status::Cuda(std::string("attention_fwd_exact_kernel launch: ") + cudaGetErrorString(err));
+}
+
+}  // namespace mxflash::cuda
