@@ -22,8 +22,8 @@ Timing: CUDA events (torch) around samples of --launches launches, warm-up by ti
 median; inputs rotated among enough sets to exceed 2x L2. JAX: wall clock around samples of
 launches ended by block_until_ready; each launch is one jitted program that runs the attention on
 every input set in turn, and the time is divided by the number of sets, so host dispatch of a short
-kernel is not what is measured (--jax-per-call: one call per set, host gap included; that made the
-0.33 ms llm FP8 forward read 13% slow).
+kernel is not what is measured (--jax-per-call: one call per set, host gap included; the suspected
+reason, not yet verified, why the 0.33 ms llm FP8 forward read 13% slow that way).
 
 Usage:
   python3 scripts/peer_check.py [--preset all] [--json peer.json] [--bench-json bench.json]

@@ -176,6 +176,26 @@ TEST(QuantizeGpu, RandomBatches) {
   }
 }
 
+// hdim+seq from bf16 on more 128-token strips (69 x 20 heads) than an H200 holds resident CTAs
+// (132 SMs x 7), so CTAs walk several strips and the prefetch of the next strip's first tile,
+// across sequence and head boundaries, runs (the batches above fit one strip per CTA).
+TEST(QuantizeGpu, HdimSeqCtasWalkSeveralStrips) {
+  MXFLASH_SKIP_WITHOUT_CUDA_DEVICE();
+  const std::vector<int64_t> lengths = {3000, 1, 0, 2049, 33, 127, 1500, 0, 129, 1000, 31, 256};
+  const int64_t H = 20;
+  JaggedMeta meta;
+  ASSERT_TRUE(JaggedMeta::FromLengths(lengths, &meta).ok());
+  ASSERT_TRUE(meta.upload().ok());
+  Input x({meta.total_tokens(), H, kHeadDim}, DType::kBFloat16,
+          gputest::encode_input(gputest::make_values(meta, H, 77), /*bf16=*/true));
+  for (ScalingMode mode : {ScalingMode::kRceil, ScalingMode::kFloor})
+    for (ScaleLayout sl : {ScaleLayout::kPlain, ScaleLayout::kBlocked128x4})
+      for (PayloadLayout pl : {PayloadLayout::kTokenMajor, PayloadLayout::kTokenContiguous}) {
+        check_quantize(meta, H, x, {Orientation::kSeq, true, {mode, sl, pl}});
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+}
+
 // ---------------------------------------------------------------- dequantize
 // Random payload and scale bytes cover every e4m3 code (NaN 0x7F/0xFF included) and every scale
 // byte (0, 254, NaN 0xFF); padding bytes of the inputs are garbage the kernels must ignore.

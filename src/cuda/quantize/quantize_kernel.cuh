@@ -22,7 +22,9 @@
 // Measured on an H200, 1 GiB of bf16 input, % of device-to-device copy bandwidth (read + write
 // bytes): hdim 89-90, seq / square32 token-major 90-92, token-contiguous 87-90, hdim+seq 79-84
 // (fp32 input: 89-99). Jagged lengths 1..255: the same except token-contiguous, about 76.
-// (tests/gpu/test_quantize_bandwidth_gpu.cpp measures these.)
+// (mxflash-bench --workload quantize measures these.) With bf16 input, hdim+seq runs
+// quantize_hdim_seq_kernel.cuh instead (same bytes, ~40% fewer instructions per tile) unless
+// kLeanHdimSeq in quantize_launch.cuh is false.
 #pragma once
 #include <cuda_runtime.h>
 
