@@ -34,6 +34,16 @@ inline constexpr int kConsumerRegs = 240;
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 inline constexpr float kPScale = 256.f;  // P stored as e4m3(256 p)
+inline constexpr float kPScaleLog2 = 8.f;
+// Softmax with fewer instructions per tile (SASS of the ping-pong loop: 677 -> ~450 per thread and
+// tile): 256 p computed as exp2(x + 8) (the row sum then carries the 256, removed in the epilogue),
+// key masking only on a sequence's last tile, the P.V accumulators kept across iterations (no
+// re-zeroing). Written after the session's GPU time ran out, so off until the GPU tests and a
+// benchmark have run: build with -DCMAKE_CUDA_FLAGS=-DMXFLASH_LEAN_SOFTMAX=1 to try it.
+#ifndef MXFLASH_LEAN_SOFTMAX
+#define MXFLASH_LEAN_SOFTMAX 0
+#endif
+inline constexpr bool kLeanSoftmax = MXFLASH_LEAN_SOFTMAX != 0;
 // Consumer schedule. false: each warpgroup runs S, softmax, P.V on its own; true: ping-pong (the
 // two warpgroups take turns issuing GEMMs). H200, llm-long forward incl. prepare, 3-stage build, one
 // run: 554.5 TFLOP/s without, 614.1 with ping-pong; an earlier run without gave 635 on a freshly
@@ -97,6 +107,12 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 inline constexpr int kTurnBarrier0 = 1;  // named barriers 1, 2: the consumers' GEMM turns (0 is __syncthreads)
 
+// Compile-time choice between two register arrays.
+template <bool kFirst, int N>
+__device__ __forceinline__ float (&pick(float (&a)[N], float (&b)[N]))[N] {
+  if constexpr (kFirst) return a; else return b;
+}
+
 template <int N>
 __device__ __forceinline__ void fence_all(float (&r)[N]) {
 #pragma unroll
@@ -130,15 +146,24 @@ struct TileSoftmax {
   int Lk;
   int quad;
 
-  // `sc` is only read: ptxas serializes wgmmas when other instructions redefine registers of a
-  // wgmma whose pipeline stage is still open (the P.V of the previous tile is in flight here).
   __device__ __forceinline__ void run(const float (&sc)[64], int j, float (&m)[2], float (&l)[2],
                                       float (&alpha)[2], uint32_t (&pa)[16]) const {
+    // Only a sequence's last tile can hold masked keys; the lean build compiles the mask there alone.
+    if (!kLeanSoftmax || Lk - j * kTile < kTile)
+      run_tile<true>(sc, j, m, l, alpha, pa);
+    else
+      run_tile<false>(sc, j, m, l, alpha, pa);
+  }
+
+  template <bool kMasked>
+  __device__ __forceinline__ void run_tile(const float (&sc)[64], int j, float (&m)[2], float (&l)[2],
+                                           float (&alpha)[2], uint32_t (&pa)[16]) const {
     const float ks = k_scale[j];
     const int limit = Lk - j * kTile;  // keys at or past `limit` are masked
     auto masked = [&](int i) {
+      if (!kMasked) return sc[i];
       const int col = 8 * (i / 4) + 2 * quad + (i % 2);
-      return (limit < kTile && col >= limit) ? -INFINITY : sc[i];
+      return col >= limit ? -INFINITY : sc[i];
     };
     float mult[2], m_new[2];
 #pragma unroll
@@ -161,9 +186,14 @@ struct TileSoftmax {
 #pragma unroll
       for (int t = 0; t < 16; ++t) {
         const int r = (t % 4) / 2;
-        x[t] = fast_exp2(fmaf(masked(16 * c + t), mult[r], -m_new[r]));
-        l[r] += x[t];
-        x[t] *= kPScale;
+        if constexpr (kLeanSoftmax) {
+          x[t] = fast_exp2(fmaf(masked(16 * c + t), mult[r], kPScaleLog2 - m_new[r]));  // 256 p
+          l[r] += x[t];
+        } else {
+          x[t] = fast_exp2(fmaf(masked(16 * c + t), mult[r], -m_new[r]));
+          l[r] += x[t];
+          x[t] *= kPScale;
+        }
       }
       pa[4 * c + 0] = pack_e4m3x4(x[0], x[1], x[4], x[5]);
       pa[4 * c + 1] = pack_e4m3x4(x[2], x[3], x[6], x[7]);
@@ -294,10 +324,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_all(sc);
       sm.run(sc, 0, m, l, alpha, pa);
     }
+    float ot_kept[64];  // lean build: P.V accumulators live across iterations (no re-zeroing)
     for (int j = 1; j < n_tiles; ++j) {
       const int stage = j % kStages, prev = (j - 1) % kStages;
       sm90::mbar_wait(&s.full[stage], (j / kStages) & 1);
-      float sc[64], ot[64];
+      float sc[64], ot_fresh[64];
+      float(&ot)[64] = pick<kLeanSoftmax>(ot_kept, ot_fresh);
       sm90::named_barrier_sync(my_turn, kTurnThreads);
       issue_s(sc, desc_q, sm90::make_desc_k128b(s.k[stage]));
       issue_pv(ot, pa, sm90::make_desc_k128b(s.v[prev]));
@@ -331,7 +363,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int i = m_block * kTile + rows[r];
     if (i >= Lq) continue;
     const int64_t tok = tok_base + i;
-    const float inv = 1.f / (lsum * kPScale);
+    // The lean softmax's row sum already carries the P scale 256.
+    const float l_p = kLeanSoftmax ? lsum : lsum * kPScale;
+    const float inv = 1.f / l_p;
     __nv_bfloat16* orow = p.out + (tok * p.heads + h) * kHeadDim;
 #pragma unroll
     for (int jn = 0; jn < 16; ++jn) {
@@ -340,7 +374,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float c = o[4 * jn + 2 * r + 1] * inv * v_scale[col + 1];
       *reinterpret_cast<__nv_bfloat162*>(orow + col) = __floats2bfloat162_rn(a, c);
     }
-    if (quad == 0) p.lse[h * p.To + tok] = (m[r] + log2f(lsum)) * kLn2;
+    const float log2_l = kLeanSoftmax ? log2f(l_p) - kPScaleLog2 : log2f(lsum);
+    if (quad == 0) p.lse[h * p.To + tok] = (m[r] + log2_l) * kLn2;
   }
 }
 
