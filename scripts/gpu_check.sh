@@ -17,6 +17,8 @@ OUT=${OUT:-gpu-logs}
 mkdir -p "$OUT"
 BIN=${BIN:-.gpu-bin}
 SECTIONS=${SECTIONS:-"tests sanitizer python report bench accuracy peers"}
+# "ab" (not in the default list): the variants staged in $BIN/lean (LEAN=1 scripts/stage_gpu_bin.sh):
+# their GPU tests, then forward and hdim+seq quantize speed next to the default build.
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 status=0
 note() { echo "== $*" | tee -a "$OUT/summary.txt"; }
@@ -75,6 +77,16 @@ if want bench && [ -x "$BIN/mxflash-bench" ]; then
   note "mxflash-bench attention presets (mxfp8 vs cuDNN BF16 and FP8, --check)"
   "$BIN/mxflash-bench" --preset all --workload fwd,bwd --check ${BENCH_ARGS:-} --json "$OUT/bench_attention.json" > "$OUT/bench_attention.log" 2>"$OUT/bench_attention.err" || { status=1; note "BENCH ATTENTION FAILED"; }
   cat "$OUT/bench_attention.log"
+fi
+if want ab && [ -x "$BIN/lean/mxflash_tests_gpu" ]; then
+  note "lean variants: GPU tests"
+  "$BIN/lean/mxflash_tests_gpu" --gtest_brief=1 > "$OUT/ab_tests.log" 2>&1 || { status=1; note "LEAN GPU TESTS FAILED"; }
+  tail -3 "$OUT/ab_tests.log"
+  for v in "$BIN" "$BIN/lean"; do
+    note "speed: $v"
+    "$v/mxflash-bench" --preset all --workload fwd,quantize --impl mxfp8 --quant-orient hdim+seq \
+      --warmup-s 0.3 --window-s 1.5 2>/dev/null | tail -8
+  done
 fi
 if want peers && [ -f scripts/peer_check.py ]; then
   note "independent peer check (torch / JAX)"
