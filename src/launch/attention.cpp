@@ -2,6 +2,7 @@
 // CPU reference (CPU tensors) or the sm_90a kernel (CUDA tensors).
 #include "mxflash/attention.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -156,6 +157,12 @@ Status attention_forward(const MxTensor& q, const MxTensor& k, const MxTensor& v
   MXFLASH_RETURN_IF_ERROR(detail::check_current_device(q.payload.device_id, "q.payload"));
   if (!q_meta.on_device()) return Status::Invalid("q_meta: has no device copy; call q_meta.upload() first");
   if (!k_meta.on_device()) return Status::Invalid("k_meta: has no device copy; call k_meta.upload() first");
+  // TMA tile coordinates are 32-bit: rows of the private (H, P, 128) copies and of V' (H*128, P).
+  constexpr int64_t kMaxCoord = (int64_t(1) << 31) - 1;
+  if (!opt.exact_mx && (H * q_meta.padded_tokens() > kMaxCoord || H * k_meta.padded_tokens() > kMaxCoord))
+    return Status::Unsupported("q.payload: heads x 128-padded tokens must stay below 2^31 for the fast kernel (got " +
+                               std::to_string(H) + " x " + std::to_string(std::max(q_meta.padded_tokens(),
+                                                                                   k_meta.padded_tokens())) + ")");
   if (workspace && workspace_bytes < attention_forward_workspace_size(q_meta, k_meta, H, opt))
     return Status::Invalid("workspace: smaller than attention_forward_workspace_size()");
   cuda::AttentionFwdProblem p;
