@@ -1,5 +1,7 @@
 #include "reference/accuracy_suite.h"
 
+#include "common/strings.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -64,20 +66,7 @@ std::string join_ints(const std::vector<int64_t>& v) {
   return s;
 }
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (char c : s) {
-    if (c == sep) {
-      out.push_back(cur);
-      cur.clear();
-    } else {
-      cur += c;
-    }
-  }
-  out.push_back(cur);
-  return out;
-}
+using detail::split;
 
 bool parse_int(const std::string& s, int64_t lo, int64_t* out) {
   if (s.empty()) return false;

@@ -1,5 +1,7 @@
 #include "bench_options.h"
 
+#include "common/strings.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -30,20 +32,7 @@ struct SplitMix64 {
   }
 };
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (char c : s) {
-    if (c == sep) {
-      out.push_back(cur);
-      cur.clear();
-    } else {
-      cur += c;
-    }
-  }
-  out.push_back(cur);
-  return out;
-}
+using detail::split;
 
 bool parse_int(const std::string& s, int64_t lo, int64_t hi, int64_t* out) {
   if (s.empty() || s.size() > 19) return false;
