@@ -50,4 +50,11 @@ Status check_contiguous(const TensorView& t, const char* name);
 Status check_not_null(const TensorView& t, const char* name);
 Status check_alignment(const TensorView& t, const char* name, int bytes);
 
+struct NamedView {
+  const TensorView* view;
+  const char* name;
+};
+// Every view on one device, cpu or cuda (the same id as the first); *device gets that device.
+Status check_same_device(std::initializer_list<NamedView> views, Device* device);
+
 }  // namespace mxflash

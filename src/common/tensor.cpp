@@ -115,4 +115,19 @@ Status check_alignment(const TensorView& t, const char* name, int bytes) {
   return Status::Invalid(std::string(name) + ": data pointer must be " + std::to_string(bytes) + "-byte aligned");
 }
 
+Status check_same_device(std::initializer_list<NamedView> views, Device* device) {
+  const NamedView& first = *views.begin();
+  for (const NamedView& v : views) {
+    // Any value but kCPU would otherwise be routed to the CUDA backend unchecked.
+    if (v.view->device != Device::kCPU && v.view->device != Device::kCUDA)
+      return Status::Invalid(std::string(v.name) + ": device must be cpu or cuda, got " +
+                             std::to_string(int(v.view->device)));
+    if (v.view->device != first.view->device || v.view->device_id != first.view->device_id)
+      return Status::Invalid(std::string(v.name) + ": must be on the same device as " + first.name + " (" +
+                             device_string(*first.view) + "), got " + device_string(*v.view));
+  }
+  *device = first.view->device;
+  return Status::Ok();
+}
+
 }  // namespace mxflash

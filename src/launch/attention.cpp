@@ -57,16 +57,6 @@ Status check_operand(const MxTensor& t, const char* name, Orientation want, cons
   return Status::Ok();
 }
 
-Status check_same_device(const std::vector<std::pair<const TensorView*, std::string>>& views, Device* dev) {
-  const TensorView& first = *views[0].first;
-  for (const auto& [v, name] : views)
-    if (v->device != first.device || v->device_id != first.device_id)
-      return Status::Invalid(name + ": must be on the same device as " + views[0].second + " (" +
-                             device_string(first) + "), got " + device_string(*v));
-  *dev = first.device;
-  return Status::Ok();
-}
-
 int64_t out_tokens(const JaggedMeta& q_meta, const JaggedMeta& k_meta, bool broadcast_q) {
   return broadcast_q ? int64_t(k_meta.batch()) * q_meta.total_tokens() : q_meta.total_tokens();
 }
@@ -153,8 +143,7 @@ Status attention_forward(const MxTensor& q, const MxTensor& k, const MxTensor& v
                                             &dev));
   if (To == 0) return Status::Ok();
   if (dev == Device::kCPU) return forward_cpu(q, k, v, q_meta, k_meta, H, scale, opt.broadcast_q, out, lse);
-  if (!detail::cuda_built()) return Status::Unsupported("q.payload: CUDA tensors need a CUDA build");
-  MXFLASH_RETURN_IF_ERROR(detail::check_current_device(q.payload.device_id, "q.payload"));
+  MXFLASH_RETURN_IF_ERROR(detail::check_cuda_ready(q.payload.device_id, "q.payload"));
   if (!q_meta.on_device()) return Status::Invalid("q_meta: has no device copy; call q_meta.upload() first");
   if (!k_meta.on_device()) return Status::Invalid("k_meta: has no device copy; call k_meta.upload() first");
   // TMA tile coordinates are 32-bit: rows of the private (H, P, 128) copies and of V' (H*128, P).
@@ -168,9 +157,7 @@ Status attention_forward(const MxTensor& q, const MxTensor& k, const MxTensor& v
   cuda::AttentionFwdProblem p;
   p.batch = k_meta.batch();
   p.heads = int(H);
-  p.Tq = q_meta.total_tokens();
   p.Pq = q_meta.padded_tokens();
-  p.Tk = k_meta.total_tokens();
   p.Pk = k_meta.padded_tokens();
   p.To = To;
   p.broadcast_q = opt.broadcast_q;

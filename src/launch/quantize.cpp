@@ -12,27 +12,12 @@
 namespace mxflash {
 namespace {
 
-struct Arg {
-  const TensorView* t;
-  const char* name;
-};
-
 // All tensors on one device; for CUDA, that device is current and the metadata is uploaded.
-Status check_devices(const std::vector<Arg>& args, const JaggedMeta& meta, Device* dev) {
-  const TensorView& first = *args[0].t;
-  for (const Arg& a : args) {
-    // Any value but kCPU would otherwise be routed to the CUDA backend unchecked.
-    if (a.t->device != Device::kCPU && a.t->device != Device::kCUDA)
-      return Status::Invalid(std::string(a.name) + ": device must be cpu or cuda, got " +
-                             std::to_string(int(a.t->device)));
-    if (a.t->device != first.device || a.t->device_id != first.device_id)
-      return Status::Invalid(std::string(a.name) + ": must be on the same device as " + args[0].name + " (" +
-                             device_string(first) + "), got " + device_string(*a.t));
-  }
-  *dev = first.device;
-  if (first.device == Device::kCUDA) {
-    if (!detail::cuda_built()) return Status::Unsupported(std::string(args[0].name) + ": CUDA tensors need a CUDA build");
-    MXFLASH_RETURN_IF_ERROR(detail::check_current_device(first.device_id, args[0].name));
+Status check_devices(std::initializer_list<NamedView> args, const JaggedMeta& meta, Device* dev) {
+  MXFLASH_RETURN_IF_ERROR(check_same_device(args, dev));
+  if (*dev == Device::kCUDA) {
+    const NamedView& first = *args.begin();
+    MXFLASH_RETURN_IF_ERROR(detail::check_cuda_ready(first.view->device_id, first.name));
     if (!meta.on_device()) return Status::Invalid("meta: has no device copy; call meta.upload() before CUDA work");
   }
   return Status::Ok();

@@ -186,6 +186,9 @@ TEST_F(AttentionApi, RejectsMetadataMismatch) {
 }
 
 TEST_F(AttentionApi, RejectsMixedDevicesAndCudaWithoutUpload) {
+  TensorView odd = lse_view();
+  odd.device = Device(7);  // neither cpu nor cuda: must not be routed to the CUDA path
+  expect_rejected(attention_forward(q.t, k.t, v.t, qm, km, {}, out_view(), odd), "lse", "device must be cpu or cuda");
   MxTensor bad = v.t;
   bad.payload.device = Device::kCUDA;
   bad.payload.data = kDummyDevicePtr;

@@ -19,7 +19,7 @@ struct MxOperand {
 struct AttentionFwdProblem {
   int batch = 0;   // K/V sequences (and Q sequences unless broadcast_q)
   int heads = 0;
-  int64_t Tq = 0, Pq = 0, Tk = 0, Pk = 0, To = 0;
+  int64_t Pq = 0, Pk = 0, To = 0;
   bool broadcast_q = false;
   float softmax_scale = 0.f;
   // device copies of the metadata
