@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -33,22 +34,13 @@ inline constexpr int kProducerRegs = 24;
 inline constexpr int kConsumerRegs = 240;
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
-inline constexpr float kPScale = 256.f;  // P stored as e4m3(256 p)
-inline constexpr float kPScaleLog2 = 8.f;
-// Softmax with fewer instructions per tile (SASS of the ping-pong loop: 677 -> ~450 per thread and
-// tile): 256 p computed as exp2(x + 8) (the row sum then carries the 256, removed in the epilogue),
-// key masking only on a sequence's last tile, the P.V accumulators kept across iterations (no
-// re-zeroing). Written after the session's GPU time ran out, so off until the GPU tests and a
-// benchmark have run: build with -DCMAKE_CUDA_FLAGS=-DMXFLASH_LEAN_SOFTMAX=1 to try it.
-#ifndef MXFLASH_LEAN_SOFTMAX
-#define MXFLASH_LEAN_SOFTMAX 0
-#endif
-inline constexpr bool kLeanSoftmax = MXFLASH_LEAN_SOFTMAX != 0;
-// Consumer schedule. false: each warpgroup runs S, softmax, P.V on its own; true: ping-pong (the
-// two warpgroups take turns issuing GEMMs). H200, llm-long forward incl. prepare, 3-stage build, one
-// run: 554.5 TFLOP/s without, 614.1 with ping-pong; an earlier run without gave 635 on a freshly
-// started card, so the gain is inside run-to-run spread: measure again with ncu before relying on it.
-inline constexpr bool kPingPong = true;
+inline constexpr float kPScaleLog2 = 8.f;  // P stored as e4m3(256 p)
+// Kernel variants. Bit 0: tree reductions for the row max and row sum (5 dependent steps instead
+// of 32). Bits 1-2, diagnostics that compute garbage, built only with -DMXFLASH_FWD_EXPERIMENTS=1
+// and picked with the environment variable MXFLASH_FWD_VARIANT (for A/B runs of one binary): 1 no
+// softmax (P constant), 2 no K/V reloads after the first kStages tiles, 3 no wgmma.
+inline constexpr int kVariantTree = 1;
+__host__ __device__ constexpr int variant_diag(int v) { return (v >> 1) & 3; }
 static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs * kWarpgroupThreads * kConsumerWarpgroups <= 65536,
               "register budget exceeds the register file");
 static_assert(kRowsPerConsumer * kConsumerWarpgroups == kTile, "consumers must cover the Q tile");
@@ -107,12 +99,6 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 inline constexpr int kTurnBarrier0 = 1;  // named barriers 1, 2: the consumers' GEMM turns (0 is __syncthreads)
 
-// Compile-time choice between two register arrays.
-template <bool kFirst, int N>
-__device__ __forceinline__ float (&pick(float (&a)[N], float (&b)[N]))[N] {
-  if constexpr (kFirst) return a; else return b;
-}
-
 template <int N>
 __device__ __forceinline__ void fence_all(float (&r)[N]) {
 #pragma unroll
@@ -139,45 +125,81 @@ __device__ __forceinline__ void issue_pv(float (&ot)[64], const uint32_t (&pa)[1
 }
 
 // Online softmax of one S tile held as wgmma accumulators: this thread's rows r0 and r0 + 8,
-// columns 8j + 2q + {0, 1}. Produces the tile's P fragments and the rescale factor of O.
+// columns 8j + 2q + {0, 1}. Produces the tile's P fragments (e4m3 of 256 p, computed as
+// exp2(x + 8)) and the rescale factor of O; the row sums l carry the factor 256 (removed in the
+// epilogue). Only a sequence's last tile can hold masked keys, so the mask is compiled there alone.
+template <bool kTree>
 struct TileSoftmax {
   float row_mult[2];      // Q row scale * softmax_scale * log2 e
-  const float* k_scale;   // per K tile of this (sequence, head)
   int Lk;
   int quad;
 
-  __device__ __forceinline__ void run(const float (&sc)[64], int j, float (&m)[2], float (&l)[2],
+  // Row state between the two phases of one tile.
+  struct Rows {
+    float mult[2], m_new[2];
+  };
+
+  __device__ __forceinline__ bool masked_tile(int j) const { return Lk - j * kTile < kTile; }
+
+  // ks: the K tile's scale (loaded by the caller a tile ahead, off the critical path).
+  __device__ __forceinline__ void run(const float (&sc)[64], int j, float ks, float (&m)[2], float (&l)[2],
                                       float (&alpha)[2], uint32_t (&pa)[16]) const {
-    // Only a sequence's last tile can hold masked keys; the lean build compiles the mask there alone.
-    if (!kLeanSoftmax || Lk - j * kTile < kTile)
-      run_tile<true>(sc, j, m, l, alpha, pa);
-    else
-      run_tile<false>(sc, j, m, l, alpha, pa);
+    if (masked_tile(j)) {
+      const Rows rows = max_phase<true>(sc, j, ks, m, l, alpha);
+      exp_phase<true>(sc, j, rows, l, pa);
+    } else {
+      const Rows rows = max_phase<false>(sc, j, ks, m, l, alpha);
+      exp_phase<false>(sc, j, rows, l, pa);
+    }
   }
 
   template <bool kMasked>
-  __device__ __forceinline__ void run_tile(const float (&sc)[64], int j, float (&m)[2], float (&l)[2],
-                                           float (&alpha)[2], uint32_t (&pa)[16]) const {
-    const float ks = k_scale[j];
-    const int limit = Lk - j * kTile;  // keys at or past `limit` are masked
-    auto masked = [&](int i) {
-      if (!kMasked) return sc[i];
-      const int col = 8 * (i / 4) + 2 * quad + (i % 2);
-      return col >= limit ? -INFINITY : sc[i];
-    };
-    float mult[2], m_new[2];
+  __device__ __forceinline__ float value(const float (&sc)[64], int j, int i) const {
+    if (!kMasked) return sc[i];
+    const int col = 8 * (i / 4) + 2 * quad + (i % 2);
+    return col >= Lk - j * kTile ? -INFINITY : sc[i];  // keys past the sequence's end
+  }
+
+  // Phase 1 (needs S only): the new row maxima, the rescale factor alpha of O and l.
+  template <bool kMasked>
+  __device__ __forceinline__ Rows max_phase(const float (&sc)[64], int j, float ks, float (&m)[2], float (&l)[2],
+                                            float (&alpha)[2]) const {
+    auto masked = [&](int i) { return value<kMasked>(sc, j, i); };
+    Rows rows;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float mx = -INFINITY;
+      float mx;
+      if constexpr (kTree) {
+        float t[16];
 #pragma unroll
-      for (int i = 0; i < 64; ++i)
-        if ((i % 4) / 2 == r) mx = fmaxf(mx, masked(i));
-      mult[r] = row_mult[r] * ks;
-      m_new[r] = fmaxf(m[r], quad_max(mx) * mult[r]);
-      alpha[r] = fast_exp2(m[r] - m_new[r]);
-      m[r] = m_new[r];
+        for (int k = 0; k < 16; ++k) t[k] = fmaxf(masked(4 * k + 2 * r), masked(4 * k + 2 * r + 1));
+#pragma unroll
+        for (int k = 0; k < 8; ++k) t[k] = fmaxf(t[k], t[k + 8]);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) t[k] = fmaxf(t[k], t[k + 4]);
+        mx = fmaxf(fmaxf(t[0], t[2]), fmaxf(t[1], t[3]));
+      } else {
+        mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < 64; ++i)
+          if ((i % 4) / 2 == r) mx = fmaxf(mx, masked(i));
+      }
+      rows.mult[r] = row_mult[r] * ks;
+      rows.m_new[r] = fmaxf(m[r], quad_max(mx) * rows.mult[r]);
+      alpha[r] = fast_exp2(m[r] - rows.m_new[r]);
+      m[r] = rows.m_new[r];
       l[r] *= alpha[r];
     }
+    return rows;
+  }
+
+  // Phase 2: P = e4m3(256 p) fragments and the row sums.
+  template <bool kMasked>
+  __device__ __forceinline__ void exp_phase(const float (&sc)[64], int j, const Rows& rows, float (&l)[2],
+                                            uint32_t (&pa)[16]) const {
+    auto masked = [&](int i) { return value<kMasked>(sc, j, i); };
+    const float(&mult)[2] = rows.mult;
+    const float(&m_new)[2] = rows.m_new;
     // P fragments (see permuted_token in the prepare pass): chunk c of 32 keys uses accumulators
     // 16c..16c+15; each thread packs its own values, V' is stored in the matching key order.
 #pragma unroll
@@ -186,13 +208,19 @@ struct TileSoftmax {
 #pragma unroll
       for (int t = 0; t < 16; ++t) {
         const int r = (t % 4) / 2;
-        if constexpr (kLeanSoftmax) {
-          x[t] = fast_exp2(fmaf(masked(16 * c + t), mult[r], kPScaleLog2 - m_new[r]));  // 256 p
-          l[r] += x[t];
+        x[t] = fast_exp2(fmaf(masked(16 * c + t), mult[r], kPScaleLog2 - m_new[r]));  // 256 p
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if constexpr (kTree) {
+          // rows r: t = 4k + 2r + {0, 1}, k = 0..3
+          const float a0 = x[2 * r] + x[2 * r + 1], a1 = x[4 + 2 * r] + x[5 + 2 * r];
+          const float a2 = x[8 + 2 * r] + x[9 + 2 * r], a3 = x[12 + 2 * r] + x[13 + 2 * r];
+          l[r] += (a0 + a1) + (a2 + a3);
         } else {
-          x[t] = fast_exp2(fmaf(masked(16 * c + t), mult[r], -m_new[r]));
-          l[r] += x[t];
-          x[t] *= kPScale;
+#pragma unroll
+          for (int t = 0; t < 16; ++t)
+            if ((t % 4) / 2 == r) l[r] += x[t];
         }
       }
       pa[4 * c + 0] = pack_e4m3x4(x[0], x[1], x[4], x[5]);
@@ -203,7 +231,7 @@ struct TileSoftmax {
   }
 };
 
-template <bool kPipelined>  // kPingPong above
+template <int kVariant>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
@@ -237,7 +265,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int v_col = p.cu_k_sf[b];
       sm90::mbar_arrive_expect_tx(&s.q_full, kTileBytes);
       sm90::tma_load_2d(s.q, &tm_q, &s.q_full, 0, int(q_row));
-      for (int j = 0; j < n_tiles; ++j) {
+      const int loads = variant_diag(kVariant) == 2 ? min(n_tiles, kStages) : n_tiles;
+      for (int j = 0; j < loads; ++j) {
         const int stage = j % kStages;
         const uint32_t phase = (j / kStages) & 1;
         sm90::mbar_wait(&s.empty[stage], phase ^ 1);
@@ -280,80 +309,86 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   sm90::mbar_wait(&s.q_full, 0);
   const uint64_t desc_q = sm90::make_desc_k128b(s.q + cw * kRowsPerConsumer * kHeadDim);
-  const TileSoftmax sm{{row_mult[0], row_mult[1]}, k_scale, Lk, quad};
+  const TileSoftmax<(kVariant & kVariantTree) != 0> sm{{row_mult[0], row_mult[1]}, Lk, quad};
 
-  if constexpr (!kPipelined) {
-    for (int j = 0; j < n_tiles; ++j) {
-      const int stage = j % kStages;
-      sm90::mbar_wait(&s.full[stage], (j / kStages) & 1);
-      float sc[64];
-      issue_s(sc, desc_q, sm90::make_desc_k128b(s.k[stage]));
-      sm90::wgmma_wait<0>();
-      fence_all(sc);
-      uint32_t pa[16];
-      float alpha[2];
-      sm.run(sc, j, m, l, alpha, pa);
-      float ot[64];
-      issue_pv(ot, pa, sm90::make_desc_k128b(s.v[stage]));
-      sm90::wgmma_wait<0>();
-      fence_all(ot);
-      sm90::mbar_arrive(&s.empty[stage]);
+  constexpr int kDiag = variant_diag(kVariant);
+  auto wait_full = [&](int j) {
+    if (kDiag != 2 || j < kStages) sm90::mbar_wait(&s.full[j % kStages], (j / kStages) & 1);
+  };
+  auto gemm_s = [&](float (&sc)[64], int stage) {
+    if constexpr (kDiag == 3) {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i % 4) / 2], ot[i]);
-    }
-  } else {
-    // Ping-pong: the two consumer warpgroups take turns issuing their GEMMs (named barriers), so one
-    // warpgroup's softmax runs while the other's GEMMs occupy the tensor cores. P.V of tile j-1 is
-    // issued in the same turn as S of tile j.
-    const int my_turn = kTurnBarrier0 + cw, other_turn = kTurnBarrier0 + (1 - cw);
-    constexpr int kTurnThreads = 2 * kWarpgroupThreads;
-    if (cw == 1) sm90::named_barrier_arrive(other_turn, kTurnThreads);  // warpgroup 0 goes first
-    // Warpgroup 1 gave one turn in advance, so it skips the hand-over after its last issue.
-    auto hand_over = [&](int j) {
-      if (!(cw == 1 && j == n_tiles - 1)) sm90::named_barrier_arrive(other_turn, kTurnThreads);
-    };
-    uint32_t pa[16];
-    float alpha[2];
-    {
-      sm90::mbar_wait(&s.full[0], 0);
-      float sc[64];
-      sm90::named_barrier_sync(my_turn, kTurnThreads);
-      issue_s(sc, desc_q, sm90::make_desc_k128b(s.k[0]));
-      hand_over(0);
-      sm90::wgmma_wait<0>();
-      fence_all(sc);
-      sm.run(sc, 0, m, l, alpha, pa);
-    }
-    float ot_kept[64];  // lean build: P.V accumulators live across iterations (no re-zeroing)
-    for (int j = 1; j < n_tiles; ++j) {
-      const int stage = j % kStages, prev = (j - 1) % kStages;
-      sm90::mbar_wait(&s.full[stage], (j / kStages) & 1);
-      float sc[64], ot_fresh[64];
-      float(&ot)[64] = pick<kLeanSoftmax>(ot_kept, ot_fresh);
-      sm90::named_barrier_sync(my_turn, kTurnThreads);
+      for (int i = 0; i < 64; ++i) sc[i] = 0.f;
+    } else {
       issue_s(sc, desc_q, sm90::make_desc_k128b(s.k[stage]));
-      issue_pv(ot, pa, sm90::make_desc_k128b(s.v[prev]));
-      hand_over(j);
-      // NOTES: waiting for S alone (wait_group 1) and running the softmax under the in-flight P.V
-      // needs ~250 live registers (> 240): ptxas then serializes every wgmma of the kernel (C7513).
-      // The overlap comes from the other warpgroup instead (docs/attention.md).
-      sm90::wgmma_wait<0>();
-      fence_all(sc);
-      fence_all(ot);
-      sm90::mbar_arrive(&s.empty[prev]);
-#pragma unroll
-      for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i % 4) / 2], ot[i]);
-      sm.run(sc, j, m, l, alpha, pa);
     }
-    const int last = (n_tiles - 1) % kStages;
-    float ot[64];
-    issue_pv(ot, pa, sm90::make_desc_k128b(s.v[last]));
+  };
+  auto gemm_pv = [&](float (&ot)[64], const uint32_t (&pa)[16], int stage) {
+    if constexpr (kDiag != 3) issue_pv(ot, pa, sm90::make_desc_k128b(s.v[stage]));
+  };
+  float ks_next = k_scale[0];
+  auto softmax = [&](const float (&sc)[64], int j, float (&alpha)[2], uint32_t (&pa)[16]) {
+    const float ks = ks_next;
+    if (j + 1 < n_tiles) ks_next = k_scale[j + 1];
+    if constexpr (kDiag == 1) {
+      alpha[0] = alpha[1] = 1.f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) pa[i] = 0x30303030u ^ __float_as_uint(sc[4 * i]);
+    } else {
+      sm.run(sc, j, ks, m, l, alpha, pa);
+    }
+  };
+  // Ping-pong: the two consumer warpgroups take turns issuing their GEMMs (named barriers), so one
+  // warpgroup's softmax runs while the other's GEMMs occupy the tensor cores. P.V of tile j-1 is
+  // issued in the same turn as S of tile j.
+  const int my_turn = kTurnBarrier0 + cw, other_turn = kTurnBarrier0 + (1 - cw);
+  constexpr int kTurnThreads = 2 * kWarpgroupThreads;
+  if (cw == 1) sm90::named_barrier_arrive(other_turn, kTurnThreads);  // warpgroup 0 goes first
+  // Warpgroup 1 gave one turn in advance, so it skips the hand-over after its last issue.
+  auto hand_over = [&](int j) {
+    if (!(cw == 1 && j == n_tiles - 1)) sm90::named_barrier_arrive(other_turn, kTurnThreads);
+  };
+  uint32_t pa[16];
+  float alpha[2];
+  {
+    wait_full(0);
+    float sc[64];
+    sm90::named_barrier_sync(my_turn, kTurnThreads);
+    gemm_s(sc, 0);
+    hand_over(0);
     sm90::wgmma_wait<0>();
+    fence_all(sc);
+    softmax(sc, 0, alpha, pa);
+  }
+  float ot[64];  // P.V accumulators of one tile (each P.V starts them from zero)
+#pragma unroll
+  for (int i = 0; i < 64; ++i) ot[i] = 0.f;
+  for (int j = 1; j < n_tiles; ++j) {
+    const int stage = j % kStages, prev = (j - 1) % kStages;
+    wait_full(j);
+    float sc[64];
+    sm90::named_barrier_sync(my_turn, kTurnThreads);
+    gemm_s(sc, stage);
+    gemm_pv(ot, pa, prev);
+    hand_over(j);
+    // NOTES: waiting for S alone (wait_group 1) and running the softmax under the in-flight P.V
+    // needs ~250 live registers (> 240): ptxas then serializes every wgmma of the kernel (C7513).
+    // The overlap comes from the other warpgroup instead (docs/attention.md).
+    sm90::wgmma_wait<0>();
+    fence_all(sc);
     fence_all(ot);
-    sm90::mbar_arrive(&s.empty[last]);
+    sm90::mbar_arrive(&s.empty[prev]);
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i % 4) / 2], ot[i]);
+    softmax(sc, j, alpha, pa);
   }
+  const int last = (n_tiles - 1) % kStages;
+  gemm_pv(ot, pa, last);
+  sm90::wgmma_wait<0>();
+  fence_all(ot);
+  sm90::mbar_arrive(&s.empty[last]);
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i % 4) / 2], ot[i]);
 
   // ---------------------------------------------------------------------------- epilogue
   const float* v_scale = p.v_scale + (int64_t(b) * p.heads + h) * kHeadDim;
@@ -363,9 +398,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int i = m_block * kTile + rows[r];
     if (i >= Lq) continue;
     const int64_t tok = tok_base + i;
-    // The lean softmax's row sum already carries the P scale 256.
-    const float l_p = kLeanSoftmax ? lsum : lsum * kPScale;
-    const float inv = 1.f / l_p;
+    const float inv = 1.f / lsum;  // the row sum carries the P scale 256
     __nv_bfloat16* orow = p.out + (tok * p.heads + h) * kHeadDim;
 #pragma unroll
     for (int jn = 0; jn < 16; ++jn) {
@@ -374,7 +407,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float c = o[4 * jn + 2 * r + 1] * inv * v_scale[col + 1];
       *reinterpret_cast<__nv_bfloat162*>(orow + col) = __floats2bfloat162_rn(a, c);
     }
-    const float log2_l = kLeanSoftmax ? log2f(l_p) - kPScaleLog2 : log2f(lsum);
+    const float log2_l = log2f(lsum) - kPScaleLog2;
     if (quad == 0) p.lse[h * p.To + tok] = (m[r] + log2_l) * kLn2;
   }
 }
@@ -387,6 +420,20 @@ Status cuda_check(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return Status::Ok();
   return Status::Cuda(std::string(what) + ": " + cudaGetErrorString(e));
 }
+
+constexpr int kDefaultVariant = attn::kVariantTree;
+
+#if MXFLASH_FWD_EXPERIMENTS
+// MXFLASH_FWD_VARIANT (experiment builds only): the attn kernel variant to launch (see kVariantTree
+// and variant_diag); -1 or unset = the default.
+int experiment_variant() {
+  static const int v = [] {
+    const char* e = std::getenv("MXFLASH_FWD_VARIANT");
+    return e ? std::atoi(e) : -1;
+  }();
+  return v;
+}
+#endif
 
 size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 
@@ -525,7 +572,17 @@ Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t w
     fp.broadcast_q = p.broadcast_q;
     fp.out = static_cast<__nv_bfloat16*>(p.out);
     fp.lse = p.lse;
-    auto kernel = attn::attention_fwd_kernel<attn::kPingPong>;
+    auto kernel = attn::attention_fwd_kernel<kDefaultVariant>;
+#if MXFLASH_FWD_EXPERIMENTS
+    switch (experiment_variant()) {
+      case 0: kernel = attn::attention_fwd_kernel<0>; break;
+      case 1: kernel = attn::attention_fwd_kernel<1>; break;
+      case 3: kernel = attn::attention_fwd_kernel<3>; break;
+      case 5: kernel = attn::attention_fwd_kernel<5>; break;
+      case 7: kernel = attn::attention_fwd_kernel<7>; break;
+      default: break;
+    }
+#endif
     MXFLASH_RETURN_IF_ERROR(cuda_check(cudaFuncSetAttribute(kernel,
                                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                             int(attn::kSmemBytes)),
