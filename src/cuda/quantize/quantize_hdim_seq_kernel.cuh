@@ -1,5 +1,7 @@
 // hdim + seq from one read of bf16 x: a leaner kernel than quantize_kernel<uint16_t, true, kSeq, *>,
-// selected by kLeanHdimSeq (quantize_launch.cuh; false brings the generic kernel back for an A/B).
+// selected by MXFLASH_QUANT_VARIANT bit 0 at run time or MXFLASH_LEAN_HDIM_SEQ=1 at build time
+// (quantize_launch.cuh). Measured on an H200: 3508 GB/s, the generic kernel's 3509 (0.83 of copy):
+// the instruction count and the bytes in flight were not the limit (see quantize_kernel.cuh).
 // Same outputs byte for byte; same tiles, strips, thread layout and shared-memory layouts as
 // quantize_kernel.cuh (read that first). What changes is the instruction count per tile, which is
 // what held the fused path at 0.84 of copy bandwidth while the single-orientation paths reach
@@ -88,7 +90,27 @@ __device__ __forceinline__ void e4m3_words(const float (&f)[8], float inv, uint3
            (e4m3x2_satfinite(f[4 * o + 2] * inv, f[4 * o + 3] * inv) << 16);
 }
 
-template <bool kTokContiguous>
+// Payload stores: plain, or (kStream) st.global.cs, which allocates the lines evict-first in L2.
+template <bool kStream>
+__device__ __forceinline__ void store_payload8(uint8_t* dst, const uint32_t (&q)[2]) {
+  if constexpr (kStream)
+    __stcs(reinterpret_cast<uint2*>(dst), make_uint2(q[0], q[1]));
+  else
+    *reinterpret_cast<uint2*>(dst) = make_uint2(q[0], q[1]);
+}
+template <bool kStream>
+__device__ __forceinline__ void store_payload16(uint8_t* dst, const uint4& v) {
+  if constexpr (kStream)
+    __stcs(reinterpret_cast<uint4*>(dst), v);
+  else
+    *reinterpret_cast<uint4*>(dst) = v;
+}
+
+// kStageScales: blocked scale atoms staged in shared memory and written once per strip
+// (store_staged_atoms, quantize_kernel.cuh); the launcher selects it only for the blocked layout
+// with 16-byte aligned scale tensors. kStreamStores: payloads stored evict-first (store_payload8).
+// Both are MXFLASH_QUANT_VARIANT bits (quantize_launch.cuh); the bytes written are the same.
+template <bool kTokContiguous, bool kStageScales = false, bool kStreamStores = false>
 __global__ void __launch_bounds__(kTileThreads, kHdimSeqMinBlocks) quantize_hdim_seq_kernel(const QuantizeParams p) {
   using M = QuantTileMap<uint16_t>;
   static_assert(M::kElems == 8 && M::kRows == 4 && M::kChunksPerRow == 16 && M::kLanesPerBlock == 4,
@@ -97,6 +119,8 @@ __global__ void __launch_bounds__(kTileThreads, kHdimSeqMinBlocks) quantize_hdim
   __shared__ alignas(16) float s_inv[kHeadDim];                     // 1/scale of column d
   __shared__ uint32_t s_nan_columns[kTileWarps];                    // bit d mod 32 of word d / 32: NaN scale
   __shared__ alignas(16) uint32_t s_strip[kTokContiguous ? kStripSmemWords : 4];
+  // Staged blocked scale atoms: [strip parity][hdim, seq].
+  __shared__ alignas(16) uint32_t s_atoms[kStageScales ? 2 : 1][2][kStageScales ? kStagedAtomWords : 4];
 
   const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int chunk = tid & 15;       // columns col0 .. col0 + 7
@@ -108,7 +132,7 @@ __global__ void __launch_bounds__(kTileThreads, kHdimSeqMinBlocks) quantize_hdim
   const int64_t row_elems = H * kHeadDim;  // elements (and payload bytes) from one token to the next
   const uint16_t* x = static_cast<const uint16_t*>(p.x);
   const ScaleRule rule(p.mode);
-  const bool blocked = p.blocked;
+  const bool blocked = p.blocked;  // true whenever kStageScales (the launcher's condition)
 
   // Scale bytes this thread writes, relative to a strip base, and the step from tile to tile.
   //  hdim, blocked: atom + 16 r + 4 k + block; plain: (t H + h) 4 + block, t = t_first + 32 k + r.
@@ -159,6 +183,7 @@ __global__ void __launch_bounds__(kTileThreads, kHdimSeqMinBlocks) quantize_hdim
   uint4 va[M::kRows], vb[M::kRows];
   load_tile(va, strip_offset(next_pos, tw.h), next_pos.count);
 
+  int parity = 0;  // kStageScales: which s_atoms buffer this strip uses
   for (;;) {
     const int64_t strip = tw.g, h = tw.h;
     const SequencePos pos = next_pos;
@@ -166,10 +191,13 @@ __global__ void __launch_bounds__(kTileThreads, kHdimSeqMinBlocks) quantize_hdim
     following.next();
     const int64_t atom = blocked_atom_base(h, strip * kStripTiles, P);
     const int64_t x_strip = strip_offset(pos, h);
+    // Staged: the strip's atoms in shared memory, at the same offsets.
     uint8_t* const hs_strip =
-        p.hdim_scales + (blocked ? atom : (int64_t(pos.t_first) * H + h) * 4) + hs_thread;
+        kStageScales ? reinterpret_cast<uint8_t*>(s_atoms[kStageScales ? parity : 0][0]) + hs_thread
+                     : p.hdim_scales + (blocked ? atom : (int64_t(pos.t_first) * H + h) * 4) + hs_thread;
     uint8_t* const ss_strip =
-        p.tok_scales + (blocked ? atom : (strip * kStripTiles * H + h) * kHeadDim) + ss_thread;
+        kStageScales ? reinterpret_cast<uint8_t*>(s_atoms[kStageScales ? parity : 0][1]) + ss_thread
+                     : p.tok_scales + (blocked ? atom : (strip * kStripTiles * H + h) * kHeadDim) + ss_thread;
 
     // Tile k of the strip, its x in v. off: element offset of this thread's first row; hs, ss: its
     // scale bytes; rest: real tokens from the tile's first row on (unclamped).
@@ -269,8 +297,8 @@ __global__ void __launch_bounds__(kTileThreads, kHdimSeqMinBlocks) quantize_hdim
         e4m3_words(f, hinv[i], qh);
         e4m3_words(f, sinv, qs[i]);
         if (i < valid_rows) {
-          store_words(hp, qh);
-          if constexpr (!kTokContiguous) store_words(tp, qs[i]);
+          store_payload8<kStreamStores>(hp, qh);
+          if constexpr (!kTokContiguous) store_payload8<kStreamStores>(tp, qs[i]);
         }
         hp += row_elems;
         if constexpr (!kTokContiguous) tp += row_elems;
@@ -329,20 +357,24 @@ __global__ void __launch_bounds__(kTileThreads, kHdimSeqMinBlocks) quantize_hdim
       off += tile_elems, hs += hs_step, ss += ss_step, rest -= kTileTokens;
     }
 
+    if constexpr (kTokContiguous || kStageScales) __syncthreads();
     if constexpr (kTokContiguous) {
       // The strip to the payload, as strip_store_contiguous (vector u = 128 i + tid: column u / 8,
       // tile (u / 2) mod 4, half u mod 2) with the indices in closed form: global offset
       // strip_dst + (tid / 8) P + 32 ((tid / 2) mod 4) + 16 (tid mod 2) + 16 P i; shared byte
       // offset strip_half_base ^ {0, 64, 16, 80}[i mod 4], plus 512 i.
-      __syncthreads();
       uint8_t* dst = p.tok_payload + h * kHeadDim * P + strip * kStripTokens + strip_half_dst;
 #pragma unroll
       for (int i = 0; i < kStripVectorsPerThread; ++i) {
         constexpr uint32_t kXor[4] = {0, 64, 16, 80};
-        *reinterpret_cast<uint4*>(dst) =
-            *reinterpret_cast<const uint4*>(strip_bytes + ((strip_half_base ^ kXor[i % 4]) + 512 * i));
+        store_payload16<kStreamStores>(
+            dst, *reinterpret_cast<const uint4*>(strip_bytes + ((strip_half_base ^ kXor[i % 4]) + 512 * i)));
         dst += 16 * P;
       }
+    }
+    if constexpr (kStageScales) {
+      store_staged_atoms(s_atoms[parity][0], s_atoms[parity][1], p.hdim_scales + atom, p.tok_scales + atom);
+      parity ^= 1;
     }
     if (!following.valid()) break;
     tw = following;

@@ -22,9 +22,11 @@
 // Measured on an H200, 1 GiB of bf16 input, % of device-to-device copy bandwidth (read + write
 // bytes): hdim 89-90, seq / square32 token-major 90-92, token-contiguous 87-90, hdim+seq 79-84
 // (fp32 input: 89-99). Jagged lengths 1..255: the same except token-contiguous, about 76.
-// (mxflash-bench --workload quantize measures these.) With bf16 input, hdim+seq runs
-// quantize_hdim_seq_kernel.cuh instead (same bytes, ~40% fewer instructions per tile) unless
-// kLeanHdimSeq in quantize_launch.cuh is false.
+// (mxflash-bench --workload quantize measures these.) quantize_hdim_seq_kernel.cuh is a leaner
+// bf16 hdim+seq kernel (same bytes, ~40% fewer instructions per tile, 7 CTAs/SM, two tiles of loads
+// in flight): measured at the same 0.83 of copy, so hdim+seq is not issue- or latency-bound but
+// limited in the memory system. MXFLASH_QUANT_VARIANT (quantize_launch.cuh) selects it and the
+// staged scale atoms (store_staged_atoms below) at run time.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -153,28 +155,65 @@ __device__ __forceinline__ void store_words(uint8_t* dst, const uint32_t (&q)[kW
 
 // Zero outputs of a tile with no real token (a strip's tail in a short sequence): the bytes the
 // full path writes for all-zero data, without loads, arithmetic or barriers.
-template <bool kHdim, TokOut kTok, bool kTokContiguous>
+// kStage: blocked scales go to the strip's staged atoms (s_hdim_atom, s_tok_atom) instead.
+template <bool kHdim, TokOut kTok, bool kTokContiguous, bool kStage = false>
 __device__ __forceinline__ void zero_tile(const QuantizeParams& p, int64_t g, int64_t h, int64_t atom, int k,
-                                          uint32_t* s_strip_tile) {
+                                          uint32_t* s_strip_tile, uint8_t* s_hdim_atom = nullptr,
+                                          uint8_t* s_tok_atom = nullptr) {
   const int tid = int(threadIdx.x);
   // Blocked hdim / square32 scales: 32 rows x 4 blocks of the atom column k; thread t: row t / 4.
   const int64_t blocked_row_byte = atom + 16 * (tid / 4) + 4 * k + (tid % 4);
-  if constexpr (kHdim) {
-    if (p.blocked) p.hdim_scales[blocked_row_byte] = 0;
-  }
-  if constexpr (kTok == TokOut::kSeq) {
-    p.tok_scales[p.blocked ? atom + 16 * (tid % 32) + 4 * (tid / 32) + k : seq_plain_offset(g, h, tid, p.jd.H)] = 0;
-  } else if constexpr (kTok == TokOut::kSquare32) {
-    if (p.blocked)
-      p.tok_scales[blocked_row_byte] = 0;
-    else if (tid < kHeadDim / kBlockSize)
-      p.tok_scales[square_plain_offset(g, h, tid, p.jd.H)] = 0;
+  if constexpr (kStage) {
+    const int atom_row_byte = 16 * (tid / 4) + 4 * k + (tid % 4);
+    if constexpr (kHdim) s_hdim_atom[atom_row_byte] = 0;
+    if constexpr (kTok == TokOut::kSeq) s_tok_atom[16 * (tid % 32) + 4 * (tid / 32) + k] = 0;
+    if constexpr (kTok == TokOut::kSquare32) s_tok_atom[atom_row_byte] = 0;
+  } else {
+    if constexpr (kHdim) {
+      if (p.blocked) p.hdim_scales[blocked_row_byte] = 0;
+    }
+    if constexpr (kTok == TokOut::kSeq) {
+      p.tok_scales[p.blocked ? atom + 16 * (tid % 32) + 4 * (tid / 32) + k : seq_plain_offset(g, h, tid, p.jd.H)] = 0;
+    } else if constexpr (kTok == TokOut::kSquare32) {
+      if (p.blocked)
+        p.tok_scales[blocked_row_byte] = 0;
+      else if (tid < kHeadDim / kBlockSize)
+        p.tok_scales[square_plain_offset(g, h, tid, p.jd.H)] = 0;
+    }
   }
   if constexpr (kTokContiguous) {
     // The tile's 4 KB of the shared strip, whatever the swizzle: word v * 128 + t, as 16 bytes.
     static_assert(kTileSmemWords == 8 * kTileThreads, "two 16-byte zero stores per thread");
     reinterpret_cast<uint4*>(s_strip_tile)[tid] = make_uint4(0, 0, 0, 0);
     reinterpret_cast<uint4*>(s_strip_tile)[tid + kTileThreads] = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// ---------------------------------------------------------------- staged blocked scale atoms
+// Blocked scales (REFERENCE.md §3) put a strip's 4 tiles into one 512-byte atom, each tile 128
+// bytes spread over all 16 sectors of it (hdim: bytes 4k..4k+3 of every 16-byte row; seq: byte k of
+// every 4). Written straight to global memory, every sector of the atom is partially written four
+// times, a tile time (~4 us at full bandwidth) apart. The L2 turns over in a few tile times at
+// these rates, so a sector evicted while partial costs the HBM a read-modify-write (no byte masks
+// with ECC), and a 32-byte burst per 8 bytes in any case. Staged (MXFLASH_QUANT_VARIANT bit 1,
+// quantize_launch.cuh), the tiles write the atom's bytes into shared memory at the same offsets and
+// one warp per atom writes it after the strip: 32 x 16 bytes, four whole 128-byte lines, once.
+// Two buffers, by strip parity: a barrier at the end of every strip precedes the store; the next
+// strip's tiles write the other buffer while warps 0 and 1 may still be reading this one, and that
+// strip's own end barrier separates these reads from the writes of the strip after it.
+inline constexpr int kStagedAtomWords = kAtomBytes / 4;  // 128 words = 32 uint4 per atom
+
+// The staged atoms of a strip to global memory: warp 0 the hdim atom, warp 1 the seq/square32 one.
+__device__ __forceinline__ void store_staged_atoms(const uint32_t* s_hdim_atom, const uint32_t* s_tok_atom,
+                                                   uint8_t* hdim_atom_dst, uint8_t* tok_atom_dst) {
+  const int tid = int(threadIdx.x);
+  static_assert(kAtomBytes == 32 * 16, "one warp, one 16-byte vector per lane, per atom");
+  if (tid < 32) {
+    if (hdim_atom_dst)
+      reinterpret_cast<uint4*>(hdim_atom_dst)[tid] = reinterpret_cast<const uint4*>(s_hdim_atom)[tid];
+  } else if (tid < 64) {
+    if (tok_atom_dst)
+      reinterpret_cast<uint4*>(tok_atom_dst)[tid - 32] = reinterpret_cast<const uint4*>(s_tok_atom)[tid - 32];
   }
 }
 
@@ -186,7 +225,10 @@ template <typename In, bool kHdim, TokOut kTok>
 inline constexpr int kQuantizeMinBlocks = sizeof(In) == 2 ? (kTok == TokOut::kNone ? 8 : (kHdim ? 6 : 8))
                                                           : (kTok == TokOut::kNone ? 5 : (kHdim ? 4 : 5));
 
-template <typename In, bool kHdim, TokOut kTok, bool kTokContiguous>
+// kStageScales: blocked scale atoms staged in shared memory and written once per strip (see
+// store_staged_atoms); the launcher selects it only for the blocked layout with 16-byte aligned
+// scale tensors.
+template <typename In, bool kHdim, TokOut kTok, bool kTokContiguous, bool kStageScales = false>
 __global__ void __launch_bounds__(kTileThreads, kQuantizeMinBlocks<In, kHdim, kTok>)
     quantize_kernel(const QuantizeParams p) {
   using M = QuantTileMap<In>;
@@ -196,6 +238,8 @@ __global__ void __launch_bounds__(kTileThreads, kQuantizeMinBlocks<In, kHdim, kT
   __shared__ alignas(16) float s_inv[kHeadDim];   // 1/scale of column d's block
   __shared__ uint32_t s_nan_columns[kTileWarps];  // bit d mod 32 of word d / 32: column d's scale is NaN
   __shared__ alignas(16) uint32_t s_strip[kTokContiguous ? kStripSmemWords : 4];
+  // Staged blocked scale atoms: [strip parity][hdim, seq/square32].
+  __shared__ alignas(16) uint32_t s_atoms[kStageScales ? 2 : 1][2][kStageScales ? kStagedAtomWords : 4];
 
   const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int chunk = tid % M::kChunksPerRow;
@@ -235,12 +279,15 @@ __global__ void __launch_bounds__(kTileThreads, kQuantizeMinBlocks<In, kHdim, kT
   SequencePos next_pos = sequence.locate(tw.g * kStripTokens);  // a strip is inside one sequence
   uint4 v_next[M::kRows];
   load_tile(v_next, next_pos, tw.h, 0);
+  int parity = 0;  // kStageScales: which s_atoms buffer this strip uses
   for (;;) {
     const int64_t strip = tw.g, h = tw.h;
     const SequencePos pos = next_pos;
     TileWalker following = tw;
     following.next();
     const int64_t atom = blocked_atom_base(h, strip * kStripTiles, P);
+    uint8_t* const s_hdim_atom = reinterpret_cast<uint8_t*>(s_atoms[kStageScales ? parity : 0][0]);
+    uint8_t* const s_tok_atom = reinterpret_cast<uint8_t*>(s_atoms[kStageScales ? parity : 0][1]);
 
 #pragma unroll 1
     for (int k = 0; k < kStripTiles; ++k) {
@@ -260,7 +307,8 @@ __global__ void __launch_bounds__(kTileThreads, kQuantizeMinBlocks<In, kHdim, kT
       // Tile 0 always holds a real token (a sequence's padded chunk starts with one), so its
       // barriers separate the previous strip's readers of s_strip from this strip's writers.
       if (n_valid == 0) {
-        zero_tile<kHdim, kTok, kTokContiguous>(p, g, h, atom, k, s_strip + k * kTileSmemWords);
+        zero_tile<kHdim, kTok, kTokContiguous, kStageScales>(p, g, h, atom, k, s_strip + k * kTileSmemWords,
+                                                             s_hdim_atom, s_tok_atom);
         continue;  // n_valid is the same in the whole CTA: no barrier is skipped by part of it
       }
       // Element offset of this thread's first row in x and in token-major payloads.
@@ -291,7 +339,9 @@ __global__ void __launch_bounds__(kTileThreads, kQuantizeMinBlocks<In, kHdim, kT
         for (int i = 1; i < M::kRows; ++i) my_amax = my_row == i ? amax[i] : my_amax;
         const uint32_t my_scale = scale_byte_from_amax_bits(my_amax, p.mode);
         // Blocked: padding rows too (their zero data gives scale 0).
-        if (p.blocked || row0 + my_row < n_valid)
+        if constexpr (kStageScales)
+          s_hdim_atom[16 * (row0 + my_row) + 4 * k + hdim_block] = uint8_t(my_scale);
+        else if (p.blocked || row0 + my_row < n_valid)
           p.hdim_scales[hdim_scale0 + my_row * hdim_scale_stride] = uint8_t(my_scale);
         const float my_inv = e8m0_inv_scale(uint8_t(my_scale));
 #pragma unroll
@@ -347,7 +397,12 @@ __global__ void __launch_bounds__(kTileThreads, kQuantizeMinBlocks<In, kHdim, kT
           s_inv[d] = e8m0_inv_scale(uint8_t(s));
           const uint32_t nan_columns = __ballot_sync(~0u, s == kE8m0Nan);
           if (lane == 0) s_nan_columns[warp] = nan_columns;
-          if constexpr (kTok == TokOut::kSeq) {
+          if constexpr (kStageScales) {
+            if constexpr (kTok == TokOut::kSeq)
+              s_tok_atom[16 * (d % 32) + 4 * (d / 32) + k] = uint8_t(s);
+            else
+              s_tok_atom[16 * lane + 4 * k + warp] = lane < n_valid ? uint8_t(s) : uint8_t(0);
+          } else if constexpr (kTok == TokOut::kSeq) {
             p.tok_scales[p.blocked ? atom + 16 * (d % 32) + 4 * (d / 32) + k : seq_plain_offset(g, h, d, H)] =
                 uint8_t(s);
           } else if (p.blocked) {
@@ -412,9 +467,13 @@ __global__ void __launch_bounds__(kTileThreads, kQuantizeMinBlocks<In, kHdim, kT
       }
     }
 
-    if constexpr (kTokContiguous) {
-      __syncthreads();
+    if constexpr (kTokContiguous || kStageScales) __syncthreads();
+    if constexpr (kTokContiguous)
       strip_store_contiguous(s_strip, p.tok_payload + h * kHeadDim * P + strip * kStripTokens, P);
+    if constexpr (kStageScales) {
+      store_staged_atoms(s_atoms[parity][0], s_atoms[parity][1], kHdim ? p.hdim_scales + atom : nullptr,
+                         kTok != TokOut::kNone ? p.tok_scales + atom : nullptr);
+      parity ^= 1;
     }
     if (!following.valid()) break;
     tw = following;

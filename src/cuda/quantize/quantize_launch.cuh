@@ -2,6 +2,8 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "common/quantize_problem.h"
@@ -14,41 +16,78 @@ namespace mxflash::cuda {
 
 // hdim + seq from one read of bf16 x: true runs quantize_hdim_seq_kernel (quantize_hdim_seq_kernel.cuh),
 // false the generic quantize_kernel<uint16_t, true, TokOut::kSeq, *>. Same bytes either way (the
-// GPU tests compare whichever is built with the CPU reference). The default stays the generic
-// kernel, the one measured and tested on the H200 (0.84 of copy); the lean one was written after the
-// session's GPU time ran out and is verified only by CPU emulation. To A/B them, build a second tree
-// with -DCMAKE_CUDA_FLAGS=-DMXFLASH_LEAN_HDIM_SEQ=1, run the GPU tests and mxflash-bench there, and
-// flip the default here if it wins.
+// GPU tests compare whichever runs with the CPU reference). The default stays the generic kernel;
+// MXFLASH_QUANT_VARIANT bit 0 (below) selects the lean one at run time, this macro at build time.
 #ifndef MXFLASH_LEAN_HDIM_SEQ
 #define MXFLASH_LEAN_HDIM_SEQ 0
 #endif
 inline constexpr bool kLeanHdimSeq = MXFLASH_LEAN_HDIM_SEQ != 0;
 
-template <bool kTokContiguous>
+// MXFLASH_QUANT_VARIANT (environment, read once per process; unset or 0 = the default kernels), so
+// one binary can A/B the quantize kernel variants on a GPU. A bit mask:
+//   bit 0 (1): hdim+seq from bf16 input runs quantize_hdim_seq_kernel (the lean kernel) instead of
+//              the generic quantize_kernel.
+//   bit 1 (2): blocked scale layout: each strip's 512-byte scale atoms are staged in shared memory
+//              and written once, as whole lines (store_staged_atoms, quantize_kernel.cuh), instead
+//              of 4 partial writes of every sector a tile apart. Every orientation and input type;
+//              only where both scale tensors are 16-byte aligned (otherwise the direct path runs).
+//   bit 2 (4): the lean kernel's payload stores are st.global.cs (L2 evict-first). Only with bit 0.
+// Values to A/B: 0 (default), 1, 2, 3, 7. Every variant writes the same bytes (GPU tests:
+// MXFLASH_QUANT_VARIANT=N mxflash_tests_gpu --gtest_filter='QuantizeGpu.*').
+inline constexpr int kVariantLean = 1, kVariantStageScales = 2, kVariantStreamStores = 4;
+inline int quant_variant() {
+  static const int v = [] {
+    const char* e = std::getenv("MXFLASH_QUANT_VARIANT");
+    return e ? std::atoi(e) : 0;
+  }();
+  return v;
+}
+
+template <bool kTokContiguous, bool kStage, bool kStream>
 Status run_hdim_seq_kernel(const QuantizeParams& params, cudaStream_t stream) {
-  constexpr auto kernel = quantize_hdim_seq_kernel<kTokContiguous>;
+  constexpr auto kernel = quantize_hdim_seq_kernel<kTokContiguous, kStage, kStream>;
   int grid = 0;
   MXFLASH_RETURN_IF_ERROR(grid_size<kernel>(kTileThreads, params.num_groups / kStripTiles * params.jd.H, &grid));
   kernel<<<grid, kTileThreads, 0, stream>>>(params);
   return check_launch("quantize_hdim_seq_kernel");
 }
 
-template <typename In, bool kHdim, TokOut kTok, bool kTokContiguous>
+template <bool kTokContiguous>
+Status run_hdim_seq_variant(const QuantizeParams& params, bool stage, bool stream_stores, cudaStream_t stream) {
+  if (stage)
+    return stream_stores ? run_hdim_seq_kernel<kTokContiguous, true, true>(params, stream)
+                         : run_hdim_seq_kernel<kTokContiguous, true, false>(params, stream);
+  return stream_stores ? run_hdim_seq_kernel<kTokContiguous, false, true>(params, stream)
+                       : run_hdim_seq_kernel<kTokContiguous, false, false>(params, stream);
+}
+
+template <typename In, bool kHdim, TokOut kTok, bool kTokContiguous, bool kStage>
 Status run_quantize_kernel(const QuantizeParams& params, cudaStream_t stream) {
-  constexpr auto kernel = quantize_kernel<In, kHdim, kTok, kTokContiguous>;
+  constexpr auto kernel = quantize_kernel<In, kHdim, kTok, kTokContiguous, kStage>;
   int grid = 0;
   MXFLASH_RETURN_IF_ERROR(grid_size<kernel>(kTileThreads, params.num_groups / kStripTiles * params.jd.H, &grid));
   kernel<<<grid, kTileThreads, 0, stream>>>(params);
   return check_launch("quantize_kernel");
 }
 
+template <typename In, bool kHdim, TokOut kTok, bool kTokContiguous>
+Status run_quantize_staged(const QuantizeParams& params, bool stage, cudaStream_t stream) {
+  return stage ? run_quantize_kernel<In, kHdim, kTok, kTokContiguous, true>(params, stream)
+               : run_quantize_kernel<In, kHdim, kTok, kTokContiguous, false>(params, stream);
+}
+
 template <typename In, bool kHdim, TokOut kTok>
-Status run_quantize_layout(const QuantizeParams& params, bool contiguous, cudaStream_t stream) {
-  if constexpr (kLeanHdimSeq && std::is_same_v<In, uint16_t> && kHdim && kTok == TokOut::kSeq)
-    return contiguous ? run_hdim_seq_kernel<true>(params, stream) : run_hdim_seq_kernel<false>(params, stream);
-  else
-    return contiguous ? run_quantize_kernel<In, kHdim, kTok, true>(params, stream)
-                      : run_quantize_kernel<In, kHdim, kTok, false>(params, stream);
+Status run_quantize_layout(const QuantizeParams& params, bool contiguous, bool stage, cudaStream_t stream) {
+  if constexpr (std::is_same_v<In, uint16_t> && kHdim && kTok == TokOut::kSeq) {
+    const int v = quant_variant();
+    if (kLeanHdimSeq || (v & kVariantLean) != 0) {
+      const bool stream_stores = (v & kVariantStreamStores) != 0;
+      return contiguous ? run_hdim_seq_variant<true>(params, stage, stream_stores, stream)
+                        : run_hdim_seq_variant<false>(params, stage, stream_stores, stream);
+    }
+  }
+  return contiguous ? run_quantize_staged<In, kHdim, kTok, true>(params, stage, stream)
+                    : run_quantize_staged<In, kHdim, kTok, false>(params, stage, stream);
 }
 
 // Picks the kernel variant for the requested outputs. Explicitly instantiated once per input
@@ -57,12 +96,15 @@ template <typename In>
 Status launch_quantize(const QuantizeParams& params, const detail::QuantizeProblem& p, cudaStream_t stream) {
   const bool hdim = p.hdim_payload != nullptr;
   const bool contiguous = p.tok_payload_layout == PayloadLayout::kTokenContiguous;
-  if (p.tok_payload == nullptr) return run_quantize_kernel<In, true, TokOut::kNone, false>(params, stream);
+  const auto aligned16 = [](const void* q) { return q == nullptr || reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  const bool stage = (quant_variant() & kVariantStageScales) != 0 && params.blocked &&
+                     aligned16(p.hdim_scales) && aligned16(p.tok_scales);
+  if (p.tok_payload == nullptr) return run_quantize_staged<In, true, TokOut::kNone, false>(params, stage, stream);
   if (p.tok_orientation == Orientation::kSquare32)
-    return hdim ? run_quantize_layout<In, true, TokOut::kSquare32>(params, contiguous, stream)
-                : run_quantize_layout<In, false, TokOut::kSquare32>(params, contiguous, stream);
-  return hdim ? run_quantize_layout<In, true, TokOut::kSeq>(params, contiguous, stream)
-              : run_quantize_layout<In, false, TokOut::kSeq>(params, contiguous, stream);
+    return hdim ? run_quantize_layout<In, true, TokOut::kSquare32>(params, contiguous, stage, stream)
+                : run_quantize_layout<In, false, TokOut::kSquare32>(params, contiguous, stage, stream);
+  return hdim ? run_quantize_layout<In, true, TokOut::kSeq>(params, contiguous, stage, stream)
+              : run_quantize_layout<In, false, TokOut::kSeq>(params, contiguous, stage, stream);
 }
 
 }  // namespace mxflash::cuda
