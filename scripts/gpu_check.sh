@@ -17,8 +17,8 @@ OUT=${OUT:-gpu-logs}
 mkdir -p "$OUT"
 BIN=${BIN:-.gpu-bin}
 SECTIONS=${SECTIONS:-"tests sanitizer python report bench accuracy peers"}
-# "ab" (not in the default list): the variants staged in $BIN/lean (LEAN=1 scripts/stage_gpu_bin.sh):
-# their GPU tests, then forward and hdim+seq quantize speed next to the default build.
+# "ab" (not in the default list): the forward variants staged in $BIN/exp
+# (EXPERIMENTS=1 scripts/stage_gpu_bin.sh): their GPU tests and speed.
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 status=0
 note() { echo "== $*" | tee -a "$OUT/summary.txt"; }
@@ -78,14 +78,19 @@ if want bench && [ -x "$BIN/mxflash-bench" ]; then
   "$BIN/mxflash-bench" --preset all --workload fwd,bwd --check ${BENCH_ARGS:-} --json "$OUT/bench_attention.json" > "$OUT/bench_attention.log" 2>"$OUT/bench_attention.err" || { status=1; note "BENCH ATTENTION FAILED"; }
   cat "$OUT/bench_attention.log"
 fi
-if want ab && [ -x "$BIN/lean/mxflash_tests_gpu" ]; then
-  note "lean variants: GPU tests"
-  "$BIN/lean/mxflash_tests_gpu" --gtest_brief=1 > "$OUT/ab_tests.log" 2>&1 || { status=1; note "LEAN GPU TESTS FAILED"; }
-  tail -3 "$OUT/ab_tests.log"
-  for v in "$BIN" "$BIN/lean"; do
-    note "speed: $v"
-    "$v/mxflash-bench" --preset all --workload fwd,quantize --impl mxfp8 --quant-orient hdim+seq \
-      --warmup-s 0.3 --window-s 1.5 2>/dev/null | tail -8
+if want ab && [ -x "$BIN/exp/mxflash_tests_gpu" ]; then
+  # Attention forward variants (docs/attention.md): 0 plain, 1 tree reductions (the default),
+  # 3 / 5 / 7 diagnostics (no softmax / no K,V reloads / no wgmma: garbage out, speed floors only).
+  for v in 0 1; do
+    note "forward variant $v: attention GPU tests"
+    MXFLASH_FWD_VARIANT=$v "$BIN/exp/mxflash_tests_gpu" --gtest_brief=1 --gtest_filter='AttentionFwdGpu.*' \
+      > "$OUT/ab_tests_v$v.log" 2>&1 || { status=1; note "FORWARD VARIANT $v TESTS FAILED"; }
+    tail -n 2 "$OUT/ab_tests_v$v.log"
+  done
+  for v in 0 1 3 5 7; do
+    note "forward variant $v: speed"
+    MXFLASH_FWD_VARIANT=$v "$BIN/exp/mxflash-bench" --preset all --workload fwd --impl mxfp8 \
+      --warmup-s 0.3 --window-s 1 2>/dev/null | grep -E "^(llm|cross|jagged)"
   done
 fi
 if want peers && [ -f scripts/peer_check.py ]; then
@@ -94,6 +99,18 @@ if want peers && [ -f scripts/peer_check.py ]; then
     $( [ -f "$OUT/bench_attention.json" ] && echo --bench-json "$OUT/bench_attention.json" ) \
     --json "$OUT/peer_check.json" > "$OUT/peer_check.log" 2>"$OUT/peer_check.err" || { status=1; note "PEER CHECK FAILED"; }
   cat "$OUT/peer_check.log"
+  # The cuDNN frontend Python API (independent FP8 jagged peer): its wheel travels in .whl/ (carry it;
+  # docs/performance.md says how to download it), installed here without a package registry.
+  if ls .whl/nvidia_cudnn_frontend-*.whl > /dev/null 2>&1 &&
+     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/mxflash-site .whl/nvidia_cudnn_frontend-*.whl; then
+    note "independent peer check (cuDNN frontend Python API)"
+    PYTHONPATH=/tmp/mxflash-site PYTHONUNBUFFERED=1 python3 scripts/peer_cudnn_fe.py --preset all ${PEER_ARGS:-} \
+      $( [ -f "$OUT/bench_attention.json" ] && echo --bench-json "$OUT/bench_attention.json" ) \
+      --json "$OUT/peer_cudnn_fe.json" > "$OUT/peer_cudnn_fe.log" 2>"$OUT/peer_cudnn_fe.err" || { status=1; note "CUDNN-FE PEER FAILED"; }
+    cat "$OUT/peer_cudnn_fe.log"
+  else
+    note "cuDNN frontend Python peer skipped: no .whl/nvidia_cudnn_frontend-*.whl carried"
+  fi
 fi
 if want accuracy && [ -x "$BIN/mxflash-accuracy" ]; then
   # Exit status 1 means some tensor fell under a floor: expected for dQ/dK on the sink distribution
