@@ -62,59 +62,66 @@ __device__ __forceinline__ int64_t hdim_scale_index(ScaleLayout l, int64_t t, in
   return l == ScaleLayout::kPlain ? hdim_plain_offset(t, h, k, H) : hdim_blocked_offset(h, tp, k, P);
 }
 
-// Q and K: one CTA of 128 threads per (128-token tile, head); thread = token row.
-// kPerRow: group = row (Q), else group = the whole tile (K).
+// Q and K: one CTA of 256 threads per (128-token tile, head). Eight threads per token row, 16 bytes
+// (half a 32-block) each, four passes of 32 rows: every warp load and store covers whole 128-byte
+// rows. kPerRow: group = row (Q), else group = the whole tile (K).
+inline constexpr int kRowThreads = 256;
 template <bool kPerRow>
-__global__ void __launch_bounds__(kTile) prepare_rows_kernel(const uint8_t* __restrict__ payload,
-                                                             const uint8_t* __restrict__ scales, ScaleLayout layout,
-                                                             const int32_t* __restrict__ cu, const int32_t* __restrict__ cu_sf,
-                                                             int batch, int64_t H, int64_t P,
-                                                             uint8_t* __restrict__ out, float* __restrict__ group_scale) {
-  __shared__ int tile_max;
+__global__ void __launch_bounds__(kRowThreads) prepare_rows_kernel(const uint8_t* __restrict__ payload,
+                                                                   const uint8_t* __restrict__ scales, ScaleLayout layout,
+                                                                   const int32_t* __restrict__ cu, const int32_t* __restrict__ cu_sf,
+                                                                   int batch, int64_t H, int64_t P,
+                                                                   uint8_t* __restrict__ out, float* __restrict__ group_scale) {
+  constexpr int kPasses = kTile * 8 / kRowThreads;
+  __shared__ int warp_max[kRowThreads / 32];
   const int64_t tile = blockIdx.x, h = blockIdx.y;
-  const int64_t tp = tile * kTile + threadIdx.x;
   const int b = sequence_of_padded(cu_sf, batch, tile * kTile);
-  const int64_t i = tp - cu_sf[b];
-  const bool valid = i < int64_t(cu[b + 1]) - cu[b];
-  const int64_t t = cu[b] + i;
-  uint32_t s[4] = {0, 0, 0, 0};
-  int row_max = 0;
-  if (valid) {
-    for (int k = 0; k < 4; ++k) {
-      s[k] = scales[hdim_scale_index(layout, t, tp, h, k, H, P)];
-      row_max = max(row_max, int(s[k]));
-    }
+  const int64_t len = int64_t(cu[b + 1]) - cu[b];
+  const int64_t first = tile * kTile - cu_sf[b];  // first token of the tile within its sequence
+  const int chunk = threadIdx.x % 8;             // 16-byte chunk of the row: 32-block chunk / 2
+  const int row0 = threadIdx.x / 8;
+  uint4 words[kPasses];
+  int s[kPasses], group[kPasses];
+  bool valid[kPasses];
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int r = row0 + pass * (kRowThreads / 8);
+    valid[pass] = first + r < len;
+    const int64_t t = cu[b] + first + r;
+    words[pass] = valid[pass] ? *reinterpret_cast<const uint4*>(payload + (t * H + h) * kHeadDim + chunk * 16)
+                              : make_uint4(0, 0, 0, 0);
+    s[pass] = valid[pass] ? int(scales[hdim_scale_index(layout, t, tile * kTile + r, h, chunk / 2, H, P)]) : 0;
+    int m = s[pass];  // the row's largest block scale: over its 8 consecutive lanes
+    m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+    m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+    group[pass] = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 4));
   }
-  int group = row_max;
   if (!kPerRow) {
-    if (threadIdx.x == 0) tile_max = 0;
+    int m = group[0];
+#pragma unroll
+    for (int pass = 1; pass < kPasses; ++pass) m = max(m, group[pass]);
+#pragma unroll
+    for (int o = 8; o < 32; o *= 2) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
     __syncthreads();
-    atomicMax(&tile_max, row_max);
-    __syncthreads();
-    group = tile_max;
+    m = warp_max[0];
+#pragma unroll
+    for (int w = 1; w < kRowThreads / 32; ++w) m = max(m, warp_max[w]);
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) group[pass] = m;
   }
-  uint4 words[8];
-  const uint4* src = reinterpret_cast<const uint4*>(payload + (t * H + h) * kHeadDim);
 #pragma unroll
-  for (int w = 0; w < 8; ++w) words[w] = valid ? src[w] : make_uint4(0, 0, 0, 0);
-  if (valid) {
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int r = row0 + pass * (kRowThreads / 8);
+    const int shift = valid[pass] ? group[pass] - s[pass] : 0;
+    uint32_t* x = reinterpret_cast<uint32_t*>(&words[pass]);
 #pragma unroll
-    for (int w = 0; w < 8; ++w) {
-      const int shift = group - int(s[w / 2]);  // 16 bytes per word, 32 per block
-      uint32_t* x = reinterpret_cast<uint32_t*>(&words[w]);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) x[j] = shift_e4m3x4(x[j], shift);
-    }
+    for (int j = 0; j < 4; ++j) x[j] = shift_e4m3x4(x[j], shift);
+    *reinterpret_cast<uint4*>(out + (h * P + tile * kTile + r) * kHeadDim + chunk * 16) = words[pass];
+    if (kPerRow && chunk == 0)
+      group_scale[h * P + tile * kTile + r] = valid[pass] ? e8m0_to_float(uint8_t(group[pass])) : 1.f;
   }
-  uint4* dst = reinterpret_cast<uint4*>(out + (h * P + tp) * kHeadDim);
-#pragma unroll
-  for (int w = 0; w < 8; ++w) dst[w] = words[w];
-  const float scale = e8m0_to_float(uint8_t(group));
-  if (kPerRow) {
-    group_scale[h * P + tp] = valid ? scale : 1.f;
-  } else if (threadIdx.x == 0) {
-    group_scale[h * (P / kTile) + tile] = scale;
-  }
+  if (!kPerRow && threadIdx.x == 0) group_scale[h * (P / kTile) + tile] = e8m0_to_float(uint8_t(group[0]));
 }
 
 // V, step 1: per (sequence, head, channel) the largest seq-block scale byte of the sequence.
@@ -145,60 +152,112 @@ __global__ void __launch_bounds__(kVScaleSlices * kHeadDim)
   }
 }
 
-// V, step 2: one CTA of 128 threads per (128-token tile, head): the tile goes through shared memory
-// and each thread writes one channel's 128 tokens, permuted and re-expressed.
-__global__ void __launch_bounds__(kTile) prepare_v_kernel(const uint8_t* __restrict__ payload, PayloadLayout playout,
-                                                          const uint8_t* __restrict__ scales, ScaleLayout slayout,
-                                                          const int32_t* __restrict__ cu, const int32_t* __restrict__ cu_sf,
-                                                          int batch, int64_t H, int64_t P,
-                                                          const uint8_t* __restrict__ channel_byte,
-                                                          uint8_t* __restrict__ out) {
-  constexpr int kPitch = kHeadDim + 16;  // bytes per token row in shared memory (bank spread)
-  __shared__ __align__(16) uint8_t tile_bytes[kTile * kPitch];
+// Output word w (0..7) of a 32-token group in V' holds, in its bytes 0..3, the tokens
+// v_word_base(w) + {0, 1, 8, 9} of the group (permuted_token of positions 4w..4w+3).
+__host__ __device__ __forceinline__ int v_word_base(int w) { return 16 * (w / 4) + 2 * (w % 4); }
+
+// Bytes i of a0..a3, as one word (a 4x4 byte transpose, one output word per call).
+__device__ __forceinline__ void transpose_bytes4(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t (&o)[4]) {
+  const uint32_t lo01 = __byte_perm(a0, a1, 0x5140), hi01 = __byte_perm(a0, a1, 0x7362);
+  const uint32_t lo23 = __byte_perm(a2, a3, 0x5140), hi23 = __byte_perm(a2, a3, 0x7362);
+  o[0] = __byte_perm(lo01, lo23, 0x5410);
+  o[1] = __byte_perm(lo01, lo23, 0x7632);
+  o[2] = __byte_perm(hi01, hi23, 0x5410);
+  o[3] = __byte_perm(hi01, hi23, 0x7632);
+}
+
+// V, step 2: one CTA of 256 threads per (128-token tile, head) writes V'(h, 128 channels, the tile's
+// 128 tokens): tokens permuted within each 32-group (permuted_token) and re-expressed relative to
+// the channel's sequence-wide scale (step 1). Token-major input goes through shared memory (rows
+// loaded whole, 4x4 byte transposes, channel rows stored whole); token-contiguous input is permuted
+// in registers. Tokens past the sequence's end are written as zeros.
+inline constexpr int kVThreads = 256;
+__global__ void __launch_bounds__(kVThreads) prepare_v_kernel(const uint8_t* __restrict__ payload, PayloadLayout playout,
+                                                              const uint8_t* __restrict__ scales, ScaleLayout slayout,
+                                                              const int32_t* __restrict__ cu, const int32_t* __restrict__ cu_sf,
+                                                              int batch, int64_t H, int64_t P,
+                                                              const uint8_t* __restrict__ channel_byte,
+                                                              uint8_t* __restrict__ out) {
+  constexpr int kGroups = kTile / kBlockSize;  // 4
+  constexpr int kPitch = kTile / 4 + 1;        // words per row in shared memory (bank spread)
+  __shared__ uint32_t in_rows[kTile][kPitch];   // token-major input: token rows
+  __shared__ uint32_t out_rows[kHeadDim][kPitch];  // V' rows: channels
+  __shared__ int8_t shift_of[kGroups][kHeadDim];
   const int64_t tile = blockIdx.x, h = blockIdx.y;
   const int b = sequence_of_padded(cu_sf, batch, tile * kTile);
   const int64_t len = int64_t(cu[b + 1]) - cu[b];
   const int64_t first = tile * kTile - cu_sf[b];  // first token of the tile within its sequence
   const int64_t rem = len - first;
   const int valid_tokens = rem <= 0 ? 0 : (rem >= kTile ? kTile : int(rem));
-  if (playout == PayloadLayout::kTokenMajor) {
-    // thread = token row: 128 contiguous bytes
-    const int r = threadIdx.x;
-    uint4* dst = reinterpret_cast<uint4*>(tile_bytes + r * kPitch);
-    const uint4* src = reinterpret_cast<const uint4*>(payload + ((cu[b] + first + r) * H + h) * kHeadDim);
-#pragma unroll
-    for (int w = 0; w < 8; ++w) dst[w] = r < valid_tokens ? src[w] : make_uint4(0, 0, 0, 0);
-  } else {
-    // thread = channel: 128 contiguous tokens of (H, 128, P)
-    const int d = threadIdx.x;
-    const uint8_t* src = payload + (h * kHeadDim + d) * P + tile * kTile;
-    for (int r = 0; r < kTile; ++r) tile_bytes[r * kPitch + d] = r < valid_tokens ? src[r] : 0;
-  }
-  __syncthreads();
-  const int d = threadIdx.x;
-  const int top = channel_byte[(int64_t(b) * H + h) * kHeadDim + d];
-  uint8_t* dst = out + (h * kHeadDim + d) * P + tile * kTile;
-  for (int g = 0; g < kTile / kBlockSize; ++g) {
-    const int64_t pg = (tile * kTile) / kBlockSize + g;
+  // shift per (group, channel): the channel's sequence-wide scale over the block's (0 past the end)
+  for (int i = threadIdx.x; i < kGroups * kHeadDim; i += kVThreads) {
+    const int g = i / kHeadDim, d = i % kHeadDim;
     int shift = 0;
     if (g * kBlockSize < valid_tokens) {
+      const int64_t pg = tile * kGroups + g;
       const int64_t o = slayout == ScaleLayout::kPlain ? seq_plain_offset(pg, h, d, H) : seq_blocked_offset(h, d, pg, P);
-      shift = top - int(scales[o]);
+      shift = int(channel_byte[(int64_t(b) * H + h) * kHeadDim + d]) - int(scales[o]);
     }
-    uint32_t words[8];
+    shift_of[g][d] = int8_t(shift);
+  }
+  uint8_t* dst = out + h * kHeadDim * P + tile * kTile;  // + d * P: channel row d of the tile
+
+  if (playout == PayloadLayout::kTokenContiguous) {
+    __syncthreads();
+    // thread = (channel, 32-group): 32 input bytes -> 8 output words, in registers
+    for (int i = threadIdx.x; i < kHeadDim * kGroups; i += kVThreads) {
+      const int d = i / kGroups, g = i % kGroups;
+      const uint8_t* src = payload + (h * kHeadDim + d) * P + tile * kTile + g * kBlockSize;
+      uint32_t in[8];
+      const uint4 lo = *reinterpret_cast<const uint4*>(src), hi = *reinterpret_cast<const uint4*>(src + 16);
+      in[0] = lo.x, in[1] = lo.y, in[2] = lo.z, in[3] = lo.w, in[4] = hi.x, in[5] = hi.y, in[6] = hi.z, in[7] = hi.w;
+      const int vg = min(max(valid_tokens - g * kBlockSize, 0), kBlockSize);  // valid tokens of the group
 #pragma unroll
-    for (int w = 0; w < 8; ++w) {
-      uint32_t o = 0;
-#pragma unroll
-      for (int byte = 0; byte < 4; ++byte) {
-        const int r = g * kBlockSize + permuted_token(4 * w + byte);
-        o |= uint32_t(tile_bytes[r * kPitch + d]) << (8 * byte);
+      for (int k = 0; k < 8; ++k) {
+        const int keep = min(max(vg - 4 * k, 0), 4);  // bytes of word k inside the sequence
+        in[k] &= keep == 4 ? 0xFFFFFFFFu : (1u << (8 * keep)) - 1u;
       }
-      words[w] = shift_e4m3x4(o, shift);
+      const int shift = shift_of[g][d];
+      uint32_t o[8];
+#pragma unroll
+      for (int w = 0; w < 8; ++w) {
+        const int base = v_word_base(w);  // even: tokens base, base+1 in word base/4, +8 two words on
+        o[w] = shift_e4m3x4(__byte_perm(in[base / 4], in[base / 4 + 2], base % 4 == 0 ? 0x5410 : 0x7632), shift);
+      }
+      uint4* d16 = reinterpret_cast<uint4*>(dst + d * P + g * kBlockSize);
+      d16[0] = make_uint4(o[0], o[1], o[2], o[3]);
+      d16[1] = make_uint4(o[4], o[5], o[6], o[7]);
     }
-    uint4* d16 = reinterpret_cast<uint4*>(dst + g * kBlockSize);
-    d16[0] = make_uint4(words[0], words[1], words[2], words[3]);
-    d16[1] = make_uint4(words[4], words[5], words[6], words[7]);
+    return;
+  }
+
+  // Token-major: load the tile's token rows (8 threads x 16 bytes per row).
+  for (int i = threadIdx.x; i < kTile * 8; i += kVThreads) {
+    const int r = i / 8, c16 = i % 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < valid_tokens)
+      v = *reinterpret_cast<const uint4*>(payload + ((cu[b] + first + r) * H + h) * kHeadDim + c16 * 16);
+    in_rows[r][4 * c16 + 0] = v.x;
+    in_rows[r][4 * c16 + 1] = v.y;
+    in_rows[r][4 * c16 + 2] = v.z;
+    in_rows[r][4 * c16 + 3] = v.w;
+  }
+  __syncthreads();
+  // unit = (output word position p of the tile, channel quad cq): 4 token words in, 4 channel words out
+  for (int i = threadIdx.x; i < (kTile / 4) * (kHeadDim / 4); i += kVThreads) {
+    const int cq = i % (kHeadDim / 4), p = i / (kHeadDim / 4);
+    const int g = p / 8, t0 = g * kBlockSize + v_word_base(p % 8);
+    uint32_t o[4];
+    transpose_bytes4(in_rows[t0][cq], in_rows[t0 + 1][cq], in_rows[t0 + 8][cq], in_rows[t0 + 9][cq], o);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) out_rows[4 * cq + c][p] = shift_e4m3x4(o[c], shift_of[g][4 * cq + c]);
+  }
+  __syncthreads();
+  // store channel rows (8 threads x 16 bytes per row)
+  for (int i = threadIdx.x; i < kHeadDim * 8; i += kVThreads) {
+    const int d = i / 8, c16 = i % 8;
+    const uint32_t* row = &out_rows[d][4 * c16];
+    *reinterpret_cast<uint4*>(dst + d * P + c16 * 16) = make_uint4(row[0], row[1], row[2], row[3]);
   }
 }
 

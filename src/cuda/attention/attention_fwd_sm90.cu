@@ -527,12 +527,12 @@ Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t w
   auto run = [&]() -> Status {
     const int64_t H = p.heads;
     if (p.Pq > 0)
-      attn::prepare_rows_kernel<true><<<dim3(unsigned(p.Pq / attn::kTile), unsigned(H)), attn::kTile, 0, stream>>>(
+      attn::prepare_rows_kernel<true><<<dim3(unsigned(p.Pq / attn::kTile), unsigned(H)), attn::kRowThreads, 0, stream>>>(
           p.q.payload, p.q.scales, p.q.scale_layout, p.cu_q, p.cu_q_sf, p.broadcast_q ? 1 : p.batch, H, p.Pq, ws + w.q,
           reinterpret_cast<float*>(ws + w.q_scale));
     MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "prepare Q launch"));
     if (p.Pk > 0) {
-      attn::prepare_rows_kernel<false><<<dim3(unsigned(p.Pk / attn::kTile), unsigned(H)), attn::kTile, 0, stream>>>(
+      attn::prepare_rows_kernel<false><<<dim3(unsigned(p.Pk / attn::kTile), unsigned(H)), attn::kRowThreads, 0, stream>>>(
           p.k.payload, p.k.scales, p.k.scale_layout, p.cu_k, p.cu_k_sf, p.batch, H, p.Pk, ws + w.k,
           reinterpret_cast<float*>(ws + w.k_scale));
       MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "prepare K launch"));
@@ -541,7 +541,7 @@ Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t w
         p.v.scales, p.v.scale_layout, p.cu_k, p.cu_k_sf, H, p.Pk, ws + w.v_byte, reinterpret_cast<float*>(ws + w.v_scale));
     MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "prepare V scales launch"));
     if (p.Pk > 0) {
-      attn::prepare_v_kernel<<<dim3(unsigned(p.Pk / attn::kTile), unsigned(H)), attn::kTile, 0, stream>>>(
+      attn::prepare_v_kernel<<<dim3(unsigned(p.Pk / attn::kTile), unsigned(H)), attn::kVThreads, 0, stream>>>(
           p.v.payload, p.v.payload_layout, p.v.scales, p.v.scale_layout, p.cu_k, p.cu_k_sf, p.batch, H, p.Pk,
           ws + w.v_byte, ws + w.v);
       MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "prepare V launch"));
