@@ -40,6 +40,8 @@ inline constexpr float kPScaleLog2 = 8.f;  // P stored as e4m3(256 p)
 // and picked with the environment variable MXFLASH_FWD_VARIANT (for A/B runs of one binary): 1 no
 // softmax (P constant), 2 no K/V reloads after the first kStages tiles, 3 no wgmma.
 inline constexpr int kVariantTree = 1;
+// Bit 3 (experiment): the split-S schedule (64-key halves, softmax under the same warpgroup's P.V).
+inline constexpr int kVariantSplit = 8;
 __host__ __device__ constexpr int variant_diag(int v) { return (v >> 1) & 3; }
 static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs * kWarpgroupThreads * kConsumerWarpgroups <= 65536,
               "register budget exceeds the register file");
@@ -144,44 +146,57 @@ struct TileSoftmax {
   // ks: the K tile's scale (loaded by the caller a tile ahead, off the critical path).
   __device__ __forceinline__ void run(const float (&sc)[64], int j, float ks, float (&m)[2], float (&l)[2],
                                       float (&alpha)[2], uint32_t (&pa)[16]) const {
+    run_cols(sc, j, 0, ks, m, l, alpha, pa);
+  }
+
+  // The same on N accumulators: N / 2 keys of tile j starting at key col0 (a 64-key half for N = 32).
+  template <int N>
+  __device__ __forceinline__ void run_cols(const float (&sc)[N], int j, int col0, float ks, float (&m)[2],
+                                           float (&l)[2], float (&alpha)[2], uint32_t (&pa)[N / 4]) const {
     if (masked_tile(j)) {
-      const Rows rows = max_phase<true>(sc, j, ks, m, l, alpha);
-      exp_phase<true>(sc, j, rows, l, pa);
+      const Rows rows = max_phase<true>(sc, j, col0, ks, m, l, alpha);
+      exp_phase<true>(sc, j, col0, rows, l, pa);
     } else {
-      const Rows rows = max_phase<false>(sc, j, ks, m, l, alpha);
-      exp_phase<false>(sc, j, rows, l, pa);
+      const Rows rows = max_phase<false>(sc, j, col0, ks, m, l, alpha);
+      exp_phase<false>(sc, j, col0, rows, l, pa);
     }
   }
 
-  template <bool kMasked>
-  __device__ __forceinline__ float value(const float (&sc)[64], int j, int i) const {
+  template <bool kMasked, int N>
+  __device__ __forceinline__ float value(const float (&sc)[N], int j, int col0, int i) const {
     if (!kMasked) return sc[i];
-    const int col = 8 * (i / 4) + 2 * quad + (i % 2);
+    const int col = col0 + 8 * (i / 4) + 2 * quad + (i % 2);
     return col >= Lk - j * kTile ? -INFINITY : sc[i];  // keys past the sequence's end
   }
 
+  template <int W, int N>
+  __device__ __forceinline__ static void tree_max(float (&t)[N]) {
+    if constexpr (W >= 1) {
+#pragma unroll
+      for (int k = 0; k < W; ++k) t[k] = fmaxf(t[k], t[k + W]);
+      tree_max<W / 2>(t);
+    }
+  }
+
   // Phase 1 (needs S only): the new row maxima, the rescale factor alpha of O and l.
-  template <bool kMasked>
-  __device__ __forceinline__ Rows max_phase(const float (&sc)[64], int j, float ks, float (&m)[2], float (&l)[2],
-                                            float (&alpha)[2]) const {
-    auto masked = [&](int i) { return value<kMasked>(sc, j, i); };
+  template <bool kMasked, int N>
+  __device__ __forceinline__ Rows max_phase(const float (&sc)[N], int j, int col0, float ks, float (&m)[2],
+                                            float (&l)[2], float (&alpha)[2]) const {
+    auto masked = [&](int i) { return value<kMasked>(sc, j, col0, i); };
     Rows rows;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float mx;
       if constexpr (kTree) {
-        float t[16];
+        float t[N / 4];
 #pragma unroll
-        for (int k = 0; k < 16; ++k) t[k] = fmaxf(masked(4 * k + 2 * r), masked(4 * k + 2 * r + 1));
-#pragma unroll
-        for (int k = 0; k < 8; ++k) t[k] = fmaxf(t[k], t[k + 8]);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) t[k] = fmaxf(t[k], t[k + 4]);
-        mx = fmaxf(fmaxf(t[0], t[2]), fmaxf(t[1], t[3]));
+        for (int k = 0; k < N / 4; ++k) t[k] = fmaxf(masked(4 * k + 2 * r), masked(4 * k + 2 * r + 1));
+        tree_max<N / 8>(t);
+        mx = t[0];
       } else {
         mx = -INFINITY;
 #pragma unroll
-        for (int i = 0; i < 64; ++i)
+        for (int i = 0; i < N; ++i)
           if ((i % 4) / 2 == r) mx = fmaxf(mx, masked(i));
       }
       rows.mult[r] = row_mult[r] * ks;
@@ -194,16 +209,16 @@ struct TileSoftmax {
   }
 
   // Phase 2: P = e4m3(256 p) fragments and the row sums.
-  template <bool kMasked>
-  __device__ __forceinline__ void exp_phase(const float (&sc)[64], int j, const Rows& rows, float (&l)[2],
-                                            uint32_t (&pa)[16]) const {
-    auto masked = [&](int i) { return value<kMasked>(sc, j, i); };
+  template <bool kMasked, int N>
+  __device__ __forceinline__ void exp_phase(const float (&sc)[N], int j, int col0, const Rows& rows, float (&l)[2],
+                                            uint32_t (&pa)[N / 4]) const {
+    auto masked = [&](int i) { return value<kMasked>(sc, j, col0, i); };
     const float(&mult)[2] = rows.mult;
     const float(&m_new)[2] = rows.m_new;
     // P fragments (see permuted_token in the prepare pass): chunk c of 32 keys uses accumulators
     // 16c..16c+15; each thread packs its own values, V' is stored in the matching key order.
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
+    for (int c = 0; c < N / 16; ++c) {
       float x[16];
 #pragma unroll
       for (int t = 0; t < 16; ++t) {
@@ -348,6 +363,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto hand_over = [&](int j) {
     if (!(cw == 1 && j == n_tiles - 1)) sm90::named_barrier_arrive(other_turn, kTurnThreads);
   };
+  if constexpr ((kVariant & kVariantSplit) == 0) {
   uint32_t pa[16];
   float alpha[2];
   {
@@ -389,6 +405,101 @@ __global__ void __launch_bounds__(kThreads, 1)
   sm90::mbar_arrive(&s.empty[last]);
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i % 4) / 2], ot[i]);
+  } else {
+    // Split-S schedule (experiment, docs/attention.md): S in 64-key halves with Q as the register A
+    // operand; the softmax of half n runs while P.V of half n-1 (same warpgroup) is in flight, P.V
+    // promoted into O after every half. Live: O 64 + P.V 64 + S 32 + Q 16 + P 2 x 8.
+    static_assert(kDiag == 0, "the diagnostics apply to the default schedule");
+    const int n_halves = (Lk + kTile / 2 - 1) / (kTile / 2);
+    auto hand_over_half = [&](int n) {
+      if (!(cw == 1 && n == n_halves - 1)) sm90::named_barrier_arrive(other_turn, kTurnThreads);
+    };
+    uint32_t qa[kHeadDim / 32][4];  // A fragments of this warpgroup's 64 Q rows (128-byte swizzle)
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 32; ++kk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = cw * kRowsPerConsumer + warp * 16 + lane / 4 + 8 * (e & 1);
+        const int col = 32 * kk + 16 * (e >> 1) + 4 * quad;
+        qa[kk][e] = *reinterpret_cast<const uint32_t*>(s.q + row * kHeadDim + (((col / 16) ^ (row % 8)) * 16) + col % 16);
+      }
+    auto issue_s_half = [&](float (&sc)[32], int stage, int hh) {
+      sm90::wgmma_fence();
+      const uint64_t dk = sm90::make_desc_k128b(s.k[stage] + hh * (kTile / 2) * kHeadDim);
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n64k32_rs(sc, qa[kk], dk + 2 * kk, kk);
+      sm90::wgmma_commit();
+    };
+    auto issue_pv_half = [&](float (&acc)[64], const uint32_t (&ph)[8], int stage, int hh) {
+      sm90::wgmma_fence();
+      const uint64_t dv = sm90::make_desc_k128b(s.v[stage]);
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        // the fragment registers themselves, no copies (copies inside a wgmma stage serialize it)
+        sm90::wgmma_m64n128k32_rs(acc, *reinterpret_cast<const uint32_t(*)[4]>(&ph[4 * c]), dv + 2 * (2 * hh + c), c);
+      }
+      sm90::wgmma_commit();
+    };
+    float ks_cur = k_scale[0], ks_next = n_tiles > 1 ? k_scale[1] : 0.f;
+    // P fragments and O rescale factors of even halves in *_even, odd halves in *_odd: each step
+    // reads the previous half's and writes its own, with no register copies (ptxas serializes every
+    // wgmma when plain moves define a wgmma's input registers inside its pipeline stage).
+    uint32_t ph_even[8], ph_odd[8];
+    float al_even[2], al_odd[2];
+    {
+      wait_full(0);
+      float sc[32];
+      sm90::named_barrier_sync(my_turn, kTurnThreads);
+      issue_s_half(sc, 0, 0);
+      hand_over_half(0);
+      sm90::wgmma_wait<0>();
+      fence_all(sc);
+      sm.run_cols(sc, 0, 0, ks_cur, m, l, al_even, ph_even);
+    }
+    float ot[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) ot[i] = 0.f;
+    auto step = [&](int n, const uint32_t (&ph_prev)[8], const float (&al_prev)[2], uint32_t (&ph_cur)[8],
+                    float (&al_cur)[2]) {
+      const int j = n / 2, hh = n % 2, jp = (n - 1) / 2, hp = (n - 1) % 2;
+      const int stage = j % kStages, stage_p = jp % kStages;
+      if (hh == 0) {
+        wait_full(j);
+        ks_cur = ks_next;
+        if (j + 1 < n_tiles) ks_next = k_scale[j + 1];
+      }
+      float sc[32];
+      sm90::named_barrier_sync(my_turn, kTurnThreads);
+      issue_s_half(sc, stage, hh);
+      issue_pv_half(ot, ph_prev, stage_p, hp);
+      hand_over_half(n);
+      sm90::wgmma_wait<1>();  // S of half n done; P.V of half n-1 may still run
+      fence_all(sc);
+      sm.run_cols(sc, j, (kTile / 2) * hh, ks_cur, m, l, al_cur, ph_cur);
+      sm90::wgmma_wait<0>();
+      fence_all(ot);
+      if (hp == 1) sm90::mbar_arrive(&s.empty[stage_p]);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], al_prev[(i % 4) / 2], ot[i]);
+    };
+    for (int n = 1; n < n_halves; n += 2) {
+      step(n, ph_even, al_even, ph_odd, al_odd);
+      if (n + 1 < n_halves) step(n + 1, ph_odd, al_odd, ph_even, al_even);
+    }
+    auto finish = [&](const uint32_t (&ph)[8], const float (&al)[2]) {
+      const int jl = (n_halves - 1) / 2, hl = (n_halves - 1) % 2;
+      issue_pv_half(ot, ph, jl % kStages, hl);
+      sm90::wgmma_wait<0>();
+      fence_all(ot);
+      sm90::mbar_arrive(&s.empty[jl % kStages]);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], al[(i % 4) / 2], ot[i]);
+    };
+    if ((n_halves - 1) % 2 == 0)
+      finish(ph_even, al_even);
+    else
+      finish(ph_odd, al_odd);
+  }
 
   // ---------------------------------------------------------------------------- epilogue
   const float* v_scale = p.v_scale + (int64_t(b) * p.heads + h) * kHeadDim;
@@ -580,6 +691,7 @@ Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t w
       case 3: kernel = attn::attention_fwd_kernel<3>; break;
       case 5: kernel = attn::attention_fwd_kernel<5>; break;
       case 7: kernel = attn::attention_fwd_kernel<7>; break;
+      case 9: kernel = attn::attention_fwd_kernel<9>; break;
       default: break;
     }
 #endif
