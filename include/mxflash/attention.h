@@ -46,4 +46,32 @@ Status attention_forward(const MxTensor& q, const MxTensor& k, const MxTensor& v
                          const JaggedMeta& k_meta, const AttentionOptions& opt, TensorView out, TensorView lse,
                          void* workspace = nullptr, size_t workspace_bytes = 0, void* stream = nullptr);
 
+// ---------------------------------------------------------------------------------- backward
+// Kernel options of the MXFP8 backward (issue 5). The exact-MX CPU reference implements the
+// defaults; any other value is refused with Status kUnsupported, never ignored.
+enum class DqAccum : int { kFp32 = 0, kFp16 = 1 };          // dQ accumulation across K/V tiles
+enum class PScaleMode : int { kConstant = 0, kDynamic = 1 };  // P as e4m3(256 p), or per-block scales
+
+struct AttentionBackwardOptions {
+  float softmax_scale = NAN;  // NaN: 1/sqrt(128); must be the forward's
+  bool broadcast_q = false;   // dQ of the shared Q sequence is summed over the batch
+  DqAccum dq_accum = DqAccum::kFp32;
+  int dq_fp16_scale_log2 = 12;  // static scale 2^k of the FP16 dQ accumulator, k in 0..15
+  PScaleMode p_scale = PScaleMode::kConstant;
+  bool output_mxfp8_dkv = false;  // dK, dV as E4M3 + 32x32-block scales instead of BF16
+};
+
+// MXFP8 attention backward. Operands (ARCHITECTURE.md §5, REFERENCE.md §5): q and k along the head
+// dim (S = Q Kᵀ), q_seq and k_seq the same tensors quantized along tokens (dK = dSᵀ Q, dQ = dS K),
+// v along the head dim (dP = dO Vᵀ); out and dout (To, H, 128) bf16 and lse (H, To) fp32 from the
+// forward (To as in attention_forward). dO is quantized inside in 32x32 blocks, D = rowsum(out∘dout),
+// dS = P∘(dP − D) quantized 1x32 along Q tokens (dK) and 32x32 (dQ).
+// Outputs: dq (Tq, H, 128), dk and dv (Tk, H, 128), bf16; with broadcast_q, dq is the sum over the
+// batch. CPU tensors run the exact-MX CPU reference; the CUDA kernel is not built yet (CUDA tensors
+// get Status kUnsupported, and nothing is written).
+Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTensor& k, const MxTensor& k_seq,
+                          const MxTensor& v, TensorView out, TensorView dout, TensorView lse, const JaggedMeta& q_meta,
+                          const JaggedMeta& k_meta, const AttentionBackwardOptions& opt, TensorView dq, TensorView dk,
+                          TensorView dv, void* stream = nullptr);
+
 }  // namespace mxflash

@@ -35,6 +35,7 @@ __all__ = [
     "JaggedMeta",
     "MxTensor",
     "attention_forward",
+    "attention_backward",
     "quantize",
     "quantize_mx",
     "quantize_hdim_seq",
@@ -615,6 +616,51 @@ def attention_forward(q, k, v, q_meta, k_meta, softmax_scale=None, broadcast_q=F
                          _stream(qp))
     del workspace  # freed to torch's caching allocator, stream-ordered behind the kernels
     return o, lse
+
+
+_DQ_ACCUM = {"fp32": 0, "fp16": 1}
+_P_SCALE = {"constant": 0, "dynamic": 1}
+
+
+def attention_backward(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, softmax_scale=None,
+                       broadcast_q=False, dq_accum="fp32", dq_fp16_scale_log2=12, p_scale="constant",
+                       output_mxfp8_dkv=False, grads=None):
+    """MXFP8 attention backward on packed jagged sequences, head dim 128, non-causal.
+
+    q, k: :class:`MxTensor` along the head dim (as for :func:`attention_forward`); q_seq, k_seq: the
+    same tensors quantized along tokens ("seq"); v along the head dim. out (To, H, 128) bfloat16 and
+    lse (H, To) float32 as the forward returned them, dout (To, H, 128) bfloat16. softmax_scale and
+    broadcast_q must match the forward's. Returns (dq, dk, dv), bfloat16: dq (Tq, H, 128), dk and dv
+    (Tk, H, 128); with broadcast_q, dq is summed over the batch. grads=(dq, dk, dv) writes into given
+    arrays. Options of the GPU kernel to come (dq_accum "fp16", p_scale "dynamic",
+    output_mxfp8_dkv) raise RuntimeError ("... not implemented yet") rather than being ignored. numpy operands run the exact-MX CPU reference; CUDA tensors are refused (the backward
+    kernel is not built yet).
+    """
+    _check_meta_arg(q_meta, "q_meta")
+    _check_meta_arg(k_meta, "k_meta")
+    names = ("q", "q_seq", "k", "k_seq", "v")
+    operands = (q, q_seq, k, k_seq, v)
+    arrays = [_mx_arrays(t, n) for t, n in zip(operands, names)]
+    qp = arrays[0][0]
+    heads = 1
+    if qp.ndim == 3:
+        heads = int(qp.shape[0] if q.payload_layout == "token_contiguous" else qp.shape[1]) or 1
+    o, g, l = _as_array(out, "out"), _as_array(dout, "dout"), _as_array(lse, "lse")
+    outs = _outputs(grads, 3, "dq, dk, dv")
+    if outs is None:
+        dq = _empty(qp, (q_meta.total_tokens, heads, HEAD_DIM), "bfloat16")
+        dk = _empty(qp, (k_meta.total_tokens, heads, HEAD_DIM), "bfloat16")
+        dv = _empty(qp, (k_meta.total_tokens, heads, HEAD_DIM), "bfloat16")
+    else:
+        dq, dk, dv = (_as_array(x, n) for x, n in zip(outs, ("dq", "dk", "dv")))
+    scale = float("nan") if softmax_scale is None else float(softmax_scale)
+    _C.attention_backward(q_meta._cpp_for(qp), k_meta._cpp_for(qp),
+                          *(_mx_view(t, a, n) for t, a, n in zip(operands, arrays, names)),
+                          _view(o, "out"), _view(g, "dout"), _view(l, "lse"), scale, bool(broadcast_q),
+                          _code(_DQ_ACCUM, dq_accum), int(dq_fp16_scale_log2), _code(_P_SCALE, p_scale),
+                          bool(output_mxfp8_dkv), _view(dq, "dq", True), _view(dk, "dk", True),
+                          _view(dv, "dv", True), _stream(qp))
+    return dq, dk, dv
 
 
 # ---------------------------------------------------------------------------- scalar codecs

@@ -1,5 +1,5 @@
-// Host launcher of the MXFP8 attention forward: validates every argument, then runs the exact-MX
-// CPU reference (CPU tensors) or the sm_90a kernel (CUDA tensors).
+// Host launchers of MXFP8 attention: validate every argument, then run the exact-MX CPU reference
+// (CPU tensors) or the sm_90a kernels (CUDA tensors; forward only so far).
 #include "mxflash/attention.h"
 
 #include <algorithm>
@@ -13,8 +13,8 @@
 namespace mxflash {
 namespace {
 
-float resolved_scale(const AttentionOptions& opt) {
-  return std::isnan(opt.softmax_scale) ? float(1.0 / std::sqrt(double(kHeadDim))) : opt.softmax_scale;
+float resolved_scale(float softmax_scale) {
+  return std::isnan(softmax_scale) ? float(1.0 / std::sqrt(double(kHeadDim))) : softmax_scale;
 }
 
 std::string with(const char* op, const char* field) { return std::string(op) + "." + field; }
@@ -57,6 +57,37 @@ Status check_operand(const MxTensor& t, const char* name, Orientation want, cons
   return Status::Ok();
 }
 
+// A dense (dims) tensor of one dtype: shape, contiguity, data.
+Status check_dense(const TensorView& t, const char* name, DType dtype, int ndim, const int64_t* dims) {
+  MXFLASH_RETURN_IF_ERROR(check_dtype(t, name, {dtype}));
+  MXFLASH_RETURN_IF_ERROR(check_shape(t, name, ndim, dims));
+  MXFLASH_RETURN_IF_ERROR(check_contiguous(t, name));
+  return check_not_null(t, name);
+}
+
+Status check_metas(const JaggedMeta& q_meta, const JaggedMeta& k_meta, bool broadcast_q) {
+  if (q_meta.batch() < 1) return Status::Invalid("q_meta: empty metadata");
+  if (k_meta.batch() < 1) return Status::Invalid("k_meta: empty metadata");
+  if (broadcast_q && q_meta.batch() != 1)
+    return Status::Invalid("q_meta: broadcast_q needs exactly one Q sequence, got " + std::to_string(q_meta.batch()));
+  if (!broadcast_q && q_meta.batch() != k_meta.batch())
+    return Status::Invalid("q_meta: has " + std::to_string(q_meta.batch()) + " sequences but k_meta has " +
+                           std::to_string(k_meta.batch()) + " (use broadcast_q for one shared Q sequence)");
+  return Status::Ok();
+}
+
+Status check_scale(float scale) {
+  if (!(scale > 0.f) || std::isinf(scale)) return Status::Invalid("softmax_scale: must be a finite positive number");
+  return Status::Ok();
+}
+
+// The dequantized values of an MX operand, (T, H, 128) fp32.
+Status dequantized(const MxTensor& t, const JaggedMeta& m, int64_t H, std::vector<float>* x) {
+  x->assign(size_t(m.total_tokens() * H * kHeadDim), 0.f);
+  return dequantize(t.payload, t.scales, m, t.orientation, t.scale_layout, t.payload_layout,
+                    make_view(x->data(), DType::kFloat32, Device::kCPU, {m.total_tokens(), H, kHeadDim}));
+}
+
 int64_t out_tokens(const JaggedMeta& q_meta, const JaggedMeta& k_meta, bool broadcast_q) {
   return broadcast_q ? int64_t(k_meta.batch()) * q_meta.total_tokens() : q_meta.total_tokens();
 }
@@ -65,15 +96,10 @@ int64_t out_tokens(const JaggedMeta& q_meta, const JaggedMeta& k_meta, bool broa
 // already-representable MX values unchanged.
 Status forward_cpu(const MxTensor& q, const MxTensor& k, const MxTensor& v, const JaggedMeta& qm, const JaggedMeta& km,
                    int64_t H, float scale, bool broadcast_q, TensorView out, TensorView lse) {
-  auto dequant = [&](const MxTensor& t, const JaggedMeta& m, std::vector<float>* x) {
-    x->assign(size_t(m.total_tokens() * H * kHeadDim), 0.f);
-    return dequantize(t.payload, t.scales, m, t.orientation, t.scale_layout, t.payload_layout,
-                      make_view(x->data(), DType::kFloat32, Device::kCPU, {m.total_tokens(), H, kHeadDim}));
-  };
   std::vector<float> qf, kf, vf;
-  MXFLASH_RETURN_IF_ERROR(dequant(q, qm, &qf));
-  MXFLASH_RETURN_IF_ERROR(dequant(k, km, &kf));
-  MXFLASH_RETURN_IF_ERROR(dequant(v, km, &vf));
+  MXFLASH_RETURN_IF_ERROR(dequantized(q, qm, H, &qf));
+  MXFLASH_RETURN_IF_ERROR(dequantized(k, km, H, &kf));
+  MXFLASH_RETURN_IF_ERROR(dequantized(v, km, H, &vf));
   ref::AttnProblem p;
   p.q_meta = &qm;
   p.k_meta = &km;
@@ -107,30 +133,18 @@ size_t attention_forward_workspace_size(const JaggedMeta& q_meta, const JaggedMe
 Status attention_forward(const MxTensor& q, const MxTensor& k, const MxTensor& v, const JaggedMeta& q_meta,
                          const JaggedMeta& k_meta, const AttentionOptions& opt, TensorView out, TensorView lse,
                          void* workspace, size_t workspace_bytes, void* stream) {
-  if (q_meta.batch() < 1) return Status::Invalid("q_meta: empty metadata");
-  if (k_meta.batch() < 1) return Status::Invalid("k_meta: empty metadata");
-  if (opt.broadcast_q && q_meta.batch() != 1)
-    return Status::Invalid("q_meta: broadcast_q needs exactly one Q sequence, got " + std::to_string(q_meta.batch()));
-  if (!opt.broadcast_q && q_meta.batch() != k_meta.batch())
-    return Status::Invalid("q_meta: has " + std::to_string(q_meta.batch()) + " sequences but k_meta has " +
-                           std::to_string(k_meta.batch()) + " (use broadcast_q for one shared Q sequence)");
-  const float scale = resolved_scale(opt);
-  if (!(scale > 0.f) || std::isinf(scale)) return Status::Invalid("softmax_scale: must be a finite positive number");
+  MXFLASH_RETURN_IF_ERROR(check_metas(q_meta, k_meta, opt.broadcast_q));
+  const float scale = resolved_scale(opt.softmax_scale);
+  MXFLASH_RETURN_IF_ERROR(check_scale(scale));
   int64_t H = 0;
   MXFLASH_RETURN_IF_ERROR(check_operand(q, "q", Orientation::kHdim, q_meta, &H));
   MXFLASH_RETURN_IF_ERROR(check_operand(k, "k", Orientation::kHdim, k_meta, &H));
   MXFLASH_RETURN_IF_ERROR(check_operand(v, "v", Orientation::kSeq, k_meta, &H));
   const int64_t To = out_tokens(q_meta, k_meta, opt.broadcast_q);
   const int64_t out_shape[3] = {To, H, kHeadDim}, lse_shape[2] = {H, To};
-  MXFLASH_RETURN_IF_ERROR(check_dtype(out, "out", {DType::kBFloat16}));
-  MXFLASH_RETURN_IF_ERROR(check_shape(out, "out", 3, out_shape));
-  MXFLASH_RETURN_IF_ERROR(check_contiguous(out, "out"));
-  MXFLASH_RETURN_IF_ERROR(check_not_null(out, "out"));
+  MXFLASH_RETURN_IF_ERROR(check_dense(out, "out", DType::kBFloat16, 3, out_shape));
   MXFLASH_RETURN_IF_ERROR(check_alignment(out, "out", 4));
-  MXFLASH_RETURN_IF_ERROR(check_dtype(lse, "lse", {DType::kFloat32}));
-  MXFLASH_RETURN_IF_ERROR(check_shape(lse, "lse", 2, lse_shape));
-  MXFLASH_RETURN_IF_ERROR(check_contiguous(lse, "lse"));
-  MXFLASH_RETURN_IF_ERROR(check_not_null(lse, "lse"));
+  MXFLASH_RETURN_IF_ERROR(check_dense(lse, "lse", DType::kFloat32, 2, lse_shape));
   Device dev = Device::kCPU;
   MXFLASH_RETURN_IF_ERROR(check_same_device({{&q.payload, "q.payload"},
                                              {&q.scales, "q.scales"},
@@ -175,6 +189,123 @@ Status attention_forward(const MxTensor& q, const MxTensor& k, const MxTensor& v
   p.lse = lse.ptr<float>();
   if (opt.exact_mx) return cuda::attention_forward_exact(p, stream);
   return cuda::attention_forward(p, workspace, workspace_bytes, stream);
+}
+
+// ------------------------------------------------------------------------------- backward
+namespace {
+
+Status check_backward_options(const AttentionBackwardOptions& opt) {
+  if (opt.dq_accum != DqAccum::kFp32 && opt.dq_accum != DqAccum::kFp16)
+    return Status::Invalid("dq_accum: must be fp32 or fp16, got an unknown value " + std::to_string(int(opt.dq_accum)));
+  if (opt.dq_fp16_scale_log2 < 0 || opt.dq_fp16_scale_log2 > 15)
+    return Status::Invalid("dq_fp16_scale_log2: must be in 0..15, got " + std::to_string(opt.dq_fp16_scale_log2));
+  if (opt.p_scale != PScaleMode::kConstant && opt.p_scale != PScaleMode::kDynamic)
+    return Status::Invalid("p_scale: must be constant or dynamic, got an unknown value " + std::to_string(int(opt.p_scale)));
+  // Defined by issue 5 for the GPU kernel; the reference models the defaults only.
+  if (opt.dq_accum != DqAccum::kFp32)
+    return Status::Unsupported("dq_accum: fp16 accumulation is not implemented yet (only fp32)");
+  if (opt.p_scale != PScaleMode::kConstant)
+    return Status::Unsupported("p_scale: dynamic per-block P scales are not implemented yet (only the constant 2^-8)");
+  if (opt.output_mxfp8_dkv)
+    return Status::Unsupported("output_mxfp8_dkv: MXFP8 dK, dV outputs are not implemented yet (only bf16)");
+  return Status::Ok();
+}
+
+// CPU: the exact-MX reference on the dequantized operands (each operand as given, in its own
+// orientation), out / lse as the forward delivered them, dout rounded from bf16.
+Status backward_cpu(const MxTensor& q, const MxTensor& q_seq, const MxTensor& k, const MxTensor& k_seq, const MxTensor& v,
+                    TensorView out, TensorView dout, TensorView lse, const JaggedMeta& qm, const JaggedMeta& km, int64_t H,
+                    float scale, bool broadcast_q, TensorView dq, TensorView dk, TensorView dv) {
+  ref::AttnOperands ops;
+  auto take = [&](const MxTensor& t, const JaggedMeta& m, std::vector<double>* dst) {
+    std::vector<float> x;
+    MXFLASH_RETURN_IF_ERROR(dequantized(t, m, H, &x));
+    dst->assign(x.begin(), x.end());
+    return Status::Ok();
+  };
+  MXFLASH_RETURN_IF_ERROR(take(q, qm, &ops.q_s));
+  MXFLASH_RETURN_IF_ERROR(take(q_seq, qm, &ops.q_dk));
+  MXFLASH_RETURN_IF_ERROR(take(k, km, &ops.k_s));
+  MXFLASH_RETURN_IF_ERROR(take(k_seq, km, &ops.k_dq));
+  MXFLASH_RETURN_IF_ERROR(take(v, km, &ops.v_dp));
+  const int64_t no = out.shape[0] * H * kHeadDim;
+  ref::AttnForwardResult fwd;
+  fwd.out.resize(size_t(no));
+  std::vector<float> dout_f(static_cast<size_t>(no));
+  const uint16_t* o = out.ptr<const uint16_t>();
+  const uint16_t* g = dout.ptr<const uint16_t>();
+  for (int64_t i = 0; i < no; ++i) {
+    fwd.out[size_t(i)] = bf16_to_float(o[i]);
+    dout_f[size_t(i)] = bf16_to_float(g[i]);
+  }
+  const float* l = lse.ptr<const float>();
+  fwd.lse.assign(l, l + lse.shape[0] * lse.shape[1]);
+  ref::AttnProblem p;
+  p.q_meta = &qm;
+  p.k_meta = &km;
+  p.heads = H;
+  p.softmax_scale = scale;
+  p.broadcast_q = broadcast_q;
+  ref::AttnBackwardResult r;
+  MXFLASH_RETURN_IF_ERROR(ref::attention_backward_mx_operands(p, ops, fwd, dout_f.data(), &r));
+  auto store = [](const std::vector<double>& x, TensorView t) {
+    uint16_t* d = t.ptr<uint16_t>();
+    for (size_t i = 0; i < x.size(); ++i) d[i] = float_to_bf16(float(x[i]));
+  };
+  store(r.dq, dq);
+  store(r.dk, dk);
+  store(r.dv, dv);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTensor& k, const MxTensor& k_seq,
+                          const MxTensor& v, TensorView out, TensorView dout, TensorView lse, const JaggedMeta& q_meta,
+                          const JaggedMeta& k_meta, const AttentionBackwardOptions& opt, TensorView dq, TensorView dk,
+                          TensorView dv, void* stream) {
+  (void)stream;
+  MXFLASH_RETURN_IF_ERROR(check_metas(q_meta, k_meta, opt.broadcast_q));
+  const float scale = resolved_scale(opt.softmax_scale);
+  MXFLASH_RETURN_IF_ERROR(check_scale(scale));
+  MXFLASH_RETURN_IF_ERROR(check_backward_options(opt));
+  int64_t H = 0;
+  MXFLASH_RETURN_IF_ERROR(check_operand(q, "q", Orientation::kHdim, q_meta, &H));
+  MXFLASH_RETURN_IF_ERROR(check_operand(q_seq, "q_seq", Orientation::kSeq, q_meta, &H));
+  MXFLASH_RETURN_IF_ERROR(check_operand(k, "k", Orientation::kHdim, k_meta, &H));
+  MXFLASH_RETURN_IF_ERROR(check_operand(k_seq, "k_seq", Orientation::kSeq, k_meta, &H));
+  MXFLASH_RETURN_IF_ERROR(check_operand(v, "v", Orientation::kHdim, k_meta, &H));
+  const int64_t To = out_tokens(q_meta, k_meta, opt.broadcast_q);
+  const int64_t o_shape[3] = {To, H, kHeadDim}, lse_shape[2] = {H, To};
+  const int64_t q_shape[3] = {q_meta.total_tokens(), H, kHeadDim}, k_shape[3] = {k_meta.total_tokens(), H, kHeadDim};
+  MXFLASH_RETURN_IF_ERROR(check_dense(out, "out", DType::kBFloat16, 3, o_shape));
+  MXFLASH_RETURN_IF_ERROR(check_dense(dout, "dout", DType::kBFloat16, 3, o_shape));
+  MXFLASH_RETURN_IF_ERROR(check_dense(lse, "lse", DType::kFloat32, 2, lse_shape));
+  MXFLASH_RETURN_IF_ERROR(check_dense(dq, "dq", DType::kBFloat16, 3, q_shape));
+  MXFLASH_RETURN_IF_ERROR(check_dense(dk, "dk", DType::kBFloat16, 3, k_shape));
+  MXFLASH_RETURN_IF_ERROR(check_dense(dv, "dv", DType::kBFloat16, 3, k_shape));
+  Device dev = Device::kCPU;
+  MXFLASH_RETURN_IF_ERROR(check_same_device({{&q.payload, "q.payload"},
+                                             {&q.scales, "q.scales"},
+                                             {&q_seq.payload, "q_seq.payload"},
+                                             {&q_seq.scales, "q_seq.scales"},
+                                             {&k.payload, "k.payload"},
+                                             {&k.scales, "k.scales"},
+                                             {&k_seq.payload, "k_seq.payload"},
+                                             {&k_seq.scales, "k_seq.scales"},
+                                             {&v.payload, "v.payload"},
+                                             {&v.scales, "v.scales"},
+                                             {&out, "out"},
+                                             {&dout, "dout"},
+                                             {&lse, "lse"},
+                                             {&dq, "dq"},
+                                             {&dk, "dk"},
+                                             {&dv, "dv"}},
+                                            &dev));
+  if (dev != Device::kCPU)
+    return Status::Unsupported("attention_backward: the CUDA kernel is not built yet (issue 5); CPU tensors run the "
+                               "exact-MX reference");
+  return backward_cpu(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, H, scale, opt.broadcast_q, dq, dk, dv);
 }
 
 }  // namespace mxflash

@@ -267,7 +267,9 @@ int64_t out_tokens(const AttnProblem& p) {
   return int64_t(p.k_meta->batch()) * p.q_meta->length(0);
 }
 
-Status check_problem(const AttnProblem& p) {
+namespace {
+// Metadata, heads and scale (check_problem without the data pointers).
+Status check_problem_meta(const AttnProblem& p) {
   if (!p.q_meta || p.q_meta->batch() < 1) return Status::Invalid("q_meta: missing or empty metadata");
   if (!p.k_meta || p.k_meta->batch() < 1) return Status::Invalid("k_meta: missing or empty metadata");
   if (p.broadcast_q) {
@@ -280,6 +282,12 @@ Status check_problem(const AttnProblem& p) {
   if (p.heads < 1) return Status::Invalid("heads: must be >= 1");
   if (!(p.softmax_scale > 0.0) || !std::isfinite(p.softmax_scale))
     return Status::Invalid("softmax_scale: must be finite and > 0");
+  return Status::Ok();
+}
+}  // namespace
+
+Status check_problem(const AttnProblem& p) {
+  MXFLASH_RETURN_IF_ERROR(check_problem_meta(p));
   if (p.q_meta->total_tokens() > 0 && !p.q) return Status::Invalid("q: data pointer is null");
   if (p.k_meta->total_tokens() > 0 && (!p.k || !p.v)) return Status::Invalid("k, v: data pointer is null");
   return Status::Ok();
@@ -355,18 +363,65 @@ Status attention_forward(const AttnProblem& p, AttnMethod m, AttnForwardResult* 
   return Status::Ok();
 }
 
+namespace {
+// Checks shared by both backward entries; g is the problem's geometry.
+Status check_backward_args(const Geometry& g, const AttnForwardResult& fwd, const float* dout,
+                           const AttnBackwardResult* grads) {
+  if (!grads) return Status::Invalid("grads: null");
+  if (fwd.out.size() != size_t(g.To * g.H * kD) || fwd.lse.size() != size_t(g.H * g.To))
+    return Status::Invalid("fwd: out / lse sizes do not match the problem (" + std::to_string(g.To) + " output tokens)");
+  if (g.To > 0 && !dout) return Status::Invalid("dout: data pointer is null");
+  return Status::Ok();
+}
+
+Status backward_core(const AttnProblem& p, const Geometry& g, AttnMethod m, const Operands& ops,
+                     const AttnForwardResult& fwd, const float* dout, AttnBackwardResult* grads,
+                     const AttnOptions& opt);
+}  // namespace
+
 Status attention_backward(const AttnProblem& p, AttnMethod m, const AttnForwardResult& fwd, const float* dout,
                           AttnBackwardResult* grads, const AttnOptions& opt) {
   MXFLASH_RETURN_IF_ERROR(check_problem(p));
   if (!valid_method(m)) return Status::Invalid("method: unknown attention method");
-  if (!grads) return Status::Invalid("grads: null");
   const Geometry g = geometry_of(p);
-  if (fwd.out.size() != size_t(g.To * g.H * kD) || fwd.lse.size() != size_t(g.H * g.To))
-    return Status::Invalid("fwd: out / lse sizes do not match the problem (" + std::to_string(g.To) + " output tokens)");
-  if (g.To > 0 && !dout) return Status::Invalid("dout: data pointer is null");
-  const JaggedMeta out_meta = out_meta_of(p, g);
+  MXFLASH_RETURN_IF_ERROR(check_backward_args(g, fwd, dout, grads));
   Operands ops;
-  MXFLASH_RETURN_IF_ERROR(prepare(p, g, m, dout, out_meta, /*backward=*/true, &ops));
+  MXFLASH_RETURN_IF_ERROR(prepare(p, g, m, dout, out_meta_of(p, g), /*backward=*/true, &ops));
+  return backward_core(p, g, m, ops, fwd, dout, grads, opt);
+}
+
+Status attention_backward_mx_operands(const AttnProblem& p, const AttnOperands& given, const AttnForwardResult& fwd,
+                                      const float* dout, AttnBackwardResult* grads, const AttnOptions& opt) {
+  MXFLASH_RETURN_IF_ERROR(check_problem_meta(p));
+  const Geometry g = geometry_of(p);
+  MXFLASH_RETURN_IF_ERROR(check_backward_args(g, fwd, dout, grads));
+  const size_t nq = size_t(g.Tq * g.H * kD), nk = size_t(g.Tk * g.H * kD);
+  const struct {
+    const Vec& v;
+    size_t n;
+    const char* name;
+  } parts[] = {{given.q_s, nq, "ops.q_s"}, {given.k_s, nk, "ops.k_s"}, {given.v_dp, nk, "ops.v_dp"},
+               {given.q_dk, nq, "ops.q_dk"}, {given.k_dq, nk, "ops.k_dq"}};
+  for (const auto& part : parts)
+    if (part.v.size() != part.n)
+      return Status::Invalid(std::string(part.name) + ": has " + std::to_string(part.v.size()) + " values, the problem needs " +
+                             std::to_string(part.n));
+  Operands ops;
+  ops.q_s = given.q_s.data();
+  ops.k_s = given.k_s.data();
+  ops.v_dp = given.v_dp.data();
+  ops.q_dk = given.q_dk.data();
+  ops.k_dq = given.k_dq.data();
+  Vec t;
+  MXFLASH_RETURN_IF_ERROR(mx_of(dout, out_meta_of(p, g), g.H, Orientation::kSquare32, &t));
+  ops.do_g = ops.add(std::move(t));
+  return backward_core(p, g, AttnMethod::kMx, ops, fwd, dout, grads, opt);
+}
+
+namespace {
+Status backward_core(const AttnProblem& p, const Geometry& g, AttnMethod m, const Operands& ops,
+                     const AttnForwardResult& fwd, const float* dout, AttnBackwardResult* grads,
+                     const AttnOptions& opt) {
   const bool exact = m == AttnMethod::kFp64;
   const bool round = !exact && opt.round_outputs;
   const PRound pr = p_round_of(m);
@@ -494,5 +549,6 @@ Status attention_backward(const AttnProblem& p, AttnMethod m, const AttnForwardR
   finish(grads->dv, 1.0);
   return Status::Ok();
 }
+}  // namespace
 
 }  // namespace mxflash::ref

@@ -111,6 +111,14 @@ int64_t out_tokens(const AttnProblem& p);
 Status attention_forward(const AttnProblem& p, AttnMethod m, AttnForwardResult* result,
                          const AttnOptions& opt = {});
 
+// The exact-MX backward on operands the caller quantized (the public attention_backward's CPU
+// path): ops.q_s, ops.k_s (Q, K along hdim), ops.v_dp (V along hdim), ops.q_dk, ops.k_dq (Q, K along
+// seq), dequantized, (T, H, 128) each; the other members are not read. dO is quantized here in
+// 32x32 blocks from `dout`; D and P come from `fwd` (out and lse) as in attention_backward. p.q,
+// p.k, p.v are not read.
+Status attention_backward_mx_operands(const AttnProblem& p, const AttnOperands& ops, const AttnForwardResult& fwd,
+                                      const float* dout, AttnBackwardResult* grads, const AttnOptions& opt = {});
+
 // `fwd` must be the same method's forward result (its O enters D = rowsum(O . dO), its LSE
 // recomputes P), `dout` (To, H, 128).
 Status attention_backward(const AttnProblem& p, AttnMethod m, const AttnForwardResult& fwd, const float* dout,

@@ -1,0 +1,40 @@
+// Host MX operands for the attention API tests: a library-quantized (T, H, 128) tensor as an
+// MxTensor over owned buffers, plus the poison byte and the dummy device pointer the tests use.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "mxflash/attention.h"
+
+namespace mxflash::test {
+
+constexpr uint8_t kPoison = 0xA5;
+// CUDA-tagged views carry it: a launcher that dereferenced one before rejecting it would crash.
+inline void* const kDummyDevicePtr = reinterpret_cast<void*>(uintptr_t(0x1000));
+
+struct HostMx {
+  std::vector<uint8_t> payload, scales;
+  MxTensor t;
+};
+
+// x (T, H, 128) fp32 quantized by the library (RCEIL, plain scales, token-major payload).
+inline HostMx quantize_host(const std::vector<float>& x, const JaggedMeta& m, int64_t H, Orientation o) {
+  HostMx r;
+  int64_t ps[3];
+  payload_shape(m, H, PayloadLayout::kTokenMajor, ps);
+  const ScaleShape ss = scale_shape(m, H, o, ScaleLayout::kPlain);
+  r.payload.assign(size_t(ps[0] * ps[1] * ps[2]), 0);
+  r.scales.assign(size_t(ss.numel()), 0);
+  r.t.payload = make_view(r.payload.data(), DType::kE4M3, Device::kCPU, 3, ps);
+  r.t.scales = make_view(r.scales.data(), DType::kE8M0, Device::kCPU, ss.ndim, ss.dims);
+  r.t.orientation = o;
+  const Status st = quantize(make_view(const_cast<float*>(x.data()), DType::kFloat32, Device::kCPU,
+                                       {m.total_tokens(), H, kHeadDim}),
+                             m, o, QuantizeOptions{}, r.t.payload, r.t.scales);
+  EXPECT_TRUE(st.ok()) << st.message();
+  return r;
+}
+
+}  // namespace mxflash::test

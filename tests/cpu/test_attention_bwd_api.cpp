@@ -1,0 +1,242 @@
+// mxflash::attention_backward on CPU tensors (the exact-MX reference path) and its argument checks:
+// the public call on MX operands quantized by the library must give the reference's gradients
+// bit for bit; every rejected call names the argument and leaves the poisoned outputs untouched.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "mxflash/attention.h"
+#include "attention_host_mx.h"
+#include "reference/attention_ref.h"
+
+namespace mxflash {
+namespace {
+
+using test::HostMx;
+using test::kDummyDevicePtr;
+using test::kPoison;
+using test::quantize_host;
+
+std::vector<uint16_t> to_bf16_bits(const std::vector<double>& x) {
+  std::vector<uint16_t> b(x.size());
+  for (size_t i = 0; i < x.size(); ++i) b[i] = float_to_bf16(float(x[i]));
+  return b;
+}
+
+double sqnr_db(const std::vector<uint16_t>& out, const std::vector<double>& ref) {
+  double s = 0, n = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double e = bf16_to_float(out[i]) - ref[i];
+    s += ref[i] * ref[i];
+    n += e * e;
+  }
+  return 10 * std::log10(s / n);
+}
+
+class AttentionBwdApi : public ::testing::Test {
+ protected:
+  static constexpr int64_t H = 2;
+
+  // Q lengths, K/V lengths, broadcast_q.
+  void build(std::vector<int64_t> lq, std::vector<int64_t> lk, bool broadcast) {
+    broadcast_q = broadcast;
+    ASSERT_TRUE(JaggedMeta::FromLengths(lq, &qm).ok());
+    ASSERT_TRUE(JaggedMeta::FromLengths(lk, &km).ok());
+    std::mt19937 rng(11);
+    std::normal_distribution<float> nd;
+    auto draw = [&](int64_t T) {
+      std::vector<float> v(size_t(T * H * kHeadDim));
+      for (auto& x : v) x = nd(rng);
+      return v;
+    };
+    // Q and K channels with magnitudes 2^-6..2^6: blocks along the head dim and along tokens then
+    // get different scales and small channels fall into e4m3 subnormals in one orientation only,
+    // so an operand fed in the wrong orientation changes the bits. Q is scaled down to keep the
+    // scores moderate.
+    auto spread = [](std::vector<float> v, float s) {
+      for (size_t i = 0; i < v.size(); ++i) v[i] *= s * std::ldexp(1.f, int(i % kHeadDim) % 13 - 6);
+      return v;
+    };
+    qf = spread(draw(qm.total_tokens()), 1.f / 256);
+    kf = spread(draw(km.total_tokens()), 1.f);
+    vf = draw(km.total_tokens());
+    To = broadcast ? km.batch() * qm.total_tokens() : qm.total_tokens();
+    doutf = draw(To);
+    for (auto& x : doutf) x = bf16_to_float(float_to_bf16(x));  // dO arrives in bf16
+    p.q_meta = &qm;
+    p.k_meta = &km;
+    p.heads = H;
+    p.q = qf.data();
+    p.k = kf.data();
+    p.v = vf.data();
+    p.broadcast_q = broadcast;
+    ASSERT_TRUE(ref::attention_forward(p, ref::AttnMethod::kMx, &fwd).ok());
+    q = quantize_host(qf, qm, H, Orientation::kHdim);
+    q_seq = quantize_host(qf, qm, H, Orientation::kSeq);
+    k = quantize_host(kf, km, H, Orientation::kHdim);
+    k_seq = quantize_host(kf, km, H, Orientation::kSeq);
+    v = quantize_host(vf, km, H, Orientation::kHdim);
+    out_bits = to_bf16_bits(fwd.out);
+    dout_bits.resize(doutf.size());
+    for (size_t i = 0; i < doutf.size(); ++i) dout_bits[i] = float_to_bf16(doutf[i]);
+    lse_f.assign(fwd.lse.begin(), fwd.lse.end());
+    dq.assign(size_t(qm.total_tokens() * H * kHeadDim * 2), kPoison);
+    dk.assign(size_t(km.total_tokens() * H * kHeadDim * 2), kPoison);
+    dv.assign(size_t(km.total_tokens() * H * kHeadDim * 2), kPoison);
+  }
+  TensorView bf16_view(void* d, int64_t T) { return make_view(d, DType::kBFloat16, Device::kCPU, {T, H, kHeadDim}); }
+  TensorView out_view() { return bf16_view(out_bits.data(), To); }
+  TensorView dout_view() { return bf16_view(dout_bits.data(), To); }
+  TensorView lse_view() { return make_view(lse_f.data(), DType::kFloat32, Device::kCPU, {H, To}); }
+  TensorView dq_view() { return bf16_view(dq.data(), qm.total_tokens()); }
+  TensorView dk_view() { return bf16_view(dk.data(), km.total_tokens()); }
+  TensorView dv_view() { return bf16_view(dv.data(), km.total_tokens()); }
+  AttentionBackwardOptions options() const {
+    AttentionBackwardOptions o;
+    o.broadcast_q = broadcast_q;
+    return o;
+  }
+  Status call(const AttentionBackwardOptions& opt) {
+    return attention_backward(q.t, q_seq.t, k.t, k_seq.t, v.t, out_view(), dout_view(), lse_view(), qm, km, opt,
+                              dq_view(), dk_view(), dv_view());
+  }
+  Status call() { return call(options()); }
+  std::vector<uint16_t> bits(const std::vector<uint8_t>& b) const {
+    std::vector<uint16_t> r(b.size() / 2);
+    std::memcpy(r.data(), b.data(), b.size());
+    return r;
+  }
+  bool untouched() const {
+    auto clean = [](const std::vector<uint8_t>& b) {
+      return std::all_of(b.begin(), b.end(), [](uint8_t x) { return x == kPoison; });
+    };
+    return clean(dq) && clean(dk) && clean(dv);
+  }
+  void expect_rejected(const Status& st, const char* arg, const char* rule) {
+    EXPECT_FALSE(st.ok());
+    EXPECT_EQ(st.message().rfind(arg, 0), 0u) << "message should start with '" << arg << "': " << st.message();
+    EXPECT_NE(st.message().find(rule), std::string::npos) << st.message();
+    EXPECT_TRUE(untouched()) << "outputs were written by a rejected call";
+  }
+  // The public call against the reference on the same fp32 inputs: identical bits, and a sane SQNR
+  // against the FP64 gradients.
+  void check_against_reference() {
+    const Status st = call();
+    ASSERT_TRUE(st.ok()) << st.message();
+    ref::AttnBackwardResult mx, exact;
+    ASSERT_TRUE(ref::attention_backward(p, ref::AttnMethod::kMx, fwd, doutf.data(), &mx).ok());
+    EXPECT_EQ(bits(dq), to_bf16_bits(mx.dq));
+    EXPECT_EQ(bits(dk), to_bf16_bits(mx.dk));
+    EXPECT_EQ(bits(dv), to_bf16_bits(mx.dv));
+    ref::AttnForwardResult fwd64;
+    ASSERT_TRUE(ref::attention_forward(p, ref::AttnMethod::kFp64, &fwd64).ok());
+    ASSERT_TRUE(ref::attention_backward(p, ref::AttnMethod::kFp64, fwd64, doutf.data(), &exact).ok());
+    EXPECT_GT(sqnr_db(bits(dq), exact.dq), 10.0);  // REFERENCE §6 floors: dQ 10 dB, dK and dV 8 dB
+    EXPECT_GT(sqnr_db(bits(dk), exact.dk), 10.0);
+    EXPECT_GT(sqnr_db(bits(dv), exact.dv), 10.0);
+  }
+
+  bool broadcast_q = false;
+  int64_t To = 0;
+  JaggedMeta qm, km;
+  std::vector<float> qf, kf, vf, doutf, lse_f;
+  ref::AttnProblem p;
+  ref::AttnForwardResult fwd;
+  HostMx q, q_seq, k, k_seq, v;
+  std::vector<uint16_t> out_bits, dout_bits;
+  std::vector<uint8_t> dq, dk, dv;
+};
+
+TEST_F(AttentionBwdApi, CpuPathEqualsReferenceOnJaggedBatch) {
+  // K/V sequence 1 has one key (dS = 0 exactly), sequence 2 none (zero gradients).
+  build({40, 17, 70}, {33, 1, 0}, false);
+  check_against_reference();
+  const std::vector<uint16_t> g = bits(dq), gk = bits(dk);
+  for (int64_t i = (40 + 17) * H * kHeadDim; i < int64_t(g.size()); ++i) ASSERT_EQ(bf16_to_float(g[size_t(i)]), 0.f);
+  for (int64_t i = 33 * H * kHeadDim; i < 34 * H * kHeadDim; ++i) ASSERT_EQ(bf16_to_float(gk[size_t(i)]), 0.f);
+  for (int64_t i = 40 * H * kHeadDim; i < 57 * H * kHeadDim; ++i) ASSERT_EQ(bf16_to_float(g[size_t(i)]), 0.f);
+}
+
+TEST_F(AttentionBwdApi, CpuPathEqualsReferenceWithBroadcastQ) {
+  build({24}, {33, 1, 50}, true);
+  check_against_reference();
+}
+
+TEST_F(AttentionBwdApi, RejectsOperandsAndTensors) {
+  build({40, 17}, {33, 9}, false);
+  expect_rejected(attention_backward(q.t, q.t, k.t, k_seq.t, v.t, out_view(), dout_view(), lse_view(), qm, km,
+                                     options(), dq_view(), dk_view(), dv_view()),
+                  "q_seq.orientation", "must be seq");
+  expect_rejected(attention_backward(q.t, q_seq.t, k.t, k_seq.t, k_seq.t, out_view(), dout_view(), lse_view(), qm,
+                                     km, options(), dq_view(), dk_view(), dv_view()),
+                  "v.orientation", "must be hdim");
+  TensorView bad = dout_view();
+  bad.dtype = DType::kFloat32;
+  expect_rejected(attention_backward(q.t, q_seq.t, k.t, k_seq.t, v.t, out_view(), bad, lse_view(), qm, km, options(),
+                                     dq_view(), dk_view(), dv_view()),
+                  "dout", "dtype");
+  TensorView short_dk = bf16_view(dk.data(), km.total_tokens() - 1);
+  expect_rejected(attention_backward(q.t, q_seq.t, k.t, k_seq.t, v.t, out_view(), dout_view(), lse_view(), qm, km,
+                                     options(), dq_view(), short_dk, dv_view()),
+                  "dk", "shape");
+  JaggedMeta other;
+  ASSERT_TRUE(JaggedMeta::FromLengths({33}, &other).ok());
+  expect_rejected(attention_backward(q.t, q_seq.t, k.t, k_seq.t, v.t, out_view(), dout_view(), lse_view(), qm, other,
+                                     options(), dq_view(), dk_view(), dv_view()),
+                  "q_meta", "sequences");
+}
+
+TEST_F(AttentionBwdApi, RejectsOptionsNotImplementedOrOutOfRange) {
+  build({40}, {33}, false);
+  AttentionBackwardOptions o = options();
+  o.dq_accum = DqAccum::kFp16;
+  Status st = call(o);
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported);
+  expect_rejected(st, "dq_accum", "not implemented");
+  o = options();
+  o.p_scale = PScaleMode::kDynamic;
+  expect_rejected(call(o), "p_scale", "not implemented");
+  o = options();
+  o.output_mxfp8_dkv = true;
+  expect_rejected(call(o), "output_mxfp8_dkv", "not implemented");
+  o = options();
+  o.dq_fp16_scale_log2 = 16;
+  st = call(o);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  expect_rejected(st, "dq_fp16_scale_log2", "0..15");
+  o = options();
+  o.softmax_scale = -1.f;
+  expect_rejected(call(o), "softmax_scale", "positive");
+}
+
+TEST_F(AttentionBwdApi, RejectsMixedDevicesAndCudaTensors) {
+  build({40}, {33}, false);
+  MxTensor bad = k_seq.t;
+  bad.scales.device = Device::kCUDA;
+  bad.scales.data = kDummyDevicePtr;
+  expect_rejected(attention_backward(q.t, q_seq.t, k.t, bad, v.t, out_view(), dout_view(), lse_view(), qm, km,
+                                     options(), dq_view(), dk_view(), dv_view()),
+                  "k_seq.scales", "same device");
+  auto cuda = [](MxTensor t) {
+    t.payload.device = t.scales.device = Device::kCUDA;
+    t.payload.data = t.scales.data = kDummyDevicePtr;
+    return t;
+  };
+  auto cuda_view = [](TensorView t) {
+    t.device = Device::kCUDA;
+    t.data = kDummyDevicePtr;
+    return t;
+  };
+  const Status st = attention_backward(cuda(q.t), cuda(q_seq.t), cuda(k.t), cuda(k_seq.t), cuda(v.t),
+                                       cuda_view(out_view()), cuda_view(dout_view()), cuda_view(lse_view()), qm, km,
+                                       options(), cuda_view(dq_view()), cuda_view(dk_view()), cuda_view(dv_view()));
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported) << st.message();
+  expect_rejected(st, "attention_backward", "not built yet");
+}
+
+}  // namespace
+}  // namespace mxflash
