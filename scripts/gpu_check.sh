@@ -79,16 +79,16 @@ if want bench && [ -x "$BIN/mxflash-bench" ]; then
   cat "$OUT/bench_attention.log"
 fi
 if want ab && [ -x "$BIN/exp/mxflash_tests_gpu" ]; then
-  # Attention forward variants (docs/attention.md): 0 plain, 1 tree reductions (the default),
-  # 9 split-S intra-warpgroup overlap, 3 / 5 / 7 diagnostics (no softmax / no K,V reloads / no
-  # wgmma: garbage out, speed floors only).
-  for v in 0 1 9; do
+  # Attention forward variants (docs/attention.md): 17 the default (tree reductions, softmax under
+  # the same warpgroup's P.V), 1 tree reductions only, 0 plain, 9 split-S, 3 / 5 / 7 diagnostics
+  # (no softmax / no K,V reloads / no wgmma: garbage out, speed floors only).
+  for v in 17 1 0 9; do
     note "forward variant $v: attention GPU tests"
     MXFLASH_FWD_VARIANT=$v "$BIN/exp/mxflash_tests_gpu" --gtest_brief=1 --gtest_filter='AttentionFwdGpu.*' \
       > "$OUT/ab_tests_v$v.log" 2>&1 || { status=1; note "FORWARD VARIANT $v TESTS FAILED"; }
     tail -n 2 "$OUT/ab_tests_v$v.log"
   done
-  for v in 0 1 9 3 5 7; do
+  for v in 17 1 0 9 3 5 7; do
     note "forward variant $v: speed"
     MXFLASH_FWD_VARIANT=$v "$BIN/exp/mxflash-bench" --preset all --workload fwd --impl mxfp8 \
       --warmup-s 0.3 --window-s 1 2>/dev/null | grep -E "^(llm|cross|jagged)"

@@ -42,6 +42,10 @@ inline constexpr float kPScaleLog2 = 8.f;  // P stored as e4m3(256 p)
 inline constexpr int kVariantTree = 1;
 // Bit 3 (experiment): the split-S schedule (64-key halves, softmax under the same warpgroup's P.V).
 inline constexpr int kVariantSplit = 8;
+// Bit 4 (experiment): FA3's intra-warpgroup order on whole 128-key tiles: the softmax of tile j
+// (exponentials left in the S registers) under the same warpgroup's P.V of tile j-1; P of tile j
+// packed into the registers of P of tile j-1 once that P.V is done.
+inline constexpr int kVariantOverlap = 16;
 __host__ __device__ constexpr int variant_diag(int v) { return (v >> 1) & 3; }
 static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs * kWarpgroupThreads * kConsumerWarpgroups <= 65536,
               "register budget exceeds the register file");
@@ -144,14 +148,14 @@ struct TileSoftmax {
   __device__ __forceinline__ bool masked_tile(int j) const { return Lk - j * kTile < kTile; }
 
   // ks: the K tile's scale (loaded by the caller a tile ahead, off the critical path).
-  __device__ __forceinline__ void run(const float (&sc)[64], int j, float ks, float (&m)[2], float (&l)[2],
+  __device__ __forceinline__ void run(float (&sc)[64], int j, float ks, float (&m)[2], float (&l)[2],
                                       float (&alpha)[2], uint32_t (&pa)[16]) const {
     run_cols(sc, j, 0, ks, m, l, alpha, pa);
   }
 
   // The same on N accumulators: N / 2 keys of tile j starting at key col0 (a 64-key half for N = 32).
   template <int N>
-  __device__ __forceinline__ void run_cols(const float (&sc)[N], int j, int col0, float ks, float (&m)[2],
+  __device__ __forceinline__ void run_cols(float (&sc)[N], int j, int col0, float ks, float (&m)[2],
                                            float (&l)[2], float (&alpha)[2], uint32_t (&pa)[N / 4]) const {
     if (masked_tile(j)) {
       const Rows rows = max_phase<true>(sc, j, col0, ks, m, l, alpha);
@@ -208,9 +212,10 @@ struct TileSoftmax {
     return rows;
   }
 
-  // Phase 2: P = e4m3(256 p) fragments and the row sums.
-  template <bool kMasked, int N>
-  __device__ __forceinline__ void exp_phase(const float (&sc)[N], int j, int col0, const Rows& rows, float (&l)[2],
+  // Phase 2: P = e4m3(256 p) fragments and the row sums. kInPlace: the values 256 p replace S in sc
+  // and pa is left alone (packed later by pack(), once the registers of the previous P are free).
+  template <bool kMasked, int N, bool kInPlace = false>
+  __device__ __forceinline__ void exp_phase(float (&sc)[N], int j, int col0, const Rows& rows, float (&l)[2],
                                             uint32_t (&pa)[N / 4]) const {
     auto masked = [&](int i) { return value<kMasked>(sc, j, col0, i); };
     const float(&mult)[2] = rows.mult;
@@ -238,11 +243,28 @@ struct TileSoftmax {
             if ((t % 4) / 2 == r) l[r] += x[t];
         }
       }
-      pa[4 * c + 0] = pack_e4m3x4(x[0], x[1], x[4], x[5]);
-      pa[4 * c + 1] = pack_e4m3x4(x[2], x[3], x[6], x[7]);
-      pa[4 * c + 2] = pack_e4m3x4(x[8], x[9], x[12], x[13]);
-      pa[4 * c + 3] = pack_e4m3x4(x[10], x[11], x[14], x[15]);
+      if constexpr (kInPlace) {
+#pragma unroll
+        for (int t = 0; t < 16; ++t) sc[16 * c + t] = x[t];
+      } else {
+        pack_chunk(x, c, pa);
+      }
     }
+  }
+
+  // P fragment chunk c (32 keys) from its 16 values 256 p.
+  template <int M>
+  __device__ __forceinline__ static void pack_chunk(const float* x, int c, uint32_t (&pa)[M]) {
+    pa[4 * c + 0] = pack_e4m3x4(x[0], x[1], x[4], x[5]);
+    pa[4 * c + 1] = pack_e4m3x4(x[2], x[3], x[6], x[7]);
+    pa[4 * c + 2] = pack_e4m3x4(x[8], x[9], x[12], x[13]);
+    pa[4 * c + 3] = pack_e4m3x4(x[10], x[11], x[14], x[15]);
+  }
+  // All chunks of values left in place by exp_phase<..., kInPlace = true>.
+  template <int N>
+  __device__ __forceinline__ static void pack(const float (&x)[N], uint32_t (&pa)[N / 4]) {
+#pragma unroll
+    for (int c = 0; c < N / 16; ++c) pack_chunk(x + 16 * c, c, pa);
   }
 };
 
@@ -342,7 +364,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kDiag != 3) issue_pv(ot, pa, sm90::make_desc_k128b(s.v[stage]));
   };
   float ks_next = k_scale[0];
-  auto softmax = [&](const float (&sc)[64], int j, float (&alpha)[2], uint32_t (&pa)[16]) {
+  auto softmax = [&](float (&sc)[64], int j, float (&alpha)[2], uint32_t (&pa)[16]) {
     const float ks = ks_next;
     if (j + 1 < n_tiles) ks_next = k_scale[j + 1];
     if constexpr (kDiag == 1) {
@@ -387,16 +409,44 @@ __global__ void __launch_bounds__(kThreads, 1)
     gemm_s(sc, stage);
     gemm_pv(ot, pa, prev);
     hand_over(j);
-    // NOTES: waiting for S alone (wait_group 1) and running the softmax under the in-flight P.V
-    // needs ~250 live registers (> 240): ptxas then serializes every wgmma of the kernel (C7513).
-    // The overlap comes from the other warpgroup instead (docs/attention.md).
-    sm90::wgmma_wait<0>();
-    fence_all(sc);
-    fence_all(ot);
-    sm90::mbar_arrive(&s.empty[prev]);
+    if constexpr ((kVariant & kVariantOverlap) != 0) {
+      // FA3's order (the default): the softmax of tile j, exponentials left in the S registers,
+      // runs while the P.V of tile j-1 is in flight; P of tile j is packed into P(j-1)'s registers
+      // only after that P.V is done (docs/attention.md).
+      static_assert(kDiag == 0, "the diagnostics apply to the schedule without overlap");
+      float alpha_new[2];
+      sm90::wgmma_wait<1>();  // S of tile j done; P.V of tile j-1 may still run
+      fence_all(sc);
+      const float ks = ks_next;
+      if (j + 1 < n_tiles) ks_next = k_scale[j + 1];
+      if (sm.masked_tile(j)) {
+        const auto rows = sm.template max_phase<true>(sc, j, 0, ks, m, l, alpha_new);
+        sm.template exp_phase<true, 64, true>(sc, j, 0, rows, l, pa);
+      } else {
+        const auto rows = sm.template max_phase<false>(sc, j, 0, ks, m, l, alpha_new);
+        sm.template exp_phase<false, 64, true>(sc, j, 0, rows, l, pa);
+      }
+      sm90::wgmma_wait<0>();
+      fence_all(ot);
+      fence_all(sc);
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i % 4) / 2], ot[i]);
-    softmax(sc, j, alpha, pa);
+      for (int i = 0; i < 16; ++i) sm90::fence_regs(pa[i]);  // P of tile j-1 was read until here
+      sm90::mbar_arrive(&s.empty[prev]);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i % 4) / 2], ot[i]);
+      sm.pack(sc, pa);
+      alpha[0] = alpha_new[0];
+      alpha[1] = alpha_new[1];
+    } else {
+      // Variants 0, 1 and the diagnostics: wait for S and P.V together.
+      sm90::wgmma_wait<0>();
+      fence_all(sc);
+      fence_all(ot);
+      sm90::mbar_arrive(&s.empty[prev]);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i % 4) / 2], ot[i]);
+      softmax(sc, j, alpha, pa);
+    }
   }
   const int last = (n_tiles - 1) % kStages;
   gemm_pv(ot, pa, last);
@@ -409,7 +459,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Split-S schedule (experiment, docs/attention.md): S in 64-key halves with Q as the register A
     // operand; the softmax of half n runs while P.V of half n-1 (same warpgroup) is in flight, P.V
     // promoted into O after every half. Live: O 64 + P.V 64 + S 32 + Q 16 + P 2 x 8.
-    static_assert(kDiag == 0, "the diagnostics apply to the default schedule");
+    static_assert(kDiag == 0, "the diagnostics apply to the schedule without overlap");
     const int n_halves = (Lk + kTile / 2 - 1) / (kTile / 2);
     auto hand_over_half = [&](int n) {
       if (!(cw == 1 && n == n_halves - 1)) sm90::named_barrier_arrive(other_turn, kTurnThreads);
@@ -532,7 +582,8 @@ Status cuda_check(cudaError_t e, const char* what) {
   return Status::Cuda(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
-constexpr int kDefaultVariant = attn::kVariantTree;
+// Tree reductions + FA3's intra-warpgroup order (H200, same run as variant 1: +4-7% on every preset).
+constexpr int kDefaultVariant = attn::kVariantTree | attn::kVariantOverlap;
 
 #if MXFLASH_FWD_EXPERIMENTS
 // MXFLASH_FWD_VARIANT (experiment builds only): the attn kernel variant to launch (see kVariantTree
@@ -692,6 +743,7 @@ Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t w
       case 5: kernel = attn::attention_fwd_kernel<5>; break;
       case 7: kernel = attn::attention_fwd_kernel<7>; break;
       case 9: kernel = attn::attention_fwd_kernel<9>; break;
+      case 17: kernel = attn::attention_fwd_kernel<17>; break;
       default: break;
     }
 #endif
