@@ -46,6 +46,8 @@ inline constexpr int kVariantSplit = 8;
 // (exponentials left in the S registers) under the same warpgroup's P.V of tile j-1; P of tile j
 // packed into the registers of P of tile j-1 once that P.V is done.
 inline constexpr int kVariantOverlap = 16;
+// Bit 5 (experiment): the persistent kernel (attention_fwd_persistent_kernel).
+inline constexpr int kVariantPersistent = 32;
 __host__ __device__ constexpr int variant_diag(int v) { return (v >> 1) & 3; }
 static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs * kWarpgroupThreads * kConsumerWarpgroups <= 65536,
               "register budget exceeds the register file");
@@ -58,6 +60,7 @@ struct SharedStorage {
   alignas(8) uint64_t q_full;
   uint64_t full[kStages];
   uint64_t empty[kStages];
+  uint64_t q_empty;  // persistent kernel: the consumers are done with Q
 };
 inline constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
 
@@ -76,6 +79,7 @@ struct FwdParams {
   bool broadcast_q;
   __nv_bfloat16* out;
   float* lse;
+  int num_items;  // (Q tile, head) pairs: the persistent kernel's work list
 };
 
 __device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float d) {
@@ -268,59 +272,53 @@ struct TileSoftmax {
   }
 };
 
+// One (Q tile, head) of the work list.
+struct WorkItem {
+  int h, b, m_block, qb, Lq, Lk, n_tiles;
+  int64_t q_row;  // first row of the Q tile in Q' (H, Pq, 128)
+};
+
+__device__ __forceinline__ WorkItem work_item(const FwdParams& p, unsigned index) {
+  WorkItem w;
+  w.h = index % p.heads;
+  const int2 work = p.tiles[index / p.heads];
+  w.b = work.x, w.m_block = work.y;
+  w.qb = p.broadcast_q ? 0 : w.b;
+  w.Lq = p.cu_q[w.qb + 1] - p.cu_q[w.qb];
+  w.Lk = p.cu_k[w.b + 1] - p.cu_k[w.b];
+  w.n_tiles = (w.Lk + kTile - 1) / kTile;
+  w.q_row = int64_t(w.h) * p.Pq + p.cu_q_sf[w.qb] + int64_t(w.m_block) * kTile;
+  return w;
+}
+
+// Producer thread: Q of the item, then its K/V tiles into the stages; `it` K/V tiles were loaded
+// before (persistent CTAs), which sets the stage and phase of the first one.
 template <int kVariant>
-__global__ void __launch_bounds__(kThreads, 1)
-    attention_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                         const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
-  extern __shared__ uint8_t smem_raw[];
-  SharedStorage& s = *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  const int wg = threadIdx.x / kWarpgroupThreads;
-  const int tid = threadIdx.x % kWarpgroupThreads;
-  const int h = blockIdx.x % p.heads;
-  const int2 work = p.tiles[blockIdx.x / p.heads];
-  const int b = work.x, m_block = work.y;
-  const int qb = p.broadcast_q ? 0 : b;
-  const int Lq = p.cu_q[qb + 1] - p.cu_q[qb];
-  const int Lk = p.cu_k[b + 1] - p.cu_k[b];
-  const int n_tiles = (Lk + kTile - 1) / kTile;
-  const int64_t q_row = int64_t(h) * p.Pq + p.cu_q_sf[qb] + int64_t(m_block) * kTile;
-
-  if (threadIdx.x == 0) {
-    sm90::mbar_init(&s.q_full, 1);
-    for (int i = 0; i < kStages; ++i) {
-      sm90::mbar_init(&s.full[i], 1);
-      sm90::mbar_init(&s.empty[i], kConsumerWarpgroups * kWarpgroupThreads);
-    }
-    sm90::fence_barrier_init();
+__device__ __forceinline__ void produce_item(SharedStorage& s, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
+                                             const CUtensorMap* tm_v, const FwdParams& p, const WorkItem& w, int it) {
+  const int h = w.h, b = w.b, n_tiles = w.n_tiles;
+  const int k_row = int(int64_t(h) * p.Pk + p.cu_k_sf[b]);
+  const int v_col = p.cu_k_sf[b];
+  sm90::mbar_arrive_expect_tx(&s.q_full, kTileBytes);
+  sm90::tma_load_2d(s.q, tm_q, &s.q_full, 0, int(w.q_row));
+  const int loads = variant_diag(kVariant) == 2 ? min(n_tiles, kStages) : n_tiles;
+  for (int j = 0; j < loads; ++j) {
+    const int stage = (it + j) % kStages;
+    const uint32_t phase = ((it + j) / kStages) & 1;
+    sm90::mbar_wait(&s.empty[stage], phase ^ 1);
+    sm90::mbar_arrive_expect_tx(&s.full[stage], 2 * kTileBytes);
+    sm90::tma_load_2d(s.k[stage], tm_k, &s.full[stage], 0, k_row + j * kTile);
+    sm90::tma_load_2d(s.v[stage], tm_v, &s.full[stage], v_col + j * kTile, h * kHeadDim);
   }
-  __syncthreads();
+}
 
-  if (wg == 0) {  // ------------------------------------------------------------ producer
-    sm90::setmaxnreg_dec<kProducerRegs>();
-    if (tid == 0 && n_tiles > 0) {
-      const int k_row = int(int64_t(h) * p.Pk + p.cu_k_sf[b]);
-      const int v_col = p.cu_k_sf[b];
-      sm90::mbar_arrive_expect_tx(&s.q_full, kTileBytes);
-      sm90::tma_load_2d(s.q, &tm_q, &s.q_full, 0, int(q_row));
-      const int loads = variant_diag(kVariant) == 2 ? min(n_tiles, kStages) : n_tiles;
-      for (int j = 0; j < loads; ++j) {
-        const int stage = j % kStages;
-        const uint32_t phase = (j / kStages) & 1;
-        sm90::mbar_wait(&s.empty[stage], phase ^ 1);
-        sm90::mbar_arrive_expect_tx(&s.full[stage], 2 * kTileBytes);
-        sm90::tma_load_2d(s.k[stage], &tm_k, &s.full[stage], 0, k_row + j * kTile);
-        sm90::tma_load_2d(s.v[stage], &tm_v, &s.full[stage], v_col + j * kTile, h * kHeadDim);
-      }
-    }
-    return;
-  }
-
-  // ------------------------------------------------------------------------------ consumers
-  sm90::setmaxnreg_inc<kConsumerRegs>();
-  const int cw = wg - 1;
-  const int warp = tid / 32, lane = tid % 32, quad = lane % 4;
-  const int r0 = cw * kRowsPerConsumer + warp * 16 + lane / 4;  // rows r0 and r0 + 8 of the Q tile
-  const int rows[2] = {r0, r0 + 8};
+// A consumer warpgroup on one item: S, softmax, P.V over its K/V tiles, then O and LSE. it / qi:
+// K/V tiles and Q tiles this CTA consumed before (persistent CTAs; 0 otherwise).
+template <int kVariant, bool kPersistent>
+__device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& p, const WorkItem& w, int cw, int warp,
+                                             int lane, int quad, const int (&rows)[2], int it, int qi) {
+  const int h = w.h, b = w.b, m_block = w.m_block, qb = w.qb, Lq = w.Lq, Lk = w.Lk, n_tiles = w.n_tiles;
+  const int64_t q_row = w.q_row;
   const int64_t tok_base = p.broadcast_q ? int64_t(b) * Lq : p.cu_q[qb];
 
   if (n_tiles == 0) {  // no keys: out = 0, lse = -inf
@@ -344,13 +342,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
-  sm90::mbar_wait(&s.q_full, 0);
+  sm90::mbar_wait(&s.q_full, qi & 1);
   const uint64_t desc_q = sm90::make_desc_k128b(s.q + cw * kRowsPerConsumer * kHeadDim);
   const TileSoftmax<(kVariant & kVariantTree) != 0> sm{{row_mult[0], row_mult[1]}, Lk, quad};
 
   constexpr int kDiag = variant_diag(kVariant);
   auto wait_full = [&](int j) {
-    if (kDiag != 2 || j < kStages) sm90::mbar_wait(&s.full[j % kStages], (j / kStages) & 1);
+    if (kDiag != 2 || j < kStages) sm90::mbar_wait(&s.full[(it + j) % kStages], ((it + j) / kStages) & 1);
   };
   auto gemm_s = [&](float (&sc)[64], int stage) {
     if constexpr (kDiag == 3) {
@@ -392,7 +390,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wait_full(0);
     float sc[64];
     sm90::named_barrier_sync(my_turn, kTurnThreads);
-    gemm_s(sc, 0);
+    gemm_s(sc, it % kStages);
     hand_over(0);
     sm90::wgmma_wait<0>();
     fence_all(sc);
@@ -402,7 +400,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < 64; ++i) ot[i] = 0.f;
   for (int j = 1; j < n_tiles; ++j) {
-    const int stage = j % kStages, prev = (j - 1) % kStages;
+    const int stage = (it + j) % kStages, prev = (it + j - 1) % kStages;
     wait_full(j);
     float sc[64];
     sm90::named_barrier_sync(my_turn, kTurnThreads);
@@ -448,7 +446,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       softmax(sc, j, alpha, pa);
     }
   }
-  const int last = (n_tiles - 1) % kStages;
+  if constexpr (kPersistent) sm90::mbar_arrive(&s.q_empty);  // every S is done: Q may be replaced
+  const int last = (it + n_tiles - 1) % kStages;
   gemm_pv(ot, pa, last);
   sm90::wgmma_wait<0>();
   fence_all(ot);
@@ -500,7 +499,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wait_full(0);
       float sc[32];
       sm90::named_barrier_sync(my_turn, kTurnThreads);
-      issue_s_half(sc, 0, 0);
+      issue_s_half(sc, it % kStages, 0);
       hand_over_half(0);
       sm90::wgmma_wait<0>();
       fence_all(sc);
@@ -512,7 +511,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto step = [&](int n, const uint32_t (&ph_prev)[8], const float (&al_prev)[2], uint32_t (&ph_cur)[8],
                     float (&al_cur)[2]) {
       const int j = n / 2, hh = n % 2, jp = (n - 1) / 2, hp = (n - 1) % 2;
-      const int stage = j % kStages, stage_p = jp % kStages;
+      const int stage = (it + j) % kStages, stage_p = (it + jp) % kStages;
       if (hh == 0) {
         wait_full(j);
         ks_cur = ks_next;
@@ -538,10 +537,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     auto finish = [&](const uint32_t (&ph)[8], const float (&al)[2]) {
       const int jl = (n_halves - 1) / 2, hl = (n_halves - 1) % 2;
-      issue_pv_half(ot, ph, jl % kStages, hl);
+      if constexpr (kPersistent) sm90::mbar_arrive(&s.q_empty);
+      issue_pv_half(ot, ph, (it + jl) % kStages, hl);
       sm90::wgmma_wait<0>();
       fence_all(ot);
-      sm90::mbar_arrive(&s.empty[jl % kStages]);
+      sm90::mbar_arrive(&s.empty[(it + jl) % kStages]);
 #pragma unroll
       for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], al[(i % 4) / 2], ot[i]);
     };
@@ -570,6 +570,93 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     const float log2_l = log2f(lsum) - kPScaleLog2;
     if (quad == 0) p.lse[h * p.To + tok] = (m[r] + log2_l) * kLn2;
+  }
+}
+
+template <int kVariant>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                         const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  SharedStorage& s = *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const int wg = threadIdx.x / kWarpgroupThreads;
+  const int tid = threadIdx.x % kWarpgroupThreads;
+  const WorkItem w = work_item(p, blockIdx.x);
+
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(&s.q_full, 1);
+    for (int i = 0; i < kStages; ++i) {
+      sm90::mbar_init(&s.full[i], 1);
+      sm90::mbar_init(&s.empty[i], kConsumerWarpgroups * kWarpgroupThreads);
+    }
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ------------------------------------------------------------ producer
+    sm90::setmaxnreg_dec<kProducerRegs>();
+    if (tid == 0 && w.n_tiles > 0) produce_item<kVariant>(s, &tm_q, &tm_k, &tm_v, p, w, 0);
+    return;
+  }
+
+  // ------------------------------------------------------------------------------ consumers
+  sm90::setmaxnreg_inc<kConsumerRegs>();
+  const int cw = wg - 1;
+  const int warp = tid / 32, lane = tid % 32, quad = lane % 4;
+  const int r0 = cw * kRowsPerConsumer + warp * 16 + lane / 4;  // rows r0 and r0 + 8 of the Q tile
+  const int rows[2] = {r0, r0 + 8};
+  consume_item<kVariant, false>(s, p, w, cw, warp, lane, quad, rows, 0, 0);
+}
+
+// Persistent form (experiment, MXFLASH_FWD_VARIANT with bit kVariantPersistent): one CTA per SM
+// walks the work list with a stride of gridDim.x. The K/V stages run on across items; Q is single
+// buffered: the producer loads the next item's Q as soon as both consumer warpgroups are done with
+// their last S GEMM (q_empty), i.e. under the previous item's last P.V and epilogue.
+template <int kVariant>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_fwd_persistent_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                                    const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  SharedStorage& s = *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const int wg = threadIdx.x / kWarpgroupThreads;
+  const int tid = threadIdx.x % kWarpgroupThreads;
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(&s.q_full, 1);
+    sm90::mbar_init(&s.q_empty, kConsumerWarpgroups * kWarpgroupThreads);
+    for (int i = 0; i < kStages; ++i) {
+      sm90::mbar_init(&s.full[i], 1);
+      sm90::mbar_init(&s.empty[i], kConsumerWarpgroups * kWarpgroupThreads);
+    }
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  // Both roles count the K/V tiles (it) and Q tiles (qi) of the items before, alike.
+  int it = 0, qi = 0;
+  if (wg == 0) {  // ------------------------------------------------------------ producer
+    sm90::setmaxnreg_dec<kProducerRegs>();
+    if (tid == 0)
+      for (unsigned index = blockIdx.x; index < unsigned(p.num_items); index += gridDim.x) {
+        const WorkItem w = work_item(p, index);
+        if (w.n_tiles == 0) continue;
+        sm90::mbar_wait(&s.q_empty, (qi & 1) ^ 1);
+        produce_item<kVariant>(s, &tm_q, &tm_k, &tm_v, p, w, it);
+        it += w.n_tiles;
+        ++qi;
+      }
+    return;
+  }
+  sm90::setmaxnreg_inc<kConsumerRegs>();
+  const int cw = wg - 1;
+  const int warp = tid / 32, lane = tid % 32, quad = lane % 4;
+  const int r0 = cw * kRowsPerConsumer + warp * 16 + lane / 4;
+  const int rows[2] = {r0, r0 + 8};
+  for (unsigned index = blockIdx.x; index < unsigned(p.num_items); index += gridDim.x) {
+    const WorkItem w = work_item(p, index);
+    consume_item<kVariant, true>(s, p, w, cw, warp, lane, quad, rows, it, qi);
+    if (w.n_tiles > 0) {
+      it += w.n_tiles;
+      ++qi;
+    }
   }
 }
 
@@ -735,6 +822,7 @@ Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t w
     fp.out = static_cast<__nv_bfloat16*>(p.out);
     fp.lse = p.lse;
     auto kernel = attn::attention_fwd_kernel<kDefaultVariant>;
+    bool persistent = false;
 #if MXFLASH_FWD_EXPERIMENTS
     switch (experiment_variant()) {
       case 0: kernel = attn::attention_fwd_kernel<0>; break;
@@ -744,15 +832,27 @@ Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t w
       case 7: kernel = attn::attention_fwd_kernel<7>; break;
       case 9: kernel = attn::attention_fwd_kernel<9>; break;
       case 17: kernel = attn::attention_fwd_kernel<17>; break;
+      case 33: kernel = attn::attention_fwd_persistent_kernel<1>; break;
+      case 49: kernel = attn::attention_fwd_persistent_kernel<17>; break;
       default: break;
     }
+    persistent = experiment_variant() >= 0 && (experiment_variant() & attn::kVariantPersistent) != 0;
 #endif
     MXFLASH_RETURN_IF_ERROR(cuda_check(cudaFuncSetAttribute(kernel,
                                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                             int(attn::kSmemBytes)),
                                        "cudaFuncSetAttribute(smem)"));
     const int64_t ctas = int64_t(tiles.size()) * p.heads;
-    kernel<<<unsigned(ctas), attn::kThreads, attn::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, fp);
+    fp.num_items = int(ctas);
+    int64_t grid = ctas;
+    if (persistent) {  // one CTA per SM: shared memory and registers allow no second
+      int device = 0, sms = 0;
+      MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetDevice(&device), "cudaGetDevice"));
+      MXFLASH_RETURN_IF_ERROR(
+          cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute"));
+      grid = std::min<int64_t>(ctas, sms);
+    }
+    kernel<<<unsigned(grid), attn::kThreads, attn::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, fp);
     return cuda_check(cudaGetLastError(), "attention_fwd_kernel launch");
   };
   Status st = run();
