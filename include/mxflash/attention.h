@@ -59,6 +59,9 @@ struct AttentionBackwardOptions {
   int dq_fp16_scale_log2 = 12;  // static scale 2^k of the FP16 dQ accumulator, k in 0..15
   PScaleMode p_scale = PScaleMode::kConstant;
   bool output_mxfp8_dkv = false;  // dK, dV as E4M3 + 32x32-block scales instead of BF16
+  // CUDA tensors: run the exact-MX GPU path (every block scale applied, FP64 sums; slow), the
+  // oracle for shapes the CPU reference cannot reach. Required on CUDA until the fast kernel exists.
+  bool exact_mx = false;
 };
 
 // MXFP8 attention backward. Operands (ARCHITECTURE.md §5, REFERENCE.md §5): q and k along the head
@@ -67,8 +70,9 @@ struct AttentionBackwardOptions {
 // forward (To as in attention_forward). dO is quantized inside in 32x32 blocks, D = rowsum(out∘dout),
 // dS = P∘(dP − D) quantized 1x32 along Q tokens (dK) and 32x32 (dQ).
 // Outputs: dq (Tq, H, 128), dk and dv (Tk, H, 128), bf16; with broadcast_q, dq is the sum over the
-// batch. CPU tensors run the exact-MX CPU reference; the CUDA kernel is not built yet (CUDA tensors
-// get Status kUnsupported, and nothing is written).
+// batch. CPU tensors run the exact-MX CPU reference; CUDA tensors run the exact-MX GPU path with
+// opt.exact_mx (the fast kernel is not built yet: without exact_mx they get Status kUnsupported,
+// and nothing is written). The metadata must be uploaded for CUDA tensors.
 Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTensor& k, const MxTensor& k_seq,
                           const MxTensor& v, TensorView out, TensorView dout, TensorView lse, const JaggedMeta& q_meta,
                           const JaggedMeta& k_meta, const AttentionBackwardOptions& opt, TensorView dq, TensorView dk,

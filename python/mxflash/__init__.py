@@ -624,7 +624,7 @@ _P_SCALE = {"constant": 0, "dynamic": 1}
 
 def attention_backward(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, softmax_scale=None,
                        broadcast_q=False, dq_accum="fp32", dq_fp16_scale_log2=12, p_scale="constant",
-                       output_mxfp8_dkv=False, grads=None):
+                       output_mxfp8_dkv=False, exact_mx=False, grads=None):
     """MXFP8 attention backward on packed jagged sequences, head dim 128, non-causal.
 
     q, k: :class:`MxTensor` along the head dim (as for :func:`attention_forward`); q_seq, k_seq: the
@@ -633,8 +633,9 @@ def attention_backward(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, so
     broadcast_q must match the forward's. Returns (dq, dk, dv), bfloat16: dq (Tq, H, 128), dk and dv
     (Tk, H, 128); with broadcast_q, dq is summed over the batch. grads=(dq, dk, dv) writes into given
     arrays. Options of the GPU kernel to come (dq_accum "fp16", p_scale "dynamic",
-    output_mxfp8_dkv) raise RuntimeError ("... not implemented yet") rather than being ignored. numpy operands run the exact-MX CPU reference; CUDA tensors are refused (the backward
-    kernel is not built yet).
+    output_mxfp8_dkv) raise RuntimeError ("... not implemented yet") rather than being ignored.
+    numpy operands run the exact-MX CPU reference; CUDA tensors need exact_mx=True (the exact-MX
+    GPU path, slow; the fast backward kernel is not built yet).
     """
     _check_meta_arg(q_meta, "q_meta")
     _check_meta_arg(k_meta, "k_meta")
@@ -658,7 +659,7 @@ def attention_backward(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, so
                           *(_mx_view(t, a, n) for t, a, n in zip(operands, arrays, names)),
                           _view(o, "out"), _view(g, "dout"), _view(l, "lse"), scale, bool(broadcast_q),
                           _code(_DQ_ACCUM, dq_accum), int(dq_fp16_scale_log2), _code(_P_SCALE, p_scale),
-                          bool(output_mxfp8_dkv), _view(dq, "dq", True), _view(dk, "dk", True),
+                          bool(output_mxfp8_dkv), bool(exact_mx), _view(dq, "dq", True), _view(dk, "dk", True),
                           _view(dv, "dv", True), _stream(qp))
     return dq, dk, dv
 

@@ -390,8 +390,8 @@ NB_MODULE(_mxflash, m) {
       "attention_backward",
       [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, const Mx& q, const Mx& q_seq, const Mx& k,
          const Mx& k_seq, const Mx& v, const View& out, const View& dout, const View& lse, double softmax_scale,
-         bool broadcast_q, int dq_accum, int dq_fp16_scale_log2, int p_scale, bool output_mxfp8_dkv, const View& dq,
-         const View& dk, const View& dv, uintptr_t stream) {
+         bool broadcast_q, int dq_accum, int dq_fp16_scale_log2, int p_scale, bool output_mxfp8_dkv, bool exact_mx,
+         const View& dq, const View& dk, const View& dv, uintptr_t stream) {
         const MxTensor tq = to_mx(q, "q"), tqs = to_mx(q_seq, "q_seq"), tk = to_mx(k, "k"),
                        tks = to_mx(k_seq, "k_seq"), tv = to_mx(v, "v");
         AttentionBackwardOptions opt;
@@ -401,6 +401,7 @@ NB_MODULE(_mxflash, m) {
         opt.dq_fp16_scale_log2 = dq_fp16_scale_log2;
         opt.p_scale = PScaleMode(p_scale);
         opt.output_mxfp8_dkv = output_mxfp8_dkv;
+        opt.exact_mx = exact_mx;
         DeviceGuard guard(tq.payload);
         throw_if_error(attention_backward(tq, tqs, tk, tks, tv, to_view(out, "out"), to_view(dout, "dout"),
                                           to_view(lse, "lse"), q_meta, k_meta, opt, to_view(dq, "dq"),
@@ -408,7 +409,7 @@ NB_MODULE(_mxflash, m) {
       },
       "q_meta"_a, "k_meta"_a, "q"_a, "q_seq"_a, "k"_a, "k_seq"_a, "v"_a, "out"_a, "dout"_a, "lse"_a,
       "softmax_scale"_a, "broadcast_q"_a, "dq_accum"_a, "dq_fp16_scale_log2"_a, "p_scale"_a, "output_mxfp8_dkv"_a,
-      "dq"_a, "dk"_a, "dv"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>());
+      "exact_mx"_a, "dq"_a, "dk"_a, "dv"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>());
 
   // ------------------------------------------------------------------ scalar codecs, vectorized
   m.def(

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/attention/attention_bwd.h"
 #include "cuda/attention/attention_fwd.h"
 #include "launch/device_runtime.h"
 #include "reference/attention_ref.h"
@@ -86,6 +87,29 @@ Status dequantized(const MxTensor& t, const JaggedMeta& m, int64_t H, std::vecto
   x->assign(size_t(m.total_tokens() * H * kHeadDim), 0.f);
   return dequantize(t.payload, t.scales, m, t.orientation, t.scale_layout, t.payload_layout,
                     make_view(x->data(), DType::kFloat32, Device::kCPU, {m.total_tokens(), H, kHeadDim}));
+}
+
+cuda::MxOperand device_operand(const MxTensor& t) {
+  return {t.payload.ptr<const uint8_t>(), t.scales.ptr<const uint8_t>(), t.scale_layout, t.payload_layout};
+}
+
+// The fields the forward and backward CUDA problems share: shapes, options, device and host metadata.
+template <typename Problem>
+void fill_problem(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t H, int64_t To, bool broadcast_q,
+                  float scale, Problem* p) {
+  p->batch = k_meta.batch();
+  p->heads = int(H);
+  p->Pq = q_meta.padded_tokens();
+  p->Pk = k_meta.padded_tokens();
+  p->To = To;
+  p->broadcast_q = broadcast_q;
+  p->softmax_scale = scale;
+  p->cu_q = q_meta.device_cu_seqlens();
+  p->cu_q_sf = q_meta.device_cu_seqlens_sf();
+  p->cu_k = k_meta.device_cu_seqlens();
+  p->cu_k_sf = k_meta.device_cu_seqlens_sf();
+  p->host_cu_q = &q_meta.cu_seqlens();
+  p->host_cu_k = &k_meta.cu_seqlens();
 }
 
 int64_t out_tokens(const JaggedMeta& q_meta, const JaggedMeta& k_meta, bool broadcast_q) {
@@ -169,22 +193,10 @@ Status attention_forward(const MxTensor& q, const MxTensor& k, const MxTensor& v
   if (workspace && workspace_bytes < attention_forward_workspace_size(q_meta, k_meta, H, opt))
     return Status::Invalid("workspace: smaller than attention_forward_workspace_size()");
   cuda::AttentionFwdProblem p;
-  p.batch = k_meta.batch();
-  p.heads = int(H);
-  p.Pq = q_meta.padded_tokens();
-  p.Pk = k_meta.padded_tokens();
-  p.To = To;
-  p.broadcast_q = opt.broadcast_q;
-  p.softmax_scale = scale;
-  p.cu_q = q_meta.device_cu_seqlens();
-  p.cu_q_sf = q_meta.device_cu_seqlens_sf();
-  p.cu_k = k_meta.device_cu_seqlens();
-  p.cu_k_sf = k_meta.device_cu_seqlens_sf();
-  p.host_cu_q = &q_meta.cu_seqlens();
-  p.host_cu_k = &k_meta.cu_seqlens();
-  p.q = {q.payload.ptr<const uint8_t>(), q.scales.ptr<const uint8_t>(), q.scale_layout, q.payload_layout};
-  p.k = {k.payload.ptr<const uint8_t>(), k.scales.ptr<const uint8_t>(), k.scale_layout, k.payload_layout};
-  p.v = {v.payload.ptr<const uint8_t>(), v.scales.ptr<const uint8_t>(), v.scale_layout, v.payload_layout};
+  fill_problem(q_meta, k_meta, H, To, opt.broadcast_q, scale, &p);
+  p.q = device_operand(q);
+  p.k = device_operand(k);
+  p.v = device_operand(v);
   p.out = out.data;
   p.lse = lse.ptr<float>();
   if (opt.exact_mx) return cuda::attention_forward_exact(p, stream);
@@ -264,7 +276,6 @@ Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTens
                           const MxTensor& v, TensorView out, TensorView dout, TensorView lse, const JaggedMeta& q_meta,
                           const JaggedMeta& k_meta, const AttentionBackwardOptions& opt, TensorView dq, TensorView dk,
                           TensorView dv, void* stream) {
-  (void)stream;
   MXFLASH_RETURN_IF_ERROR(check_metas(q_meta, k_meta, opt.broadcast_q));
   const float scale = resolved_scale(opt.softmax_scale);
   MXFLASH_RETURN_IF_ERROR(check_scale(scale));
@@ -302,10 +313,30 @@ Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTens
                                              {&dk, "dk"},
                                              {&dv, "dv"}},
                                             &dev));
-  if (dev != Device::kCPU)
-    return Status::Unsupported("attention_backward: the CUDA kernel is not built yet (issue 5); CPU tensors run the "
-                               "exact-MX reference");
-  return backward_cpu(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, H, scale, opt.broadcast_q, dq, dk, dv);
+  if (dev == Device::kCPU)
+    return backward_cpu(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, H, scale, opt.broadcast_q, dq, dk, dv);
+  if (!opt.exact_mx)
+    return Status::Unsupported("attention_backward: the fast CUDA kernel is not built yet (issue 5); set exact_mx "
+                               "for the exact-MX GPU path (slow), or pass CPU tensors");
+  MXFLASH_RETURN_IF_ERROR(detail::check_cuda_ready(q.payload.device_id, "q.payload"));
+  if (!q_meta.on_device()) return Status::Invalid("q_meta: has no device copy; call q_meta.upload() first");
+  if (!k_meta.on_device()) return Status::Invalid("k_meta: has no device copy; call k_meta.upload() first");
+  cuda::AttentionBwdProblem p;
+  fill_problem(q_meta, k_meta, H, To, opt.broadcast_q, scale, &p);
+  p.Tq = q_meta.total_tokens();
+  p.Tk = k_meta.total_tokens();
+  p.q = device_operand(q);
+  p.q_seq = device_operand(q_seq);
+  p.k = device_operand(k);
+  p.k_seq = device_operand(k_seq);
+  p.v = device_operand(v);
+  p.out = out.data;
+  p.dout = dout.data;
+  p.lse = lse.ptr<const float>();
+  p.dq = dq.data;
+  p.dk = dk.data;
+  p.dv = dv.data;
+  return cuda::attention_backward_exact(p, stream);
 }
 
 }  // namespace mxflash

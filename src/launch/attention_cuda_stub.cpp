@@ -1,4 +1,5 @@
 // CPU-only build: the CUDA attention entry points report that CUDA was not built.
+#include "cuda/attention/attention_bwd.h"
 #include "cuda/attention/attention_fwd.h"
 
 namespace mxflash::cuda {
@@ -8,6 +9,9 @@ Status attention_forward_exact(const AttentionFwdProblem&, void*) {
   return Status::Unsupported("mxflash was built without CUDA");
 }
 Status attention_forward(const AttentionFwdProblem&, void*, size_t, void*) {
+  return Status::Unsupported("mxflash was built without CUDA");
+}
+Status attention_backward_exact(const AttentionBwdProblem&, void*) {
   return Status::Unsupported("mxflash was built without CUDA");
 }
 }  // namespace mxflash::cuda

@@ -19,20 +19,26 @@ struct HostMx {
   MxTensor t;
 };
 
-// x (T, H, 128) fp32 quantized by the library (RCEIL, plain scales, token-major payload).
-inline HostMx quantize_host(const std::vector<float>& x, const JaggedMeta& m, int64_t H, Orientation o) {
+// x (T, H, 128) fp32 quantized by the library (RCEIL) in the given layouts.
+inline HostMx quantize_host(const std::vector<float>& x, const JaggedMeta& m, int64_t H, Orientation o,
+                            PayloadLayout pl = PayloadLayout::kTokenMajor, ScaleLayout sl = ScaleLayout::kPlain) {
   HostMx r;
   int64_t ps[3];
-  payload_shape(m, H, PayloadLayout::kTokenMajor, ps);
-  const ScaleShape ss = scale_shape(m, H, o, ScaleLayout::kPlain);
+  payload_shape(m, H, pl, ps);
+  const ScaleShape ss = scale_shape(m, H, o, sl);
   r.payload.assign(size_t(ps[0] * ps[1] * ps[2]), 0);
   r.scales.assign(size_t(ss.numel()), 0);
   r.t.payload = make_view(r.payload.data(), DType::kE4M3, Device::kCPU, 3, ps);
   r.t.scales = make_view(r.scales.data(), DType::kE8M0, Device::kCPU, ss.ndim, ss.dims);
   r.t.orientation = o;
+  r.t.scale_layout = sl;
+  r.t.payload_layout = pl;
+  QuantizeOptions qo;
+  qo.scale_layout = sl;
+  qo.payload_layout = pl;
   const Status st = quantize(make_view(const_cast<float*>(x.data()), DType::kFloat32, Device::kCPU,
                                        {m.total_tokens(), H, kHeadDim}),
-                             m, o, QuantizeOptions{}, r.t.payload, r.t.scales);
+                             m, o, qo, r.t.payload, r.t.scales);
   EXPECT_TRUE(st.ok()) << st.message();
   return r;
 }

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "attention_device_mx.h"
 #include "gpu_test_util.h"
 #include "mxflash/attention.h"
 #include "mxflash/quantize.h"
@@ -18,44 +19,10 @@ namespace mxflash {
 namespace {
 using gputest::DeviceBuffer;
 
-struct HostMx {
-  std::vector<uint8_t> payload, scales;
-  MxTensor view;  // CPU views into payload / scales
-};
+using test::HostMx;
+using test::quantize_host;
 
-HostMx quantize_host(const std::vector<float>& x, const JaggedMeta& m, int64_t H, Orientation o, PayloadLayout pl,
-                     ScaleLayout sl) {
-  HostMx r;
-  int64_t ps[3];
-  payload_shape(m, H, pl, ps);
-  const ScaleShape ss = scale_shape(m, H, o, sl);
-  r.payload.assign(size_t(ps[0] * ps[1] * ps[2]), 0);
-  r.scales.assign(size_t(ss.numel()), 0);
-  r.view.payload = make_view(r.payload.data(), DType::kE4M3, Device::kCPU, 3, ps);
-  r.view.scales = make_view(r.scales.data(), DType::kE8M0, Device::kCPU, ss.ndim, ss.dims);
-  r.view.orientation = o;
-  r.view.scale_layout = sl;
-  r.view.payload_layout = pl;
-  QuantizeOptions qo;
-  qo.scale_layout = sl;
-  qo.payload_layout = pl;
-  const Status st = quantize(make_view(const_cast<float*>(x.data()), DType::kFloat32, Device::kCPU,
-                                       {m.total_tokens(), H, kHeadDim}),
-                             m, o, qo, r.view.payload, r.view.scales);
-  EXPECT_TRUE(st.ok()) << st.message();
-  return r;
-}
-
-struct DeviceMx {
-  DeviceBuffer payload, scales;
-  MxTensor view;
-  explicit DeviceMx(const HostMx& h) : payload(h.payload), scales(h.scales), view(h.view) {
-    view.payload.data = payload.get();
-    view.payload.device = Device::kCUDA;
-    view.scales.data = scales.get();
-    view.scales.device = Device::kCUDA;
-  }
-};
+using gputest::DeviceMx;
 
 double sqnr_db(const std::vector<double>& ref, const std::vector<double>& out) {
   double s = 0, n = 0;
@@ -99,7 +66,7 @@ void run_case(const Case& c, uint64_t seed) {
   // CPU exact MX through the public API.
   std::vector<uint16_t> out_cpu(size_t(To * H * kHeadDim));
   std::vector<float> lse_cpu(size_t(H * To));
-  Status st = attention_forward(hq.view, hk.view, hv.view, qm, km, opt,
+  Status st = attention_forward(hq.t, hk.t, hv.t, qm, km, opt,
                                 make_view(out_cpu.data(), DType::kBFloat16, Device::kCPU, {To, H, kHeadDim}),
                                 make_view(lse_cpu.data(), DType::kFloat32, Device::kCPU, {H, To}));
   ASSERT_TRUE(st.ok()) << st.message();
@@ -231,7 +198,7 @@ TEST_F(AttentionFwdGpu, ExactPathMatchesCpuReference) {
     const int64_t To = bcast ? km.batch() * qm.total_tokens() : qm.total_tokens();
     std::vector<uint16_t> oc(size_t(To * H * kHeadDim));
     std::vector<float> lc(size_t(To * H));
-    ASSERT_TRUE(attention_forward(hq.view, hk.view, hv.view, qm, km, opt,
+    ASSERT_TRUE(attention_forward(hq.t, hk.t, hv.t, qm, km, opt,
                                   make_view(oc.data(), DType::kBFloat16, Device::kCPU, {To, H, kHeadDim}),
                                   make_view(lc.data(), DType::kFloat32, Device::kCPU, {H, To}))
                     .ok());

@@ -1,7 +1,7 @@
 """mxflash.attention_backward: the exact-MX CPU path against an FP64 numpy backward on the
 unquantized inputs (written here), the exact rules (one key: dK = 0; no keys: dQ = 0), broadcast_q,
-and bad arguments (the C++ message, gradients untouched). CUDA tensors are refused until the kernel
-exists."""
+and bad arguments (the C++ message, gradients untouched). CUDA tensors: refused without exact_mx (no
+fast kernel yet); with it, the exact-MX GPU path against the CPU path."""
 import math
 
 import ml_dtypes
@@ -112,7 +112,7 @@ def test_grads_argument_is_written_and_returned(small):
         assert (a.view(np.uint16) == b.view(np.uint16)).all()
 
 
-def test_cuda_tensors_are_refused_until_the_kernel_exists(small, torch_cuda):
+def test_cuda_needs_exact_mx_and_the_exact_path_matches_the_cpu(small, torch_cuda):
     torch = torch_cuda
     o = small["ops"]
     dev = lambda a: torch.from_numpy(np.ascontiguousarray(a).view(np.uint8)).cuda()  # noqa: E731
@@ -121,6 +121,14 @@ def test_cuda_tensors_are_refused_until_the_kernel_exists(small, torch_cuda):
     out = torch.from_numpy(small["out"].view(np.int16)).cuda().view(torch.bfloat16)
     dout = torch.from_numpy(small["dout"].view(np.int16)).cuda().view(torch.bfloat16)
     lse = torch.from_numpy(small["lse"]).cuda()
-    with pytest.raises(RuntimeError, match="^attention_backward: the CUDA kernel is not built yet"):
-        mxflash.attention_backward(cuda_ops["q"], cuda_ops["q_seq"], cuda_ops["k"], cuda_ops["k_seq"], cuda_ops["v"],
-                                   out, dout, lse, small["qm"], small["km"])
+    args = (cuda_ops["q"], cuda_ops["q_seq"], cuda_ops["k"], cuda_ops["k_seq"], cuda_ops["v"], out, dout, lse,
+            small["qm"], small["km"])
+    with pytest.raises(RuntimeError, match="^attention_backward: the fast CUDA kernel is not built yet"):
+        mxflash.attention_backward(*args)
+    # The exact-MX GPU path: the CPU reference's arithmetic, FP64 sums associated differently.
+    got = mxflash.attention_backward(*args, exact_mx=True)
+    torch.cuda.synchronize()
+    for name, g, want in zip(("dq", "dk", "dv"), got, small["grads"]):
+        g = g.cpu().view(torch.int16).numpy().view(BF16)
+        assert (g.view(np.uint16) != want.view(np.uint16)).mean() < 1e-3, name
+        assert sqnr_db(want.astype(np.float64), g.astype(np.float64)) > 60, name

@@ -9,23 +9,19 @@
 
 #include <string>
 
+#include "cuda/attention/attention_exact_common.cuh"
 #include "cuda/attention/attention_fwd.h"
 #include "mxflash/jagged.h"
 
 namespace mxflash::cuda {
 namespace {
+using exact::hdim_value;
+using exact::seq_value;
+using exact::sequence_of;
+using exact::warp_sum;
 
 constexpr int kWarpsPerBlock = 4;
 
-// The largest b with cu[b] <= t: the sequence owning token t (empty sequences are skipped).
-__device__ __forceinline__ int sequence_of(const int32_t* cu, int batch, int64_t t) {
-  int lo = 0, hi = batch - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (cu[mid] <= t) lo = mid; else hi = mid - 1;
-  }
-  return lo;
-}
 constexpr int kDimsPerLane = kHeadDim / 32;  // lane l holds head dims 4l..4l+3 (block l/8)
 
 struct ExactParams {
@@ -41,28 +37,6 @@ struct ExactParams {
   __nv_bfloat16* out;
   float* lse;
 };
-
-__device__ __forceinline__ float hdim_value(const MxOperand& x, int64_t t, int64_t tp, int64_t h, int d, int64_t H,
-                                            int64_t P) {
-  const uint8_t s = x.scales[x.scale_layout == ScaleLayout::kPlain ? hdim_plain_offset(t, h, d / kBlockSize, H)
-                                                               : hdim_blocked_offset(h, tp, d / kBlockSize, P)];
-  return dequantize_element(x.payload[(t * H + h) * kHeadDim + d], s);
-}
-
-__device__ __forceinline__ float seq_value(const MxOperand& x, int64_t t, int64_t tp, int64_t h, int d, int64_t H,
-                                           int64_t P) {
-  const int64_t g = tp / kBlockSize;
-  const int64_t so = x.scale_layout == ScaleLayout::kPlain ? seq_plain_offset(g, h, d, H) : seq_blocked_offset(h, d, g, P);
-  const int64_t po = x.payload_layout == PayloadLayout::kTokenMajor ? (t * H + h) * kHeadDim + d
-                                                                     : (h * kHeadDim + d) * P + tp;
-  return dequantize_element(x.payload[po], x.scales[so]);
-}
-
-__device__ __forceinline__ double warp_sum(double x) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xFFFFFFFFu, x, o);
-  return x;
-}
 
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_fwd_exact_kernel(const ExactParams p) {
   const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
@@ -119,20 +93,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_fwd_exact_kerne
 
 Status attention_forward_exact(const AttentionFwdProblem& p, void* stream) {
   ExactParams e;
-  e.cu_q = p.cu_q;
-  e.cu_q_sf = p.cu_q_sf;
-  e.cu_k = p.cu_k;
-  e.cu_k_sf = p.cu_k_sf;
+  exact::copy_common(p, &e);
   e.q = p.q;
   e.k = p.k;
   e.v = p.v;
   e.batch = p.batch;
-  e.H = p.heads;
-  e.Pq = p.Pq;
-  e.Pk = p.Pk;
-  e.To = p.To;
-  e.softmax_scale = p.softmax_scale;
-  e.broadcast_q = p.broadcast_q;
   e.out = static_cast<__nv_bfloat16*>(p.out);
   e.lse = p.lse;
   const dim3 grid(unsigned((p.To + kWarpsPerBlock - 1) / kWarpsPerBlock), unsigned(p.heads));

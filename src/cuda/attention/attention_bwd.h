@@ -1,0 +1,35 @@
+// Internal: a validated MXFP8 attention backward problem with device pointers, and the CUDA entry.
+#pragma once
+#include <cstdint>
+
+#include "cuda/attention/attention_fwd.h"
+#include "mxflash/status.h"
+
+namespace mxflash::cuda {
+
+struct AttentionBwdProblem {
+  int batch = 0;  // K/V sequences (and Q sequences unless broadcast_q)
+  int heads = 0;
+  int64_t Tq = 0, Tk = 0, Pq = 0, Pk = 0, To = 0;
+  bool broadcast_q = false;
+  float softmax_scale = 0.f;
+  const int32_t* cu_q = nullptr;  // device metadata
+  const int32_t* cu_q_sf = nullptr;
+  const int32_t* cu_k = nullptr;
+  const int32_t* cu_k_sf = nullptr;
+  const std::vector<int32_t>* host_cu_q = nullptr;  // host copies (the list of 32-row blocks)
+  const std::vector<int32_t>* host_cu_k = nullptr;
+  MxOperand q, q_seq, k, k_seq, v;  // q, k, v: hdim; q_seq, k_seq: seq
+  const void* out = nullptr;        // bf16 (To, H, 128)
+  const void* dout = nullptr;       // bf16 (To, H, 128)
+  const float* lse = nullptr;       // (H, To)
+  void* dq = nullptr;               // bf16 (Tq, H, 128)
+  void* dk = nullptr;               // bf16 (Tk, H, 128)
+  void* dv = nullptr;               // bf16 (Tk, H, 128)
+};
+
+// The exact-MX backward (attention_bwd_exact.cu): the CPU reference's arithmetic on the GPU, step
+// for step, FP64 sums; allocates its FP64 accumulators on the stream.
+Status attention_backward_exact(const AttentionBwdProblem& p, void* stream);
+
+}  // namespace mxflash::cuda
