@@ -213,9 +213,8 @@ Status check_backward_options(const AttentionBackwardOptions& opt) {
     return Status::Invalid("dq_fp16_scale_log2: must be in 0..15, got " + std::to_string(opt.dq_fp16_scale_log2));
   if (opt.p_scale != PScaleMode::kConstant && opt.p_scale != PScaleMode::kDynamic)
     return Status::Invalid("p_scale: must be constant or dynamic, got an unknown value " + std::to_string(int(opt.p_scale)));
-  // Defined by issue 5 for the GPU kernel; the reference models the defaults only.
-  if (opt.dq_accum != DqAccum::kFp32)
-    return Status::Unsupported("dq_accum: fp16 accumulation is not implemented yet (only fp32)");
+  // Defined by issue 5 for the GPU kernel; the CPU reference models fp16 dQ accumulation, not yet
+  // the rest.
   if (opt.p_scale != PScaleMode::kConstant)
     return Status::Unsupported("p_scale: dynamic per-block P scales are not implemented yet (only the constant 2^-8)");
   if (opt.output_mxfp8_dkv)
@@ -227,7 +226,7 @@ Status check_backward_options(const AttentionBackwardOptions& opt) {
 // orientation), out / lse as the forward delivered them, dout rounded from bf16.
 Status backward_cpu(const MxTensor& q, const MxTensor& q_seq, const MxTensor& k, const MxTensor& k_seq, const MxTensor& v,
                     TensorView out, TensorView dout, TensorView lse, const JaggedMeta& qm, const JaggedMeta& km, int64_t H,
-                    float scale, bool broadcast_q, TensorView dq, TensorView dk, TensorView dv) {
+                    float scale, const AttentionBackwardOptions& opt, TensorView dq, TensorView dk, TensorView dv) {
   ref::AttnOperands ops;
   auto take = [&](const MxTensor& t, const JaggedMeta& m, std::vector<double>* dst) {
     std::vector<float> x;
@@ -257,9 +256,11 @@ Status backward_cpu(const MxTensor& q, const MxTensor& q_seq, const MxTensor& k,
   p.k_meta = &km;
   p.heads = H;
   p.softmax_scale = scale;
-  p.broadcast_q = broadcast_q;
+  p.broadcast_q = opt.broadcast_q;
+  ref::AttnOptions ro;
+  ro.dq_fp16_scale_log2 = opt.dq_accum == DqAccum::kFp16 ? opt.dq_fp16_scale_log2 : -1;
   ref::AttnBackwardResult r;
-  MXFLASH_RETURN_IF_ERROR(ref::attention_backward_mx_operands(p, ops, fwd, dout_f.data(), &r));
+  MXFLASH_RETURN_IF_ERROR(ref::attention_backward_mx_operands(p, ops, fwd, dout_f.data(), &r, ro));
   auto store = [](const std::vector<double>& x, TensorView t) {
     uint16_t* d = t.ptr<uint16_t>();
     for (size_t i = 0; i < x.size(); ++i) d[i] = float_to_bf16(float(x[i]));
@@ -314,10 +315,13 @@ Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTens
                                              {&dv, "dv"}},
                                             &dev));
   if (dev == Device::kCPU)
-    return backward_cpu(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, H, scale, opt.broadcast_q, dq, dk, dv);
+    return backward_cpu(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, H, scale, opt, dq, dk, dv);
   if (!opt.exact_mx)
     return Status::Unsupported("attention_backward: the fast CUDA kernel is not built yet (issue 5); set exact_mx "
                                "for the exact-MX GPU path (slow), or pass CPU tensors");
+  if (opt.dq_accum != DqAccum::kFp32)
+    return Status::Unsupported("dq_accum: fp16 accumulation is modelled by the CPU reference only, not by the exact "
+                               "GPU path");
   MXFLASH_RETURN_IF_ERROR(detail::check_cuda_ready(q.payload.device_id, "q.payload"));
   if (!q_meta.on_device()) return Status::Invalid("q_meta: has no device copy; call q_meta.upload() first");
   if (!k_meta.on_device()) return Status::Invalid("k_meta: has no device copy; call k_meta.upload() first");

@@ -346,12 +346,13 @@ const char* to_string(Method m) {
     case Method::kFp8: return "fp8";
     case Method::kMx: return "mx";
     case Method::kGpu: return "gpu";
+    case Method::kMx16: return "mx16";
   }
   return "?";
 }
 
 bool parse_method(const std::string& name, Method* m) {
-  for (Method x : {Method::kBf16, Method::kFp8, Method::kMx, Method::kGpu})
+  for (Method x : {Method::kBf16, Method::kFp8, Method::kMx, Method::kGpu, Method::kMx16})
     if (name == to_string(x)) {
       *m = x;
       return true;
@@ -359,7 +360,7 @@ bool parse_method(const std::string& name, Method* m) {
   return false;
 }
 
-bool has_verdict(Method m) { return m == Method::kMx || m == Method::kGpu; }
+bool has_verdict(Method m) { return m == Method::kMx || m == Method::kGpu || m == Method::kMx16; }
 
 std::string usage() {
   return R"(usage: mxflash-accuracy [options]
@@ -375,7 +376,8 @@ against floors (pass / borderline / fail). Runs on the CPU; no GPU needed.
                        and 1024 queries for long)
   --broadcast-q        one shared Q sequence of --lq tokens attends to every K/V sequence
   --seed N             input seed (default 0)
-  --methods LIST       bf16,fp8,mx,gpu (default all). fp8 = per-tensor FP8 (cuDNN/FA3 style);
+  --methods LIST       bf16,fp8,mx,gpu (default) and mx16 (exact MX with dQ accumulated in fp16 at the
+                       static scale 2^K of --dq16-scale K, 0..15, default 12). fp8 = per-tensor FP8;
                        mx = exact MX; gpu = our GPU path (forward on a CUDA build with a GPU)
   --thresholds SPEC    floors, e.g. out=0.98:8,dq=0.97:10,dk=0.97:8,dv=0.97:8,lse=0.05
                        (TENSOR=COS:SQNR_DB; lse=MAX_REL_ERR, 0 = not judged).
@@ -450,6 +452,10 @@ Status parse_args(const std::vector<std::string>& args, Config* cfg, bool* help)
     } else if (flag == "--broadcast-q") {
       MXFLASH_RETURN_IF_ERROR(no_value());
       cfg->broadcast_q = true;
+    } else if (flag == "--dq16-scale") {
+      MXFLASH_RETURN_IF_ERROR(value(&v));
+      if (!parse_int(v, 0, &n) || n > 15) return Status::Invalid("--dq16-scale: wants an integer in 0..15, got '" + v + "'");
+      cfg->dq16_scale_log2 = int(n);
     } else if (flag == "--seed") {
       MXFLASH_RETURN_IF_ERROR(value(&v));
       if (!parse_int(v, 0, &n)) return Status::Invalid("--seed: wants an integer >= 0, got '" + v + "'");
@@ -459,7 +465,8 @@ Status parse_args(const std::vector<std::string>& args, Config* cfg, bool* help)
       cfg->methods.clear();
       for (const std::string& s : split(v, ',')) {
         Method m;
-        if (!parse_method(s, &m)) return Status::Invalid("--methods: unknown method '" + s + "' (bf16, fp8, mx, gpu)");
+        if (!parse_method(s, &m))
+          return Status::Invalid("--methods: unknown method '" + s + "' (bf16, fp8, mx, gpu, mx16)");
         if (std::find(cfg->methods.begin(), cfg->methods.end(), m) == cfg->methods.end()) cfg->methods.push_back(m);
       }
     } else if (flag == "--thresholds") {
@@ -571,7 +578,9 @@ Status run_suite(const Config& cfg, std::vector<Record>* records, std::ostream* 
     for (Method m : cfg.methods) {
       Outputs o;
       const bool gpu = m == Method::kGpu, gpu_fwd = gpu && cfg.gpu_forward != nullptr;
-      if (!gpu) MXFLASH_RETURN_IF_ERROR(run_method(in, ref_method(m), opt, &o));
+      ref::AttnOptions mopt = opt;
+      if (m == Method::kMx16) mopt.dq_fp16_scale_log2 = cfg.dq16_scale_log2;
+      if (!gpu) MXFLASH_RETURN_IF_ERROR(run_method(in, ref_method(m), mopt, &o));
       if (gpu_fwd) MXFLASH_RETURN_IF_ERROR(cfg.gpu_forward(in, &o.fwd.out, &o.fwd.lse));
       for (int t = 0; t < kNumTensors; ++t) {
         Record r;
@@ -635,7 +644,8 @@ void print_table(std::ostream& os, const Config& cfg, const std::vector<Record>&
   os << "mxflash-accuracy: heads " << cfg.heads << ", seed " << cfg.seed << ", softmax_scale "
      << fmt("%.6g", cfg.softmax_scale) << ". Reference: FP64 attention on the unquantized inputs.\n"
      << "Cells: SQNR dB and cosine vs the reference; LSE: SQNR and rel = max |err| / max(|lse|, 1).\n"
-     << "fp8 = per-tensor FP8 (cuDNN/FA3 style), mx = exact MX, gpu = our GPU path.\n"
+     << "fp8 = per-tensor FP8 (cuDNN/FA3 style), mx = exact MX, gpu = our GPU path, mx16 = exact MX with dQ\n"
+     << "accumulated in fp16 (scale 2^12).\n"
      << "Verdict (mx; floors out " << cfg.thresholds.out.cos << "/" << cfg.thresholds.out.sqnr_db << " dB, dQ "
      << cfg.thresholds.dq.cos << "/" << cfg.thresholds.dq.sqnr_db << ", dK " << cfg.thresholds.dk.cos << "/"
      << cfg.thresholds.dk.sqnr_db << ", dV " << cfg.thresholds.dv.cos << "/" << cfg.thresholds.dv.sqnr_db

@@ -90,8 +90,9 @@ Verdict judge(Tensor t, const ErrorStats& s, const Thresholds& th);
 
 // ---------------------------------------------------------------- configuration
 // Methods compared to the FP64 reference. kGpu is reserved for our GPU path.
-enum class Method : int { kBf16 = 0, kFp8, kMx, kGpu };
-const char* to_string(Method m);  // "bf16", "fp8", "mx", "gpu"
+// kMx16: exact MX with dQ accumulated in fp16 at the static scale 2^12 (dq_accum = fp16; opt-in).
+enum class Method : int { kBf16 = 0, kFp8, kMx, kGpu, kMx16 };
+const char* to_string(Method m);  // "bf16", "fp8", "mx", "gpu", "mx16"
 bool parse_method(const std::string& name, Method* m);
 bool has_verdict(Method m);  // the MX methods (mx, gpu) are judged against the floors
 inline constexpr const char* kGpuNotBuilt = "n/a (not built yet)";
@@ -111,6 +112,7 @@ struct Config {
   std::vector<Method> methods{Method::kBf16, Method::kFp8, Method::kMx, Method::kGpu};
   Thresholds thresholds;
   double softmax_scale = ref::kDefaultSoftmaxScale;
+  int dq16_scale_log2 = 12;       // the mx16 method's static fp16 dQ scale 2^k (0..15)
   std::string json_path;
   bool quick = false;
   bool long_ctx = false;

@@ -21,6 +21,16 @@ using Vec = std::vector<double>;
 double to_f32(double x) { return double(float(x)); }
 // Via fp32, as a kernel converts its fp32 accumulator.
 double to_bf16(double x) { return double(bf16_to_float(float_to_bf16(float(x)))); }
+// Round to IEEE fp16 (binary16), nearest even, subnormals kept, overflow to +-inf; x any double.
+double to_fp16(double x) {
+  if (std::isnan(x) || std::isinf(x)) return x;
+  const double a = std::fabs(x);
+  if (a >= 65520.0) return std::copysign(INFINITY, x);  // 65504 + half an ulp rounds up to 2^16
+  if (a == 0.0) return x;
+  const int e = std::max(std::ilogb(a), -14);           // fp16's binade (subnormals below 2^-14)
+  const double step = std::ldexp(1.0, e - 10);
+  return std::nearbyint(x / step) * step;               // x / step is exact: a power-of-two scale
+}
 // e4m3 with a (not necessarily power-of-two) scale: e4m3(x * inv) * descale, saturating RNE.
 double e4m3_scaled(double x, float inv, double descale) {
   return double(e4m3_to_float(float_to_e4m3(float(x) * inv, /*saturate=*/true))) * descale;
@@ -73,6 +83,8 @@ inline double dot128(const double* a, const double* b) {
 inline void axpy128(double a, const double* x, double* y) {
   for (int d = 0; d < kD; ++d) y[d] += a * x[d];
 }
+
+constexpr int64_t kDqTile = 128;  // keys per K/V tile: the unit of the fp16 dQ accumulation
 
 // ---------------------------------------------------------------- geometry
 struct Geometry {
@@ -428,6 +440,9 @@ Status backward_core(const AttnProblem& p, const Geometry& g, AttnMethod m, cons
   const int64_t no = g.To * g.H * kD;
   // D = rowsum(O . dO): the forward's O and the dO the method received (bf16 for BF16, fp32 else).
   const Vec do_d = m == AttnMethod::kBf16 ? bf16_of(dout, no) : raw_of(dout, no);
+  // dQ accumulated in fp16 with a static power-of-two scale (the MX method's option), else in fp32.
+  const bool fp16_dq = m == AttnMethod::kMx && opt.dq_fp16_scale_log2 >= 0;
+  const double dq16_scale = fp16_dq ? std::ldexp(1.0, opt.dq_fp16_scale_log2) : 1.0;
 
   Vec dq_part(size_t(no), 0.0);  // per output token; summed over the batch for broadcast_q
   grads->dk.assign(size_t(g.Tk * g.H * kD), 0.0);
@@ -508,9 +523,22 @@ Status backward_core(const AttnProblem& p, const Geometry& g, AttnMethod m, cons
       }
       for (int r = 0; r < n; ++r) {
         double* dq = dq_part.data() + g.idx(g.o0[b] + i0 + r, h);
-        for (int64_t j = 0; j < lk; ++j) {
-          const double ds = dsq[r * lk + j];
-          if (ds != 0.0) axpy128(ds, ops.k_dq + g.idx(g.k0[b] + j, h), dq);
+        if (!fp16_dq) {
+          for (int64_t j = 0; j < lk; ++j) {
+            const double ds = dsq[r * lk + j];
+            if (ds != 0.0) axpy128(ds, ops.k_dq + g.idx(g.k0[b] + j, h), dq);
+          }
+          continue;
+        }
+        // FP16 accumulation: each K/V tile's fp32 contribution, scaled, rounded to fp16 and added
+        // into the fp16 accumulator (rounded again), tile after tile.
+        for (int64_t t0 = 0; t0 < lk; t0 += kDqTile) {
+          double c[kD] = {};
+          for (int64_t j = t0; j < std::min(lk, t0 + kDqTile); ++j) {
+            const double ds = dsq[r * lk + j];
+            if (ds != 0.0) axpy128(ds, ops.k_dq + g.idx(g.k0[b] + j, h), c);
+          }
+          for (int d = 0; d < kD; ++d) dq[d] = to_fp16(dq[d] + to_fp16(to_f32(c[d]) * dq16_scale));
         }
       }
     }
@@ -529,15 +557,21 @@ Status backward_core(const AttnProblem& p, const Geometry& g, AttnMethod m, cons
   }
   for_each_item(g, opt.threads, [&](int b, int64_t h) { run_item(b, h, /*amax_only=*/false); });
 
-  // dQ: sum over the batch (broadcast_q) in batch order, then the softmax scale; dK likewise.
+  // dQ: sum over the batch (broadcast_q) in batch order (in fp16 for the fp16 accumulator), then
+  // the softmax scale (and the fp16 accumulator's scale removed); dK likewise.
   grads->dq.assign(size_t(g.Tq * g.H * kD), 0.0);
   if (p.broadcast_q) {
     const int64_t n = g.lq.empty() ? 0 : g.lq[0] * g.H * kD;
     for (int b = 0; b < g.B; ++b)
-      for (int64_t e = 0; e < n; ++e) grads->dq[e] += dq_part[size_t(b * n + e)];
+      for (int64_t e = 0; e < n; ++e) {
+        double& x = grads->dq[e];
+        x = fp16_dq ? to_fp16(x + dq_part[size_t(b * n + e)]) : x + dq_part[size_t(b * n + e)];
+      }
   } else {
     grads->dq = dq_part;
   }
+  if (fp16_dq)
+    for (double& e : grads->dq) e /= dq16_scale;
   auto finish = [&](Vec& x, double scale) {
     for (double& e : x) {
       e *= scale;

@@ -80,6 +80,12 @@ struct AttnOptions {
   // them at fp32 (for analysis of the output rounding itself). LSE is fp32 either way.
   bool round_outputs = true;
   int threads = 2;  // std::thread workers over (sequence, head) items; results do not depend on it
+  // MX backward only: >= 0 models dQ accumulated in fp16 with the static scale 2^k (AttentionBackward
+  // Options::dq_accum = fp16): per Q row, each 128-key K/V tile's contribution is rounded to fp32,
+  // scaled, rounded to fp16 and added to the fp16 accumulator (rounded again), tile after tile; with
+  // broadcast_q the sequences' accumulators are then summed in fp16 in batch order. Overflow gives
+  // +-inf, as it would on the GPU. -1: fp32 accumulation.
+  int dq_fp16_scale_log2 = -1;
 };
 
 struct AttnForwardResult {

@@ -193,10 +193,10 @@ TEST_F(AttentionBwdApi, RejectsOperandsAndTensors) {
 TEST_F(AttentionBwdApi, RejectsOptionsNotImplementedOrOutOfRange) {
   build({40}, {33}, false);
   AttentionBackwardOptions o = options();
-  o.dq_accum = DqAccum::kFp16;
+  o.dq_accum = DqAccum(5);
   Status st = call(o);
-  EXPECT_EQ(st.code(), StatusCode::kUnsupported);
-  expect_rejected(st, "dq_accum", "not implemented");
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  expect_rejected(st, "dq_accum", "fp32 or fp16");
   o = options();
   o.p_scale = PScaleMode::kDynamic;
   expect_rejected(call(o), "p_scale", "not implemented");
@@ -211,6 +211,30 @@ TEST_F(AttentionBwdApi, RejectsOptionsNotImplementedOrOutOfRange) {
   o = options();
   o.softmax_scale = -1.f;
   expect_rejected(call(o), "softmax_scale", "positive");
+}
+
+// dq_accum = fp16 (the CPU reference's model of an fp16 accumulator with a static 2^k scale): close
+// to the fp32 accumulation but not identical; too large a scale overflows to inf, as on a GPU.
+TEST_F(AttentionBwdApi, Fp16DqAccumulationIsModelled) {
+  build({40, 17, 300}, {33, 1, 400}, false);
+  ASSERT_TRUE(call().ok());
+  const std::vector<uint16_t> dq32 = bits(dq), dk32 = bits(dk);
+  AttentionBackwardOptions o = options();
+  o.dq_accum = DqAccum::kFp16;
+  o.dq_fp16_scale_log2 = 4;  // this fixture's K channels reach 2^6: dQ beyond 2^12 of fp16's 65504
+  const Status st = call(o);
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(bits(dk), dk32) << "only dQ changes";
+  std::vector<double> ref32(dq32.size());
+  for (size_t i = 0; i < dq32.size(); ++i) ref32[i] = bf16_to_float(dq32[i]);
+  EXPECT_NE(bits(dq), dq32) << "fp16 accumulation should round some dQ values differently";
+  EXPECT_GT(sqnr_db(bits(dq), ref32), 30.0);
+  // dO scaled by 2^10 and the accumulator by 2^15: dQ x 2^25 overflows fp16.
+  for (auto& b : dout_bits) b = float_to_bf16(bf16_to_float(b) * 1024.f);
+  o.dq_fp16_scale_log2 = 15;
+  ASSERT_TRUE(call(o).ok());
+  const std::vector<uint16_t> big = bits(dq);
+  EXPECT_TRUE(std::any_of(big.begin(), big.end(), [](uint16_t b) { return std::isinf(bf16_to_float(b)); }));
 }
 
 TEST_F(AttentionBwdApi, RejectsMixedDevicesAndCudaTensors) {
@@ -236,6 +260,14 @@ TEST_F(AttentionBwdApi, RejectsMixedDevicesAndCudaTensors) {
                                        options(), cuda_view(dq_view()), cuda_view(dk_view()), cuda_view(dv_view()));
   EXPECT_EQ(st.code(), StatusCode::kUnsupported) << st.message();
   expect_rejected(st, "attention_backward", "not built yet");
+  AttentionBackwardOptions o = options();
+  o.exact_mx = true;
+  o.dq_accum = DqAccum::kFp16;
+  const Status st16 = attention_backward(cuda(q.t), cuda(q_seq.t), cuda(k.t), cuda(k_seq.t), cuda(v.t),
+                                         cuda_view(out_view()), cuda_view(dout_view()), cuda_view(lse_view()), qm, km,
+                                         o, cuda_view(dq_view()), cuda_view(dk_view()), cuda_view(dv_view()));
+  EXPECT_EQ(st16.code(), StatusCode::kUnsupported) << st16.message();
+  expect_rejected(st16, "dq_accum", "CPU reference only");
 }
 
 }  // namespace

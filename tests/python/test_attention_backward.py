@@ -92,8 +92,6 @@ def test_bad_arguments_raise_the_library_message_and_write_nothing(small):
         call_with(small, g, q_seq=small["ops"]["q"])
     with raises_exactly(ValueError, "dq_accum: must be fp32 or fp16, got an unknown value -1"):
         call_with(small, g, dq_accum="fp64")
-    with raises_exactly(RuntimeError, "dq_accum: fp16 accumulation is not implemented yet (only fp32)"):
-        call_with(small, g, dq_accum="fp16")
     with raises_exactly(RuntimeError, "p_scale: dynamic per-block P scales are not implemented yet (only the "
                                       "constant 2^-8)"):
         call_with(small, g, p_scale="dynamic")
@@ -102,6 +100,18 @@ def test_bad_arguments_raise_the_library_message_and_write_nothing(small):
     with pytest.raises(ValueError, match="^dk: "):
         call_with(small, [g[0], sentinel((32, H, 128), BF16), g[2]])
     assert untouched(*g)
+
+
+def test_fp16_dq_accumulation_is_modelled(small):
+    """dq_accum="fp16": the CPU reference's fp16 accumulator (static scale 2^k): dK and dV unchanged,
+    dQ close to the fp32 accumulation's; a scale too large for the values overflows to inf."""
+    dq16, dk16, dv16 = call_with(small, None, dq_accum="fp16")
+    assert (dk16.view(np.uint16) == small["grads"][1].view(np.uint16)).all()
+    assert (dv16.view(np.uint16) == small["grads"][2].view(np.uint16)).all()
+    assert sqnr_db(small["grads"][0].astype(np.float64), dq16.astype(np.float64)) > 30
+    big = call_with(small, None, dq_accum="fp16", dq_fp16_scale_log2=15,
+                    dout=(small["dout"].astype(np.float32) * 4096).astype(BF16))[0]
+    assert np.isinf(big.astype(np.float32)).any()
 
 
 def test_grads_argument_is_written_and_returned(small):
