@@ -48,8 +48,9 @@ Status attention_forward(const MxTensor& q, const MxTensor& k, const MxTensor& v
 
 // ---------------------------------------------------------------------------------- backward
 // Kernel options of the MXFP8 backward (issue 5). The exact-MX CPU reference implements the
-// defaults and models dq_accum = fp16 (docs/accuracy.md: no static scale serves the whole suite);
-// dynamic P scales and MXFP8 dK/dV are refused with Status kUnsupported, never ignored.
+// defaults and models dq_accum = fp16 (docs/accuracy.md: no static scale serves the whole suite) and
+// p_scale = dynamic (no accuracy change on the suite); MXFP8 dK/dV is refused with Status
+// kUnsupported, never ignored; the exact GPU path takes the defaults only.
 enum class DqAccum : int { kFp32 = 0, kFp16 = 1 };          // dQ accumulation across K/V tiles
 enum class PScaleMode : int { kConstant = 0, kDynamic = 1 };  // P as e4m3(256 p), or per-block scales
 

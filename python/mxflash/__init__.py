@@ -632,9 +632,9 @@ def attention_backward(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, so
     lse (H, To) float32 as the forward returned them, dout (To, H, 128) bfloat16. softmax_scale and
     broadcast_q must match the forward's. Returns (dq, dk, dv), bfloat16: dq (Tq, H, 128), dk and dv
     (Tk, H, 128); with broadcast_q, dq is summed over the batch. grads=(dq, dk, dv) writes into given
-    arrays. dq_accum="fp16" (accumulator scaled by 2**dq_fp16_scale_log2) is modelled by the CPU
-    reference; p_scale "dynamic" and output_mxfp8_dkv raise RuntimeError ("... not implemented
-    yet") rather than being ignored.
+    arrays. dq_accum="fp16" (accumulator scaled by 2**dq_fp16_scale_log2) and p_scale="dynamic"
+    (per-block P scales for dV) are modelled by the CPU reference; output_mxfp8_dkv raises
+    RuntimeError ("... not implemented yet") rather than being ignored.
     numpy operands run the exact-MX CPU reference; CUDA tensors need exact_mx=True (the exact-MX
     GPU path, slow; the fast backward kernel is not built yet).
     """

@@ -213,10 +213,8 @@ Status check_backward_options(const AttentionBackwardOptions& opt) {
     return Status::Invalid("dq_fp16_scale_log2: must be in 0..15, got " + std::to_string(opt.dq_fp16_scale_log2));
   if (opt.p_scale != PScaleMode::kConstant && opt.p_scale != PScaleMode::kDynamic)
     return Status::Invalid("p_scale: must be constant or dynamic, got an unknown value " + std::to_string(int(opt.p_scale)));
-  // Defined by issue 5 for the GPU kernel; the CPU reference models fp16 dQ accumulation, not yet
-  // the rest.
-  if (opt.p_scale != PScaleMode::kConstant)
-    return Status::Unsupported("p_scale: dynamic per-block P scales are not implemented yet (only the constant 2^-8)");
+  // Defined by issue 5 for the GPU kernel; the CPU reference models fp16 dQ accumulation and
+  // dynamic P scales, not yet MXFP8 dK, dV.
   if (opt.output_mxfp8_dkv)
     return Status::Unsupported("output_mxfp8_dkv: MXFP8 dK, dV outputs are not implemented yet (only bf16)");
   return Status::Ok();
@@ -259,6 +257,7 @@ Status backward_cpu(const MxTensor& q, const MxTensor& q_seq, const MxTensor& k,
   p.broadcast_q = opt.broadcast_q;
   ref::AttnOptions ro;
   ro.dq_fp16_scale_log2 = opt.dq_accum == DqAccum::kFp16 ? opt.dq_fp16_scale_log2 : -1;
+  ro.dynamic_p = opt.p_scale == PScaleMode::kDynamic;
   ref::AttnBackwardResult r;
   MXFLASH_RETURN_IF_ERROR(ref::attention_backward_mx_operands(p, ops, fwd, dout_f.data(), &r, ro));
   auto store = [](const std::vector<double>& x, TensorView t) {
@@ -321,6 +320,9 @@ Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTens
                                "for the exact-MX GPU path (slow), or pass CPU tensors");
   if (opt.dq_accum != DqAccum::kFp32)
     return Status::Unsupported("dq_accum: fp16 accumulation is modelled by the CPU reference only, not by the exact "
+                               "GPU path");
+  if (opt.p_scale != PScaleMode::kConstant)
+    return Status::Unsupported("p_scale: dynamic P scales are modelled by the CPU reference only, not by the exact "
                                "GPU path");
   MXFLASH_RETURN_IF_ERROR(detail::check_cuda_ready(q.payload.device_id, "q.payload"));
   if (!q_meta.on_device()) return Status::Invalid("q_meta: has no device copy; call q_meta.upload() first");

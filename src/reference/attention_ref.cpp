@@ -442,6 +442,7 @@ Status backward_core(const AttnProblem& p, const Geometry& g, AttnMethod m, cons
   const Vec do_d = m == AttnMethod::kBf16 ? bf16_of(dout, no) : raw_of(dout, no);
   // dQ accumulated in fp16 with a static power-of-two scale (the MX method's option), else in fp32.
   const bool fp16_dq = m == AttnMethod::kMx && opt.dq_fp16_scale_log2 >= 0;
+  const bool dynamic_p = m == AttnMethod::kMx && opt.dynamic_p;
   const double dq16_scale = fp16_dq ? std::ldexp(1.0, opt.dq_fp16_scale_log2) : 1.0;
 
   Vec dq_part(size_t(no), 0.0);  // per output token; summed over the batch for broadcast_q
@@ -490,7 +491,12 @@ Status backward_core(const AttnProblem& p, const Geometry& g, AttnMethod m, cons
       if (amax_only) continue;
 
       // Round P and dS the way the method feeds them to the dV, dK and dQ products.
-      for (int64_t e = 0; e < n * lk; ++e) ps[e] = round_p(ps[e], pr);
+      if (dynamic_p) {
+        // P for dV = Pᵀ dO in 1x32 blocks along Q tokens with their own scales (in-kernel rule).
+        for (int64_t j = 0; j < lk; ++j) mx_block_inplace(ps.data() + j, n, 1, lk);
+      } else {
+        for (int64_t e = 0; e < n * lk; ++e) ps[e] = round_p(ps[e], pr);
+      }
       switch (m) {
         case AttnMethod::kFp64: dsq = dsk; break;
         case AttnMethod::kBf16:

@@ -86,6 +86,9 @@ struct AttnOptions {
   // broadcast_q the sequences' accumulators are then summed in fp16 in batch order. Overflow gives
   // +-inf, as it would on the GPU. -1: fp32 accumulation.
   int dq_fp16_scale_log2 = -1;
+  // MX backward only: P for dV quantized in 1x32 blocks along Q tokens with their own scales
+  // (AttentionBackwardOptions::p_scale = dynamic) instead of e4m3(256 p).
+  bool dynamic_p = false;
 };
 
 struct AttnForwardResult {

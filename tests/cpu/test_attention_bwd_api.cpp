@@ -198,8 +198,8 @@ TEST_F(AttentionBwdApi, RejectsOptionsNotImplementedOrOutOfRange) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   expect_rejected(st, "dq_accum", "fp32 or fp16");
   o = options();
-  o.p_scale = PScaleMode::kDynamic;
-  expect_rejected(call(o), "p_scale", "not implemented");
+  o.p_scale = PScaleMode(7);
+  expect_rejected(call(o), "p_scale", "constant or dynamic");
   o = options();
   o.output_mxfp8_dkv = true;
   expect_rejected(call(o), "output_mxfp8_dkv", "not implemented");
@@ -235,6 +235,22 @@ TEST_F(AttentionBwdApi, Fp16DqAccumulationIsModelled) {
   ASSERT_TRUE(call(o).ok());
   const std::vector<uint16_t> big = bits(dq);
   EXPECT_TRUE(std::any_of(big.begin(), big.end(), [](uint16_t b) { return std::isinf(bf16_to_float(b)); }));
+}
+
+// p_scale = dynamic: P for dV in 1x32 blocks with their own scales. Only dV changes.
+TEST_F(AttentionBwdApi, DynamicPScalesChangeOnlyDv) {
+  build({40, 17, 300}, {33, 1, 400}, false);
+  ASSERT_TRUE(call().ok());
+  const std::vector<uint16_t> dq0 = bits(dq), dk0 = bits(dk), dv0 = bits(dv);
+  AttentionBackwardOptions o = options();
+  o.p_scale = PScaleMode::kDynamic;
+  ASSERT_TRUE(call(o).ok());
+  EXPECT_EQ(bits(dq), dq0);
+  EXPECT_EQ(bits(dk), dk0);
+  EXPECT_NE(bits(dv), dv0) << "per-block P scales should round some P values differently";
+  std::vector<double> ref0(dv0.size());
+  for (size_t i = 0; i < dv0.size(); ++i) ref0[i] = bf16_to_float(dv0[i]);
+  EXPECT_GT(sqnr_db(bits(dv), ref0), 30.0);
 }
 
 TEST_F(AttentionBwdApi, RejectsMixedDevicesAndCudaTensors) {

@@ -92,9 +92,10 @@ def test_bad_arguments_raise_the_library_message_and_write_nothing(small):
         call_with(small, g, q_seq=small["ops"]["q"])
     with raises_exactly(ValueError, "dq_accum: must be fp32 or fp16, got an unknown value -1"):
         call_with(small, g, dq_accum="fp64")
-    with raises_exactly(RuntimeError, "p_scale: dynamic per-block P scales are not implemented yet (only the "
-                                      "constant 2^-8)"):
-        call_with(small, g, p_scale="dynamic")
+    with raises_exactly(ValueError, "p_scale: must be constant or dynamic, got an unknown value -1"):
+        call_with(small, g, p_scale="per-row")
+    with raises_exactly(RuntimeError, "output_mxfp8_dkv: MXFP8 dK, dV outputs are not implemented yet (only bf16)"):
+        call_with(small, g, output_mxfp8_dkv=True)
     with pytest.raises(ValueError, match="^dout: "):
         call_with(small, g, dout=small["dout"].astype(np.float32))
     with pytest.raises(ValueError, match="^dk: "):
