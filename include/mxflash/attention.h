@@ -48,9 +48,9 @@ Status attention_forward(const MxTensor& q, const MxTensor& k, const MxTensor& v
 
 // ---------------------------------------------------------------------------------- backward
 // Kernel options of the MXFP8 backward (issue 5). The exact-MX CPU reference implements the
-// defaults and models dq_accum = fp16 (docs/accuracy.md: no static scale serves the whole suite) and
-// p_scale = dynamic (no accuracy change on the suite); MXFP8 dK/dV is refused with Status
-// kUnsupported, never ignored; the exact GPU path takes the defaults only.
+// defaults and models dq_accum = fp16 (docs/accuracy.md: no static scale serves the whole suite),
+// p_scale = dynamic (no accuracy change on the suite) and output_mxfp8_dkv; the exact GPU path takes
+// the defaults only (anything else: Status kUnsupported, never ignored).
 enum class DqAccum : int { kFp32 = 0, kFp16 = 1 };          // dQ accumulation across K/V tiles
 enum class PScaleMode : int { kConstant = 0, kDynamic = 1 };  // P as e4m3(256 p), or per-block scales
 
@@ -72,12 +72,15 @@ struct AttentionBackwardOptions {
 // forward (To as in attention_forward). dO is quantized inside in 32x32 blocks, D = rowsum(out∘dout),
 // dS = P∘(dP − D) quantized 1x32 along Q tokens (dK) and 32x32 (dQ).
 // Outputs: dq (Tq, H, 128), dk and dv (Tk, H, 128), bf16; with broadcast_q, dq is the sum over the
-// batch. CPU tensors run the exact-MX CPU reference; CUDA tensors run the exact-MX GPU path with
+// batch. With opt.output_mxfp8_dkv, dk and dv are E4M3 payloads (Tk, H, 128) instead, quantized in
+// 32x32 blocks (32 tokens from each K sequence start x 32 dims, RCEIL), and dk_scales, dv_scales
+// (Tk, H, 4) E8M0 receive each token row's block scale (the hdim-plain shape); without the option
+// the scale views must be left empty. CPU tensors run the exact-MX CPU reference; CUDA tensors run the exact-MX GPU path with
 // opt.exact_mx (the fast kernel is not built yet: without exact_mx they get Status kUnsupported,
 // and nothing is written). The metadata must be uploaded for CUDA tensors.
 Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTensor& k, const MxTensor& k_seq,
                           const MxTensor& v, TensorView out, TensorView dout, TensorView lse, const JaggedMeta& q_meta,
                           const JaggedMeta& k_meta, const AttentionBackwardOptions& opt, TensorView dq, TensorView dk,
-                          TensorView dv, void* stream = nullptr);
+                          TensorView dv, TensorView dk_scales = {}, TensorView dv_scales = {}, void* stream = nullptr);
 
 }  // namespace mxflash

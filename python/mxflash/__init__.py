@@ -631,8 +631,10 @@ def attention_backward(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, so
     same tensors quantized along tokens ("seq"); v along the head dim. out (To, H, 128) bfloat16 and
     lse (H, To) float32 as the forward returned them, dout (To, H, 128) bfloat16. softmax_scale and
     broadcast_q must match the forward's. Returns (dq, dk, dv), bfloat16: dq (Tq, H, 128), dk and dv
-    (Tk, H, 128); with broadcast_q, dq is summed over the batch. grads=(dq, dk, dv) writes into given
-    arrays. dq_accum="fp16" (accumulator scaled by 2**dq_fp16_scale_log2) and p_scale="dynamic"
+    (Tk, H, 128); with broadcast_q, dq is summed over the batch. With output_mxfp8_dkv=True, dk and dv
+    are float8_e4m3fn payloads quantized in 32x32 blocks and two more arrays come back, dk_scales and
+    dv_scales (Tk, H, 4) uint8 E8M0, each token row's block scale. grads=(dq, dk, dv[, dk_scales,
+    dv_scales]) writes into given arrays. dq_accum="fp16" (accumulator scaled by 2**dq_fp16_scale_log2) and p_scale="dynamic"
     (per-block P scales for dV) are modelled by the CPU reference; output_mxfp8_dkv raises
     RuntimeError ("... not implemented yet") rather than being ignored.
     numpy operands run the exact-MX CPU reference; CUDA tensors need exact_mx=True (the exact-MX
@@ -648,21 +650,27 @@ def attention_backward(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, so
     if qp.ndim == 3:
         heads = int(qp.shape[0] if q.payload_layout == "token_contiguous" else qp.shape[1]) or 1
     o, g, l = _as_array(out, "out"), _as_array(dout, "dout"), _as_array(lse, "lse")
-    outs = _outputs(grads, 3, "dq, dk, dv")
+    mx_out = bool(output_mxfp8_dkv)
+    names_out = ("dq", "dk", "dv") + (("dk_scales", "dv_scales") if mx_out else ())
+    outs = _outputs(grads, len(names_out), ", ".join(names_out))
     if outs is None:
-        dq = _empty(qp, (q_meta.total_tokens, heads, HEAD_DIM), "bfloat16")
-        dk = _empty(qp, (k_meta.total_tokens, heads, HEAD_DIM), "bfloat16")
-        dv = _empty(qp, (k_meta.total_tokens, heads, HEAD_DIM), "bfloat16")
-    else:
-        dq, dk, dv = (_as_array(x, n) for x, n in zip(outs, ("dq", "dk", "dv")))
+        tq, tk = q_meta.total_tokens, k_meta.total_tokens
+        dkv_dtype = "float8_e4m3fn" if mx_out else "bfloat16"
+        outs = [_empty(qp, (tq, heads, HEAD_DIM), "bfloat16"), _empty(qp, (tk, heads, HEAD_DIM), dkv_dtype),
+                _empty(qp, (tk, heads, HEAD_DIM), dkv_dtype)]
+        if mx_out:
+            outs += [_empty(qp, (tk, heads, HEAD_DIM // BLOCK_SIZE), "uint8") for _ in range(2)]
+    outs = [_as_array(x, n) for x, n in zip(outs, names_out)]
+    dq, dk, dv = outs[:3]
+    scale_views = [_view(x, n, True) for x, n in zip(outs[3:], names_out[3:])] + [None] * (5 - len(outs))
     scale = float("nan") if softmax_scale is None else float(softmax_scale)
     _C.attention_backward(q_meta._cpp_for(qp), k_meta._cpp_for(qp),
                           *(_mx_view(t, a, n) for t, a, n in zip(operands, arrays, names)),
                           _view(o, "out"), _view(g, "dout"), _view(l, "lse"), scale, bool(broadcast_q),
                           _code(_DQ_ACCUM, dq_accum), int(dq_fp16_scale_log2), _code(_P_SCALE, p_scale),
                           bool(output_mxfp8_dkv), bool(exact_mx), _view(dq, "dq", True), _view(dk, "dk", True),
-                          _view(dv, "dv", True), _stream(qp))
-    return dq, dk, dv
+                          _view(dv, "dv", True), *scale_views, _stream(qp))
+    return tuple(outs)
 
 
 # ---------------------------------------------------------------------------- scalar codecs

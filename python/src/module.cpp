@@ -8,6 +8,7 @@
 // RuntimeError (anything else) carrying the message verbatim.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -391,7 +392,8 @@ NB_MODULE(_mxflash, m) {
       [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, const Mx& q, const Mx& q_seq, const Mx& k,
          const Mx& k_seq, const Mx& v, const View& out, const View& dout, const View& lse, double softmax_scale,
          bool broadcast_q, int dq_accum, int dq_fp16_scale_log2, int p_scale, bool output_mxfp8_dkv, bool exact_mx,
-         const View& dq, const View& dk, const View& dv, uintptr_t stream) {
+         const View& dq, const View& dk, const View& dv, const std::optional<View>& dk_scales,
+         const std::optional<View>& dv_scales, uintptr_t stream) {
         const MxTensor tq = to_mx(q, "q"), tqs = to_mx(q_seq, "q_seq"), tk = to_mx(k, "k"),
                        tks = to_mx(k_seq, "k_seq"), tv = to_mx(v, "v");
         AttentionBackwardOptions opt;
@@ -405,11 +407,14 @@ NB_MODULE(_mxflash, m) {
         DeviceGuard guard(tq.payload);
         throw_if_error(attention_backward(tq, tqs, tk, tks, tv, to_view(out, "out"), to_view(dout, "dout"),
                                           to_view(lse, "lse"), q_meta, k_meta, opt, to_view(dq, "dq"),
-                                          to_view(dk, "dk"), to_view(dv, "dv"), as_stream(stream)));
+                                          to_view(dk, "dk"), to_view(dv, "dv"),
+                                          dk_scales ? to_view(*dk_scales, "dk_scales") : TensorView{},
+                                          dv_scales ? to_view(*dv_scales, "dv_scales") : TensorView{}, as_stream(stream)));
       },
       "q_meta"_a, "k_meta"_a, "q"_a, "q_seq"_a, "k"_a, "k_seq"_a, "v"_a, "out"_a, "dout"_a, "lse"_a,
       "softmax_scale"_a, "broadcast_q"_a, "dq_accum"_a, "dq_fp16_scale_log2"_a, "p_scale"_a, "output_mxfp8_dkv"_a,
-      "exact_mx"_a, "dq"_a, "dk"_a, "dv"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>());
+      "exact_mx"_a, "dq"_a, "dk"_a, "dv"_a, "dk_scales"_a.none(), "dv_scales"_a.none(), "stream"_a,
+      nb::call_guard<nb::gil_scoped_release>());
 
   // ------------------------------------------------------------------ scalar codecs, vectorized
   m.def(

@@ -3,6 +3,7 @@
 #include "mxflash/attention.h"
 
 #include <algorithm>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -213,10 +214,26 @@ Status check_backward_options(const AttentionBackwardOptions& opt) {
     return Status::Invalid("dq_fp16_scale_log2: must be in 0..15, got " + std::to_string(opt.dq_fp16_scale_log2));
   if (opt.p_scale != PScaleMode::kConstant && opt.p_scale != PScaleMode::kDynamic)
     return Status::Invalid("p_scale: must be constant or dynamic, got an unknown value " + std::to_string(int(opt.p_scale)));
-  // Defined by issue 5 for the GPU kernel; the CPU reference models fp16 dQ accumulation and
-  // dynamic P scales, not yet MXFP8 dK, dV.
-  if (opt.output_mxfp8_dkv)
-    return Status::Unsupported("output_mxfp8_dkv: MXFP8 dK, dV outputs are not implemented yet (only bf16)");
+  return Status::Ok();
+}
+
+// dK, dV (fp32 values, (Tk, H, 128)) quantized in 32x32 blocks (32 tokens from each K sequence start
+// x 32 dims, RCEIL) into `payload`; `scales` (Tk, H, 4) gets each token row's block scale.
+Status store_mxfp8(const std::vector<double>& x, const JaggedMeta& km, int64_t H, TensorView payload, TensorView scales) {
+  const int64_t T = km.total_tokens();
+  std::vector<float> xf(x.begin(), x.end());
+  const ScaleShape ss = scale_shape(km, H, Orientation::kSquare32, ScaleLayout::kPlain);  // (P/32, H, 4)
+  std::vector<uint8_t> square(size_t(ss.numel()));
+  MXFLASH_RETURN_IF_ERROR(quantize(make_view(xf.data(), DType::kFloat32, Device::kCPU, {T, H, kHeadDim}), km,
+                                   Orientation::kSquare32, QuantizeOptions{}, payload,
+                                   make_view(square.data(), DType::kE8M0, Device::kCPU, ss.ndim, ss.dims)));
+  uint8_t* out = scales.ptr<uint8_t>();
+  for (int b = 0; b < km.batch(); ++b)
+    for (int64_t t = km.cu_seqlens()[b]; t < km.cu_seqlens()[b + 1]; ++t) {
+      const int64_t g = (km.cu_seqlens_sf()[b] + t - km.cu_seqlens()[b]) / kBlockSize;
+      for (int64_t h = 0; h < H; ++h)
+        for (int c = 0; c < kHeadDim / kBlockSize; ++c) out[(t * H + h) * 4 + c] = square[size_t((g * H + h) * 4 + c)];
+    }
   return Status::Ok();
 }
 
@@ -224,7 +241,8 @@ Status check_backward_options(const AttentionBackwardOptions& opt) {
 // orientation), out / lse as the forward delivered them, dout rounded from bf16.
 Status backward_cpu(const MxTensor& q, const MxTensor& q_seq, const MxTensor& k, const MxTensor& k_seq, const MxTensor& v,
                     TensorView out, TensorView dout, TensorView lse, const JaggedMeta& qm, const JaggedMeta& km, int64_t H,
-                    float scale, const AttentionBackwardOptions& opt, TensorView dq, TensorView dk, TensorView dv) {
+                    float scale, const AttentionBackwardOptions& opt, TensorView dq, TensorView dk, TensorView dv,
+                    TensorView dk_scales, TensorView dv_scales) {
   ref::AttnOperands ops;
   auto take = [&](const MxTensor& t, const JaggedMeta& m, std::vector<double>* dst) {
     std::vector<float> x;
@@ -258,6 +276,7 @@ Status backward_cpu(const MxTensor& q, const MxTensor& q_seq, const MxTensor& k,
   ref::AttnOptions ro;
   ro.dq_fp16_scale_log2 = opt.dq_accum == DqAccum::kFp16 ? opt.dq_fp16_scale_log2 : -1;
   ro.dynamic_p = opt.p_scale == PScaleMode::kDynamic;
+  ro.round_outputs = !opt.output_mxfp8_dkv;  // fp32 dK, dV for the MXFP8 outputs (dQ: bf16 below)
   ref::AttnBackwardResult r;
   MXFLASH_RETURN_IF_ERROR(ref::attention_backward_mx_operands(p, ops, fwd, dout_f.data(), &r, ro));
   auto store = [](const std::vector<double>& x, TensorView t) {
@@ -265,6 +284,10 @@ Status backward_cpu(const MxTensor& q, const MxTensor& q_seq, const MxTensor& k,
     for (size_t i = 0; i < x.size(); ++i) d[i] = float_to_bf16(float(x[i]));
   };
   store(r.dq, dq);
+  if (opt.output_mxfp8_dkv) {
+    MXFLASH_RETURN_IF_ERROR(store_mxfp8(r.dk, km, H, dk, dk_scales));
+    return store_mxfp8(r.dv, km, H, dv, dv_scales);
+  }
   store(r.dk, dk);
   store(r.dv, dv);
   return Status::Ok();
@@ -275,7 +298,7 @@ Status backward_cpu(const MxTensor& q, const MxTensor& q_seq, const MxTensor& k,
 Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTensor& k, const MxTensor& k_seq,
                           const MxTensor& v, TensorView out, TensorView dout, TensorView lse, const JaggedMeta& q_meta,
                           const JaggedMeta& k_meta, const AttentionBackwardOptions& opt, TensorView dq, TensorView dk,
-                          TensorView dv, void* stream) {
+                          TensorView dv, TensorView dk_scales, TensorView dv_scales, void* stream) {
   MXFLASH_RETURN_IF_ERROR(check_metas(q_meta, k_meta, opt.broadcast_q));
   const float scale = resolved_scale(opt.softmax_scale);
   MXFLASH_RETURN_IF_ERROR(check_scale(scale));
@@ -293,8 +316,27 @@ Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTens
   MXFLASH_RETURN_IF_ERROR(check_dense(dout, "dout", DType::kBFloat16, 3, o_shape));
   MXFLASH_RETURN_IF_ERROR(check_dense(lse, "lse", DType::kFloat32, 2, lse_shape));
   MXFLASH_RETURN_IF_ERROR(check_dense(dq, "dq", DType::kBFloat16, 3, q_shape));
-  MXFLASH_RETURN_IF_ERROR(check_dense(dk, "dk", DType::kBFloat16, 3, k_shape));
-  MXFLASH_RETURN_IF_ERROR(check_dense(dv, "dv", DType::kBFloat16, 3, k_shape));
+  if (opt.output_mxfp8_dkv) {
+    const int64_t s_shape[3] = {k_meta.total_tokens(), H, kHeadDim / kBlockSize};
+    for (const auto& [t, n] : {std::pair{&dk, "dk"}, std::pair{&dv, "dv"}}) {
+      MXFLASH_RETURN_IF_ERROR(check_dtype(*t, n, {DType::kE4M3, DType::kUInt8}));
+      MXFLASH_RETURN_IF_ERROR(check_shape(*t, n, 3, k_shape));
+      MXFLASH_RETURN_IF_ERROR(check_contiguous(*t, n));
+      MXFLASH_RETURN_IF_ERROR(check_not_null(*t, n));
+    }
+    for (const auto& [t, n] : {std::pair{&dk_scales, "dk_scales"}, std::pair{&dv_scales, "dv_scales"}}) {
+      MXFLASH_RETURN_IF_ERROR(check_dtype(*t, n, {DType::kE8M0, DType::kUInt8}));
+      MXFLASH_RETURN_IF_ERROR(check_shape(*t, n, 3, s_shape));
+      MXFLASH_RETURN_IF_ERROR(check_contiguous(*t, n));
+      MXFLASH_RETURN_IF_ERROR(check_not_null(*t, n));
+    }
+  } else {
+    MXFLASH_RETURN_IF_ERROR(check_dense(dk, "dk", DType::kBFloat16, 3, k_shape));
+    MXFLASH_RETURN_IF_ERROR(check_dense(dv, "dv", DType::kBFloat16, 3, k_shape));
+    for (const auto& [t, n] : {std::pair{&dk_scales, "dk_scales"}, std::pair{&dv_scales, "dv_scales"}})
+      if (t->data != nullptr || t->ndim != 0)
+        return Status::Invalid(std::string(n) + ": only with output_mxfp8_dkv (leave it empty for bf16 dK, dV)");
+  }
   Device dev = Device::kCPU;
   MXFLASH_RETURN_IF_ERROR(check_same_device({{&q.payload, "q.payload"},
                                              {&q.scales, "q.scales"},
@@ -313,8 +355,14 @@ Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTens
                                              {&dk, "dk"},
                                              {&dv, "dv"}},
                                             &dev));
+  if (opt.output_mxfp8_dkv) {
+    Device scales_dev = dev;
+    MXFLASH_RETURN_IF_ERROR(
+        check_same_device({{&dk, "dk"}, {&dk_scales, "dk_scales"}, {&dv_scales, "dv_scales"}}, &scales_dev));
+  }
   if (dev == Device::kCPU)
-    return backward_cpu(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, H, scale, opt, dq, dk, dv);
+    return backward_cpu(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, H, scale, opt, dq, dk, dv, dk_scales,
+                        dv_scales);
   if (!opt.exact_mx)
     return Status::Unsupported("attention_backward: the fast CUDA kernel is not built yet (issue 5); set exact_mx "
                                "for the exact-MX GPU path (slow), or pass CPU tensors");
@@ -323,6 +371,9 @@ Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTens
                                "GPU path");
   if (opt.p_scale != PScaleMode::kConstant)
     return Status::Unsupported("p_scale: dynamic P scales are modelled by the CPU reference only, not by the exact "
+                               "GPU path");
+  if (opt.output_mxfp8_dkv)
+    return Status::Unsupported("output_mxfp8_dkv: MXFP8 dK, dV come from the CPU reference only, not from the exact "
                                "GPU path");
   MXFLASH_RETURN_IF_ERROR(detail::check_cuda_ready(q.payload.device_id, "q.payload"));
   if (!q_meta.on_device()) return Status::Invalid("q_meta: has no device copy; call q_meta.upload() first");

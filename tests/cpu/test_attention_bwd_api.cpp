@@ -201,9 +201,6 @@ TEST_F(AttentionBwdApi, RejectsOptionsNotImplementedOrOutOfRange) {
   o.p_scale = PScaleMode(7);
   expect_rejected(call(o), "p_scale", "constant or dynamic");
   o = options();
-  o.output_mxfp8_dkv = true;
-  expect_rejected(call(o), "output_mxfp8_dkv", "not implemented");
-  o = options();
   o.dq_fp16_scale_log2 = 16;
   st = call(o);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
@@ -251,6 +248,54 @@ TEST_F(AttentionBwdApi, DynamicPScalesChangeOnlyDv) {
   std::vector<double> ref0(dv0.size());
   for (size_t i = 0; i < dv0.size(); ++i) ref0[i] = bf16_to_float(dv0[i]);
   EXPECT_GT(sqnr_db(bits(dv), ref0), 30.0);
+}
+
+// output_mxfp8_dkv: dK, dV as E4M3 in 32x32 blocks (from each K sequence start) with per-token-row
+// scales (Tk, H, 4); dQ unchanged. The dequantized values track the bf16 gradients to e4m3 precision.
+TEST_F(AttentionBwdApi, Mxfp8DkDvOutputs) {
+  build({40, 17, 300}, {33, 1, 400}, false);
+  ASSERT_TRUE(call().ok());
+  const std::vector<uint16_t> dq0 = bits(dq), dk0 = bits(dk), dv0 = bits(dv);
+  const int64_t Tk = km.total_tokens();
+  std::vector<uint8_t> pk(size_t(Tk * H * kHeadDim), kPoison), pv(pk.size(), kPoison);
+  std::vector<uint8_t> sk(size_t(Tk * H * 4), kPoison), sv(sk.size(), kPoison);
+  auto pay = [&](std::vector<uint8_t>& b) { return make_view(b.data(), DType::kE4M3, Device::kCPU, {Tk, H, kHeadDim}); };
+  auto sc = [&](std::vector<uint8_t>& b) { return make_view(b.data(), DType::kE8M0, Device::kCPU, {Tk, H, 4}); };
+  AttentionBackwardOptions o = options();
+  o.output_mxfp8_dkv = true;
+  const Status st = attention_backward(q.t, q_seq.t, k.t, k_seq.t, v.t, out_view(), dout_view(), lse_view(), qm, km, o,
+                                       dq_view(), pay(pk), pay(pv), sc(sk), sc(sv));
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(bits(dq), dq0);
+  for (auto [payload, scales, ref_bits] : {std::tuple{&pk, &sk, &dk0}, std::tuple{&pv, &sv, &dv0}}) {
+    std::vector<uint16_t> deq(payload->size());
+    std::vector<double> ref(payload->size());
+    for (int64_t t = 0; t < Tk; ++t)
+      for (int64_t h = 0; h < H; ++h)
+        for (int d = 0; d < kHeadDim; ++d) {
+          const size_t i = size_t((t * H + h) * kHeadDim + d);
+          deq[i] = float_to_bf16(dequantize_element((*payload)[i], (*scales)[size_t((t * H + h) * 4 + d / 32)]));
+          ref[i] = bf16_to_float((*ref_bits)[i]);
+        }
+    EXPECT_GT(sqnr_db(deq, ref), 25.0);  // e4m3: 3 mantissa bits
+    // Every token row of a 32-token block (from the sequence start) carries the block's scale.
+    for (int b = 0; b < km.batch(); ++b)
+      for (int64_t t = km.cu_seqlens()[b]; t < km.cu_seqlens()[b + 1]; ++t) {
+        const int64_t first = km.cu_seqlens()[b] + (t - km.cu_seqlens()[b]) / 32 * 32;
+        for (int64_t i = 0; i < H * 4; ++i) ASSERT_EQ((*scales)[size_t(t * H * 4 + i)], (*scales)[size_t(first * H * 4 + i)]);
+      }
+  }
+  // Scale views are for output_mxfp8_dkv only; with it, they and E4M3 payloads are required.
+  for (auto* b : {&dq, &dk, &dv}) std::fill(b->begin(), b->end(), kPoison);
+  expect_rejected(attention_backward(q.t, q_seq.t, k.t, k_seq.t, v.t, out_view(), dout_view(), lse_view(), qm, km,
+                                     options(), dq_view(), dk_view(), dv_view(), sc(sk)),
+                  "dk_scales", "only with output_mxfp8_dkv");
+  expect_rejected(attention_backward(q.t, q_seq.t, k.t, k_seq.t, v.t, out_view(), dout_view(), lse_view(), qm, km, o,
+                                     dq_view(), dk_view(), dv_view(), sc(sk), sc(sv)),
+                  "dk", "dtype");
+  expect_rejected(attention_backward(q.t, q_seq.t, k.t, k_seq.t, v.t, out_view(), dout_view(), lse_view(), qm, km, o,
+                                     dq_view(), pay(pk), pay(pv)),
+                  "dk_scales", "");
 }
 
 TEST_F(AttentionBwdApi, RejectsMixedDevicesAndCudaTensors) {

@@ -94,8 +94,6 @@ def test_bad_arguments_raise_the_library_message_and_write_nothing(small):
         call_with(small, g, dq_accum="fp64")
     with raises_exactly(ValueError, "p_scale: must be constant or dynamic, got an unknown value -1"):
         call_with(small, g, p_scale="per-row")
-    with raises_exactly(RuntimeError, "output_mxfp8_dkv: MXFP8 dK, dV outputs are not implemented yet (only bf16)"):
-        call_with(small, g, output_mxfp8_dkv=True)
     with pytest.raises(ValueError, match="^dout: "):
         call_with(small, g, dout=small["dout"].astype(np.float32))
     with pytest.raises(ValueError, match="^dk: "):
@@ -113,6 +111,17 @@ def test_fp16_dq_accumulation_is_modelled(small):
     big = call_with(small, None, dq_accum="fp16", dq_fp16_scale_log2=15,
                     dout=(small["dout"].astype(np.float32) * 4096).astype(BF16))[0]
     assert np.isinf(big.astype(np.float32)).any()
+
+
+def test_mxfp8_dk_dv_outputs(small):
+    """output_mxfp8_dkv=True: dK, dV as float8_e4m3fn in 32x32 blocks with (Tk, H, 4) E8M0 scales per
+    token row; dequantized, they track the bf16 gradients to e4m3 precision."""
+    dq, dk8, dv8, sk, sv = call_with(small, None, output_mxfp8_dkv=True)
+    assert dk8.dtype == ml_dtypes.float8_e4m3fn and sk.shape == (33, H, 4) and sk.dtype == np.uint8
+    assert (dq.view(np.uint16) == small["grads"][0].view(np.uint16)).all()
+    for pay, sc, want in ((dk8, sk, small["grads"][1]), (dv8, sv, small["grads"][2])):
+        deq = pay.astype(np.float32) * np.exp2(np.repeat(sc.astype(np.float32) - 127, 32, axis=2))
+        assert sqnr_db(want.astype(np.float64), deq.astype(np.float64)) > 25
 
 
 def test_grads_argument_is_written_and_returned(small):
