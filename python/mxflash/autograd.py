@@ -1,0 +1,68 @@
+"""MXFP8 attention as a torch autograd function, for training loops.
+
+    from mxflash.autograd import mx_attention
+    out = mx_attention(q, k, v, q_meta, k_meta)          # q (Tq, H, 128), k and v (Tk, H, 128)
+    out.float().sum().backward()                          # q.grad, k.grad, v.grad
+
+q, k, v are packed jagged torch tensors (bfloat16 or float32, CPU or CUDA) described by
+mxflash.JaggedMeta objects; they are quantized to MXFP8 inside (Q and K along the head dim for the
+forward and along tokens for the backward, V along tokens for the forward and along the head dim
+for the backward, RCEIL), so callers hand over the same tensors they would give any attention.
+The forward runs the sm_90a kernel on CUDA tensors and the exact-MX reference on CPU tensors. The
+backward runs the exact-MX reference on CPU tensors and, on CUDA tensors, the exact-MX GPU path
+(slow: the fast backward kernel is not built yet). Gradients come back in the inputs' dtype.
+"""
+import mxflash
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _make_function():
+    torch = _torch()
+
+    class MxAttentionFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, q_meta, k_meta, softmax_scale, broadcast_q):
+            mq = mxflash.quantize_mx(q.detach().contiguous(), q_meta, "hdim")
+            mk = mxflash.quantize_mx(k.detach().contiguous(), k_meta, "hdim")
+            mv = mxflash.quantize_mx(v.detach().contiguous(), k_meta, "seq")
+            out, lse = mxflash.attention_forward(mq, mk, mv, q_meta, k_meta, softmax_scale=softmax_scale,
+                                                 broadcast_q=broadcast_q)
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.q_meta, ctx.k_meta = q_meta, k_meta
+            ctx.softmax_scale, ctx.broadcast_q = softmax_scale, broadcast_q
+            return out
+
+        @staticmethod
+        def backward(ctx, dout):
+            q, k, v, out, lse = ctx.saved_tensors
+            qm, km = ctx.q_meta, ctx.k_meta
+            ops = [mxflash.quantize_mx(x.detach().contiguous(), m, o)
+                   for x, m, o in ((q, qm, "hdim"), (q, qm, "seq"), (k, km, "hdim"), (k, km, "seq"),
+                                   (v, km, "hdim"))]
+            dq, dk, dv = mxflash.attention_backward(*ops, out, dout.to(torch.bfloat16).contiguous(), lse, qm, km,
+                                                    softmax_scale=ctx.softmax_scale, broadcast_q=ctx.broadcast_q,
+                                                    exact_mx=q.is_cuda)
+            return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+
+    return MxAttentionFunction
+
+
+_function = None
+
+
+def mx_attention(q, k, v, q_meta, k_meta, softmax_scale=None, broadcast_q=False):
+    """out = MXFP8 attention of q, k, v (see the module docstring); differentiable in q, k and v.
+
+    Returns out (To, H, 128) bfloat16 (To = Tq, or B * Lq with broadcast_q). softmax_scale: None for
+    1/sqrt(128). broadcast_q: q_meta holds one Q sequence shared by the B K/V sequences; q.grad is the
+    sum over the batch.
+    """
+    global _function
+    if _function is None:
+        _function = _make_function()
+    return _function.apply(q, k, v, q_meta, k_meta, softmax_scale, bool(broadcast_q))
