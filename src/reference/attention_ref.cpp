@@ -197,12 +197,72 @@ struct Operands {
   const double *q_s = nullptr, *k_s = nullptr;    // S = Q K^T
   const double *v_o = nullptr;                    // O = P V
   const double *v_dp = nullptr, *do_g = nullptr;  // dP = dO V^T, dV = P^T dO
+  const double* do_dv = nullptr;                  // dO for dV when it differs from do_g (hopper_exec)
   const double *q_dk = nullptr, *k_dq = nullptr;  // dK = dS^T Q, dQ = dS K
   const double* add(Vec v) {
     store.push_back(std::move(v));
     return store.back().data();
   }
 };
+
+// Re-quantize groups of an operand (values already on their MX grids) with one RCEIL scale per
+// group: what the kernels' re-expression to coarser power-of-two scales does (exact unless a value
+// falls under e4m3's subnormal floor of the coarser scale).
+template <typename GroupOf>
+Vec regroup(const double* x, int64_t n, GroupOf group_of, int64_t groups) {
+  std::vector<float> amax(size_t(groups), 0.f);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t gi = group_of(i);
+    if (gi >= 0) amax[size_t(gi)] = amax_nan(amax[size_t(gi)], float(x[i]));
+  }
+  Vec out(x, x + n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t gi = group_of(i);
+    if (gi < 0) continue;
+    const uint8_t sb = e8m0_scale_byte(amax[size_t(gi)], ScalingMode::kRceil, 0);
+    out[size_t(i)] = double(dequantize_element(quantize_element(float(x[i]), e8m0_inv_scale(sb)), sb));
+  }
+  return out;
+}
+
+// The Hopper execution form of the MX backward operands (AttnOptions::hopper_exec): Q and dO (for
+// dP) per (token, head) row, K and V per (128-key tile, head), and the token-contracted operands
+// (Q for dK, K for dQ, dO for dV) per (sequence, head, channel).
+void hopper_exec_operands(const Geometry& g, bool broadcast_q, Operands* ops) {
+  const int64_t H = g.H;
+  const int64_t nq = g.Tq * H * kD, nk = g.Tk * H * kD, no = g.To * H * kD;
+  auto row = [&](int64_t i) { return i / kD; };  // (token, head)
+  // token -> (sequence, first token of the sequence) for Q, K and the output rows
+  std::vector<int64_t> q_seq(size_t(g.Tq), -1), k_seq(size_t(g.Tk), -1), k_first(size_t(g.Tk), 0), o_seq(size_t(g.To), -1);
+  for (int b = 0; b < g.B; ++b) {
+    if (!broadcast_q || b == 0)
+      for (int64_t t = g.q0[b]; t < g.q0[b] + g.lq[b]; ++t) q_seq[size_t(t)] = b;
+    for (int64_t t = g.k0[b]; t < g.k0[b] + g.lk[b]; ++t) k_seq[size_t(t)] = b, k_first[size_t(t)] = g.k0[b];
+    for (int64_t t = g.o0[b]; t < g.o0[b] + g.lq[b]; ++t) o_seq[size_t(t)] = b;
+  }
+  int64_t max_tiles = 1;  // 128-key tiles of the longest K/V sequence
+  for (int64_t lk : g.lk) max_tiles = std::max(max_tiles, (lk + 127) / 128);
+  auto k_tile = [&](int64_t i) -> int64_t {
+    const int64_t t = i / (H * kD), h = (i / kD) % H;
+    if (k_seq[size_t(t)] < 0) return -1;
+    return (h * g.B + k_seq[size_t(t)]) * max_tiles + (t - k_first[size_t(t)]) / 128;
+  };
+  auto channel = [&](const std::vector<int64_t>& seq) {
+    return [&, H](int64_t i) {
+      const int64_t t = i / (H * kD), hd = i % (H * kD);
+      return seq[size_t(t)] < 0 ? int64_t(-1) : seq[size_t(t)] * H * kD + hd;
+    };
+  };
+  const int64_t k_groups = H * g.B * max_tiles;
+  ops->q_s = ops->add(regroup(ops->q_s, nq, row, g.Tq * H));
+  ops->k_s = ops->add(regroup(ops->k_s, nk, k_tile, k_groups));
+  ops->v_dp = ops->add(regroup(ops->v_dp, nk, k_tile, k_groups));
+  ops->q_dk = ops->add(regroup(ops->q_dk, nq, channel(q_seq), int64_t(g.B) * H * kD));
+  ops->k_dq = ops->add(regroup(ops->k_dq, nk, channel(k_seq), int64_t(g.B) * H * kD));
+  const double* do_mx = ops->do_g;
+  ops->do_g = ops->add(regroup(do_mx, no, row, g.To * H));
+  ops->do_dv = ops->add(regroup(do_mx, no, channel(o_seq), int64_t(g.B) * H * kD));
+}
 
 // backward=false prepares q_s, k_s, v_o; backward=true prepares everything but v_o.
 Status prepare(const AttnProblem& p, const Geometry& g, AttnMethod m, const float* dout, const JaggedMeta& out_meta,
@@ -399,6 +459,7 @@ Status attention_backward(const AttnProblem& p, AttnMethod m, const AttnForwardR
   MXFLASH_RETURN_IF_ERROR(check_backward_args(g, fwd, dout, grads));
   Operands ops;
   MXFLASH_RETURN_IF_ERROR(prepare(p, g, m, dout, out_meta_of(p, g), /*backward=*/true, &ops));
+  if (m == AttnMethod::kMx && opt.hopper_exec) hopper_exec_operands(g, p.broadcast_q, &ops);
   return backward_core(p, g, m, ops, fwd, dout, grads, opt);
 }
 
@@ -427,6 +488,7 @@ Status attention_backward_mx_operands(const AttnProblem& p, const AttnOperands& 
   Vec t;
   MXFLASH_RETURN_IF_ERROR(mx_of(dout, out_meta_of(p, g), g.H, Orientation::kSquare32, &t));
   ops.do_g = ops.add(std::move(t));
+  if (opt.hopper_exec) hopper_exec_operands(g, p.broadcast_q, &ops);
   return backward_core(p, g, AttnMethod::kMx, ops, fwd, dout, grads, opt);
 }
 
@@ -453,15 +515,21 @@ Status backward_core(const AttnProblem& p, const Geometry& g, AttnMethod m, cons
   std::vector<double> ds_descale(size_t(g.H), 0.0);
   std::vector<float> ds_inv(size_t(g.H), 0.f);
 
-  // One (sequence, head) item in tiles of 32 query rows aligned to the sequence start (the MX
-  // dS blocks along Q tokens). amax_only: per-tensor FP8's first pass.
+  // Hopper execution form: dS for dK in blocks of a 64-row Q tile per key, for dQ per row over
+  // 128-key tiles (the operands re-expressed by the caller: hopper_exec_operands).
+  const bool hopper = m == AttnMethod::kMx && opt.hopper_exec;
+  const int kRowsBlk = hopper ? 64 : kBlockSize;
+  const double* do_dv = ops.do_dv ? ops.do_dv : ops.do_g;
+
+  // One (sequence, head) item in tiles of 32 (hopper: 64) query rows aligned to the sequence start
+  // (the MX dS blocks along Q tokens). amax_only: per-tensor FP8's first pass.
   auto run_item = [&](int b, int64_t h, bool amax_only) {
     const int64_t lk = g.lk[b], lq = g.lq[b];
     if (lk == 0 || lq == 0) return;
-    Vec ps(size_t(kBlockSize * lk)), dsk(size_t(kBlockSize * lk)), dsq;
+    Vec ps(size_t(kRowsBlk * lk)), dsk(size_t(kRowsBlk * lk)), dsq;
     double amax = 0.0;
-    for (int64_t i0 = 0; i0 < lq; i0 += kBlockSize) {
-      const int n = int(std::min<int64_t>(kBlockSize, lq - i0));
+    for (int64_t i0 = 0; i0 < lq; i0 += kRowsBlk) {
+      const int n = int(std::min<int64_t>(kRowsBlk, lq - i0));
       for (int r = 0; r < n; ++r) {
         const int64_t tq = g.q0[b] + i0 + r, to = g.o0[b] + i0 + r;
         const double lse = fwd.lse[size_t(h * g.To + to)];
@@ -512,8 +580,14 @@ Status backward_core(const AttnProblem& p, const Geometry& g, AttnMethod m, cons
         case AttnMethod::kMx:
           dsq = dsk;
           for (int64_t j = 0; j < lk; ++j) mx_block_inplace(dsk.data() + j, n, 1, lk);  // 1x32 along Q
-          for (int64_t j0 = 0; j0 < lk; j0 += kBlockSize)                                 // 32x32
-            mx_block_inplace(dsq.data() + j0, n, int(std::min<int64_t>(kBlockSize, lk - j0)), lk);
+          if (hopper) {  // per row over 128-key tiles
+            for (int r = 0; r < n; ++r)
+              for (int64_t j0 = 0; j0 < lk; j0 += 128)
+                mx_block_inplace(dsq.data() + r * lk + j0, 1, int(std::min<int64_t>(128, lk - j0)), lk);
+          } else {  // 32x32
+            for (int64_t j0 = 0; j0 < lk; j0 += kBlockSize)
+              mx_block_inplace(dsq.data() + j0, n, int(std::min<int64_t>(kBlockSize, lk - j0)), lk);
+          }
           break;
       }
 
@@ -523,7 +597,7 @@ Status backward_core(const AttnProblem& p, const Geometry& g, AttnMethod m, cons
         double* dk = grads->dk.data() + g.idx(tk, h);
         for (int r = 0; r < n; ++r) {
           const double pq = ps[r * lk + j], ds = dsk[r * lk + j];
-          if (pq != 0.0) axpy128(pq, ops.do_g + g.idx(g.o0[b] + i0 + r, h), dv);
+          if (pq != 0.0) axpy128(pq, do_dv + g.idx(g.o0[b] + i0 + r, h), dv);
           if (ds != 0.0) axpy128(ds, ops.q_dk + g.idx(g.q0[b] + i0 + r, h), dk);
         }
       }

@@ -89,6 +89,11 @@ struct AttnOptions {
   // MX backward only: P for dV quantized in 1x32 blocks along Q tokens with their own scales
   // (AttentionBackwardOptions::p_scale = dynamic) instead of e4m3(256 p).
   bool dynamic_p = false;
+  // MX backward only: the Hopper execution form the fast kernel is planned around (docs/backward.md):
+  // operands re-expressed to coarser power-of-two scales (Q and dO for dP per row, K and V per
+  // 128-key tile, the token-contracted Q, K, dO per (sequence, channel)), dS quantized per key over a
+  // 64-row Q tile (dK) and per row over a 128-key tile (dQ), 64-row Q blocks.
+  bool hopper_exec = false;
 };
 
 struct AttnForwardResult {
