@@ -32,14 +32,16 @@ def _make_function():
             mv = mxflash.quantize_mx(v.detach().contiguous(), k_meta, "seq")
             out, lse = mxflash.attention_forward(mq, mk, mv, q_meta, k_meta, softmax_scale=softmax_scale,
                                                  broadcast_q=broadcast_q)
-            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.save_for_backward(q, k, v, out)
+            ctx.lse = lse  # an intermediate: kept on ctx rather than through save_for_backward
             ctx.q_meta, ctx.k_meta = q_meta, k_meta
             ctx.softmax_scale, ctx.broadcast_q = softmax_scale, broadcast_q
             return out
 
         @staticmethod
         def backward(ctx, dout):
-            q, k, v, out, lse = ctx.saved_tensors
+            q, k, v, out = ctx.saved_tensors
+            lse = ctx.lse
             qm, km = ctx.q_meta, ctx.k_meta
             ops = [mxflash.quantize_mx(x.detach().contiguous(), m, o)
                    for x, m, o in ((q, qm, "hdim"), (q, qm, "seq"), (k, km, "hdim"), (k, km, "seq"),
