@@ -12,7 +12,12 @@ The forward runs the sm_90a kernel on CUDA tensors and the exact-MX reference on
 backward runs the exact-MX reference on CPU tensors and, on CUDA tensors, the exact-MX GPU path
 (slow: the fast backward kernel is not built yet). Gradients come back in the inputs' dtype.
 """
+import warnings
+
 import mxflash
+
+_SLOW_BACKWARD = ("mxflash.autograd: the fast MXFP8 backward kernel is not built yet; gradients of CUDA tensors "
+                  "come from the exact-MX GPU path, which is correct but slow")
 
 
 def _torch():
@@ -42,6 +47,8 @@ def _make_function():
         def backward(ctx, dout):
             q, k, v, out = ctx.saved_tensors
             lse = ctx.lse
+            if q.is_cuda:
+                warnings.warn(_SLOW_BACKWARD, RuntimeWarning, stacklevel=2)
             qm, km = ctx.q_meta, ctx.k_meta
             ops = [mxflash.quantize_mx(x.detach().contiguous(), m, o)
                    for x, m, o in ((q, qm, "hdim"), (q, qm, "seq"), (k, km, "hdim"), (k, km, "seq"),

@@ -74,7 +74,8 @@ def test_cpu_gradients_against_float64_torch():
 def test_cuda_matches_cpu(torch_cuda):
     torch = torch_cuda
     (qc, kc, vc), outc, _ = run("cpu", torch.bfloat16)
-    (qg, kg, vg), outg, _ = run("cuda", torch.bfloat16)
+    with pytest.warns(RuntimeWarning, match="fast MXFP8 backward kernel is not built yet"):
+        (qg, kg, vg), outg, _ = run("cuda", torch.bfloat16)
     assert sqnr_db(outc.float().detach(), outg.float().cpu().detach()) > 35  # fast forward vs exact MX
     for name, a, b in (("dq", qc.grad, qg.grad), ("dk", kc.grad, kg.grad), ("dv", vc.grad, vg.grad)):
         assert sqnr_db(a.float(), b.float().cpu()) > 30, name
