@@ -19,6 +19,7 @@ BIN=${BIN:-.gpu-bin}
 SECTIONS=${SECTIONS:-"tests sanitizer python report bench accuracy peers"}
 # "ab" (not in the default list): the forward variants staged in $BIN/exp
 # (EXPERIMENTS=1 scripts/stage_gpu_bin.sh): their GPU tests and speed.
+# "accuracy_full" (not in the default list): issue 4's whole forward accuracy matrix (minutes).
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 status=0
 note() { echo "== $*" | tee -a "$OUT/summary.txt"; }
@@ -127,6 +128,25 @@ if want accuracy && [ -x "$BIN/mxflash-accuracy" ]; then
   "$BIN/mxflash-accuracy" --dist normal,k_outlier --lengths 1000,4096 --lq 512 --broadcast-q --heads 3 \
     --json "$OUT/accuracy_bcast.json" > "$OUT/accuracy_bcast.log" 2>&1
   for f in lengths h16 bcast; do grep -E "^[a-z_]+:|  O |  LSE|summary" "$OUT/accuracy_$f.log"; done
+fi
+if want accuracy_full && [ -x "$BIN/mxflash-accuracy" ]; then
+  # Issue 4's forward accuracy matrix: every distribution, lengths {1 ... 16384}, H in {1, 3, 16},
+  # with and without broadcast Q; the gpu column's O must stay within 0.3 dB of exact MX's (a fail
+  # otherwise). Forward only (the CPU backward of 16384-key shapes would take too long).
+  A=("$BIN/mxflash-accuracy" --forward-only --methods mx,gpu --gpu-within-db 0.3)
+  runs=("--lengths 1,17,127,128,129,1000,4096 --heads 1"
+        "--lengths 1,17,127,128,129,1000,4096 --heads 3"
+        "--dist normal,k_outlier,peaked --lengths 127,128,129,1000 --heads 16"
+        "--dist normal,peaked,k_outlier --lengths 16384 --heads 3"
+        "--lq 512 --broadcast-q --lengths 1,17,127,1000,4096,16384 --heads 3")
+  i=0
+  for r in "${runs[@]}"; do
+    i=$((i + 1))
+    note "mxflash-accuracy forward matrix $i: $r"
+    # shellcheck disable=SC2086
+    "${A[@]}" $r --json "$OUT/accuracy_full_$i.json" > "$OUT/accuracy_full_$i.log" 2>&1 || { status=1; note "ACCURACY MATRIX $i FAILED"; }
+    grep -E "summary" "$OUT/accuracy_full_$i.log"
+  done
 fi
 note "gpu_check exit status $status"
 exit $status

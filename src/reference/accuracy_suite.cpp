@@ -392,6 +392,8 @@ against floors (pass / borderline / fail). Runs on the CPU; no GPU needed.
   --json FILE          write every number, the configuration and the summary as JSON
   --quick              jagged lengths without 4096
   --long               add the long-context distribution (16384 keys; slow on a CPU)
+  --forward-only       O and LSE only: no backward (long shapes, the GPU forward's accuracy bars)
+  --gpu-within-db X    the gpu column's O fails when its SQNR is more than X dB under mx's
   --threads N          CPU worker threads (default: all cores)
 Exit status: 0 no fail, 1 a judged tensor failed, 2 bad arguments.
 )";
@@ -500,6 +502,14 @@ Status parse_args(const std::vector<std::string>& args, Config* cfg, bool* help)
     } else if (flag == "--long") {
       MXFLASH_RETURN_IF_ERROR(no_value());
       cfg->long_ctx = true;
+    } else if (flag == "--gpu-within-db") {
+      MXFLASH_RETURN_IF_ERROR(value(&v));
+      double x = 0;
+      if (!parse_double(v, &x) || !(x > 0)) return Status::Invalid("--gpu-within-db: wants a number > 0, got '" + v + "'");
+      cfg->gpu_within_db = x;
+    } else if (flag == "--forward-only") {
+      MXFLASH_RETURN_IF_ERROR(no_value());
+      cfg->forward_only = true;
     } else if (flag == "--threads") {
       MXFLASH_RETURN_IF_ERROR(value(&v));
       if (!parse_int(v, 1, &n)) return Status::Invalid("--threads: wants an integer >= 1, got '" + v + "'");
@@ -563,9 +573,10 @@ struct Outputs {
   }
 };
 
-Status run_method(const Inputs& in, ref::AttnMethod m, const ref::AttnOptions& opt, Outputs* o) {
+Status run_method(const Inputs& in, ref::AttnMethod m, const ref::AttnOptions& opt, bool forward_only, Outputs* o) {
   const ref::AttnProblem p = in.problem();
   MXFLASH_RETURN_IF_ERROR(ref::attention_forward(p, m, &o->fwd, opt));
+  if (forward_only) return Status::Ok();
   return ref::attention_backward(p, m, o->fwd, in.dout.data(), &o->bwd, opt);
 }
 }  // namespace
@@ -579,7 +590,7 @@ Status run_suite(const Config& cfg, std::vector<Record>* records, std::ostream* 
     in.softmax_scale = cfg.softmax_scale;
     MXFLASH_RETURN_IF_ERROR(make_inputs(d, shape_for(d, cfg), cfg.heads, cfg.seed, &in));
     Outputs ref_out;
-    MXFLASH_RETURN_IF_ERROR(run_method(in, ref::AttnMethod::kFp64, opt, &ref_out));
+    MXFLASH_RETURN_IF_ERROR(run_method(in, ref::AttnMethod::kFp64, opt, cfg.forward_only, &ref_out));
     for (Method m : cfg.methods) {
       Outputs o;
       const bool gpu = m == Method::kGpu, gpu_fwd = gpu && cfg.gpu_forward != nullptr;
@@ -587,7 +598,7 @@ Status run_suite(const Config& cfg, std::vector<Record>* records, std::ostream* 
       if (m == Method::kMx16) mopt.dq_fp16_scale_log2 = cfg.dq16_scale_log2;
       mopt.dynamic_p = m == Method::kMxDynP;
       mopt.hopper_exec = m == Method::kMxHopper;
-      if (!gpu) MXFLASH_RETURN_IF_ERROR(run_method(in, ref_method(m), mopt, &o));
+      if (!gpu) MXFLASH_RETURN_IF_ERROR(run_method(in, ref_method(m), mopt, cfg.forward_only, &o));
       if (gpu_fwd) MXFLASH_RETURN_IF_ERROR(cfg.gpu_forward(in, &o.fwd.out, &o.fwd.lse));
       for (int t = 0; t < kNumTensors; ++t) {
         Record r;
@@ -595,11 +606,17 @@ Status run_suite(const Config& cfg, std::vector<Record>* records, std::ostream* 
         r.method = m;
         r.tensor = Tensor(t);
         const bool forward_tensor = r.tensor == Tensor::kOut || r.tensor == Tensor::kLse;
-        r.available = !gpu || (gpu_fwd && forward_tensor);
-        r.missing = gpu_fwd ? kGpuBackwardNotBuilt : kGpuNotBuilt;
+        r.available = (!gpu || (gpu_fwd && forward_tensor)) && (forward_tensor || !cfg.forward_only);
+        r.missing = !forward_tensor && cfg.forward_only ? kForwardOnly : gpu_fwd ? kGpuBackwardNotBuilt : kGpuNotBuilt;
         if (r.available) {
           r.stats = compare(ref_out.get(r.tensor), o.get(r.tensor));
           if (has_verdict(m)) r.verdict = judge(r.tensor, r.stats, cfg.thresholds);
+          if (gpu && r.tensor == Tensor::kOut && cfg.gpu_within_db > 0) {
+            for (const Record& x : *records)  // the mx column of this distribution
+              if (x.dist == d && x.method == Method::kMx && x.tensor == Tensor::kOut && x.available &&
+                  r.stats.sqnr_db < x.stats.sqnr_db - cfg.gpu_within_db)
+                r.verdict = Verdict::kFail;
+          }
         }
         records->push_back(r);
       }
@@ -692,7 +709,8 @@ std::string to_json(const Config& cfg, const std::vector<Record>& records) {
   o << "], \"lengths\": [" << join_ints(cfg.lengths) << "], \"heads\": " << cfg.heads << ", \"lq\": " << cfg.lq
     << ", \"broadcast_q\": " << (cfg.broadcast_q ? "true" : "false") << ", \"seed\": " << cfg.seed
     << ", \"softmax_scale\": " << json_num(cfg.softmax_scale) << ", \"quick\": " << (cfg.quick ? "true" : "false")
-    << ", \"long\": " << (cfg.long_ctx ? "true" : "false") << ", \"methods\": [";
+    << ", \"long\": " << (cfg.long_ctx ? "true" : "false")
+    << ", \"forward_only\": " << (cfg.forward_only ? "true" : "false") << ", \"methods\": [";
   for (size_t i = 0; i < cfg.methods.size(); ++i) o << (i ? ", " : "") << json_str(to_string(cfg.methods[i]));
   o << "]},\n";
   const Thresholds& th = cfg.thresholds;

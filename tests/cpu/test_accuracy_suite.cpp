@@ -276,6 +276,23 @@ TEST(AccuracyCli, EndToEndTinyRunPasses) {
   std::remove(json.c_str());
 }
 
+// --forward-only: O and LSE judged, the gradients reported as not computed (no backward run).
+TEST(AccuracyCli, ForwardOnlySkipsTheBackward) {
+  std::ostringstream out, err;
+  const int rc = run_cli({"--dist", "normal", "--lengths", "40", "--heads", "1", "--methods", "mx", "--forward-only",
+                          "--threads", "2"},
+                         out, err);
+  EXPECT_EQ(rc, 0) << out.str() << err.str();
+  const std::string text = out.str();
+  EXPECT_NE(text.find("summary: 1 pass / 0 borderline / 0 fail"), std::string::npos) << text;
+  EXPECT_NE(text.find(std::string("dQ      ") + kForwardOnly), std::string::npos) << text;
+  Config cfg;
+  bool help = false;
+  ASSERT_TRUE(parse_args({"--forward-only"}, &cfg, &help).ok());
+  EXPECT_TRUE(cfg.forward_only);
+  EXPECT_FALSE(parse_args({"--forward-only", "x"}, &cfg, &help).ok());
+}
+
 TEST(AccuracyCli, FailingFloorGivesExitOneAndBadArgsTwo) {
   std::ostringstream out, err;
   EXPECT_EQ(run_cli({"--dist", "normal", "--lengths", "32", "--heads", "1", "--methods", "mx", "--thresholds",
@@ -334,6 +351,26 @@ TEST(AccuracyGpuHook, FillsForwardColumnAndReportsMissingBackward) {
       EXPECT_EQ(r.verdict, Verdict::kPass);
     }
   }
+  // --gpu-within-db: a "GPU" whose O is off by +-10% (about 19 dB SQNR: above the floors, far
+  // under mx's ~25 dB) fails at 0.3 dB and passes the floors without the option.
+  cfg.gpu_within_db = 0.3;
+  cfg.gpu_forward = [&](const Inputs& in, std::vector<double>* out, std::vector<double>* lse) {
+    ref::AttnForwardResult r;
+    MXFLASH_RETURN_IF_ERROR(ref::attention_forward(in.problem(), ref::AttnMethod::kMx, &r));
+    for (size_t i = 0; i < r.out.size(); ++i) r.out[i] *= 1.0 + (i % 2 ? 0.1 : -0.1);  // far worse than mx
+    *out = r.out;
+    *lse = r.lse;
+    return Status::Ok();
+  };
+  records.clear();
+  ASSERT_TRUE(run_suite(cfg, &records, nullptr).ok());
+  for (const Record& r : records)
+    if (r.method == Method::kGpu && r.tensor == Tensor::kOut) EXPECT_EQ(r.verdict, Verdict::kFail);
+  cfg.gpu_within_db = 0.0;
+  records.clear();
+  ASSERT_TRUE(run_suite(cfg, &records, nullptr).ok());
+  for (const Record& r : records)
+    if (r.method == Method::kGpu && r.tensor == Tensor::kOut) EXPECT_NE(r.verdict, Verdict::kFail);  // floors only
   cfg.gpu_forward = [](const Inputs&, std::vector<double>*, std::vector<double>*) {
     return Status::Cuda("device lost");
   };
