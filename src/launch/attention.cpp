@@ -125,15 +125,7 @@ Status forward_cpu(const MxTensor& q, const MxTensor& k, const MxTensor& v, cons
   MXFLASH_RETURN_IF_ERROR(dequantized(q, qm, H, &qf));
   MXFLASH_RETURN_IF_ERROR(dequantized(k, km, H, &kf));
   MXFLASH_RETURN_IF_ERROR(dequantized(v, km, H, &vf));
-  ref::AttnProblem p;
-  p.q_meta = &qm;
-  p.k_meta = &km;
-  p.heads = H;
-  p.q = qf.data();
-  p.k = kf.data();
-  p.v = vf.data();
-  p.softmax_scale = scale;
-  p.broadcast_q = broadcast_q;
+  const ref::AttnProblem p = ref::make_problem(qm, km, H, qf.data(), kf.data(), vf.data(), scale, broadcast_q);
   ref::AttnForwardResult r;
   MXFLASH_RETURN_IF_ERROR(ref::attention_forward(p, ref::AttnMethod::kMx, &r));
   uint16_t* o = out.ptr<uint16_t>();

@@ -226,16 +226,7 @@ std::vector<int64_t> jagged_lengths(bool quick) {
 }
 
 ref::AttnProblem Inputs::problem() const {
-  ref::AttnProblem p;
-  p.q_meta = &q_meta;
-  p.k_meta = &k_meta;
-  p.heads = heads;
-  p.q = q.data();
-  p.k = k.data();
-  p.v = v.data();
-  p.softmax_scale = softmax_scale;
-  p.broadcast_q = broadcast_q;
-  return p;
+  return ref::make_problem(q_meta, k_meta, heads, q.data(), k.data(), v.data(), softmax_scale, broadcast_q);
 }
 
 Status make_inputs(Dist d, const Shape& shape, int64_t heads, uint64_t seed, Inputs* in) {

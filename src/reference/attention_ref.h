@@ -75,6 +75,12 @@ struct AttnProblem {
   bool broadcast_q = false;
 };
 
+inline AttnProblem make_problem(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, const float* q,
+                                const float* k, const float* v, double softmax_scale = kDefaultSoftmaxScale,
+                                bool broadcast_q = false) {
+  return AttnProblem{&q_meta, &k_meta, heads, q, k, v, softmax_scale, broadcast_q};
+}
+
 struct AttnOptions {
   // Non-FP64 methods: O, dQ, dK, dV rounded to bf16, as the kernels deliver them; false keeps
   // them at fp32 (for analysis of the output rounding itself). LSE is fp32 either way.

@@ -71,13 +71,7 @@ class AttentionApi : public ::testing::Test {
 TEST_F(AttentionApi, CpuPathMatchesFp64AndHandlesEmptyKeys) {
   const Status st = call(q.t, k.t, v.t);
   ASSERT_TRUE(st.ok()) << st.message();
-  ref::AttnProblem p;
-  p.q_meta = &qm;
-  p.k_meta = &km;
-  p.heads = H;
-  p.q = qf.data();
-  p.k = kf.data();
-  p.v = vf.data();
+  const ref::AttnProblem p = ref::make_problem(qm, km, H, qf.data(), kf.data(), vf.data());
   ref::AttnForwardResult exact;
   ASSERT_TRUE(ref::attention_forward(p, ref::AttnMethod::kFp64, &exact).ok());
   double s = 0, n = 0;

@@ -67,13 +67,7 @@ class AttentionBwdApi : public ::testing::Test {
     To = broadcast ? km.batch() * qm.total_tokens() : qm.total_tokens();
     doutf = draw(To);
     for (auto& x : doutf) x = bf16_to_float(float_to_bf16(x));  // dO arrives in bf16
-    p.q_meta = &qm;
-    p.k_meta = &km;
-    p.heads = H;
-    p.q = qf.data();
-    p.k = kf.data();
-    p.v = vf.data();
-    p.broadcast_q = broadcast;
+    p = ref::make_problem(qm, km, H, qf.data(), kf.data(), vf.data(), ref::kDefaultSoftmaxScale, broadcast);
     ASSERT_TRUE(ref::attention_forward(p, ref::AttnMethod::kMx, &fwd).ok());
     q = quantize_host(qf, qm, H, Orientation::kHdim);
     q_seq = quantize_host(qf, qm, H, Orientation::kSeq);

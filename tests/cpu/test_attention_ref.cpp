@@ -30,16 +30,7 @@ struct Case {
   double scale = ref::kDefaultSoftmaxScale;
   std::vector<float> q, k, v, dout;
   ref::AttnProblem problem() const {
-    ref::AttnProblem p;
-    p.q_meta = &qm;
-    p.k_meta = &km;
-    p.heads = H;
-    p.q = q.data();
-    p.k = k.data();
-    p.v = v.data();
-    p.softmax_scale = scale;
-    p.broadcast_q = broadcast;
-    return p;
+    return ref::make_problem(qm, km, H, q.data(), k.data(), v.data(), scale, broadcast);
   }
   int64_t To() const { return ref::out_tokens(problem()); }
 };

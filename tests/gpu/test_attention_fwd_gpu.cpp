@@ -101,14 +101,8 @@ void run_case(const Case& c, uint64_t seed) {
     }
   }
   // FP64 ground truth on the unquantized inputs.
-  ref::AttnProblem p;
-  p.q_meta = &qm;
-  p.k_meta = &km;
-  p.heads = H;
-  p.q = q.data();
-  p.k = k.data();
-  p.v = v.data();
-  p.broadcast_q = c.broadcast_q;
+  const ref::AttnProblem p = ref::make_problem(qm, km, H, q.data(), k.data(), v.data(), ref::kDefaultSoftmaxScale,
+                                               c.broadcast_q);
   ref::AttnForwardResult exact;
   ASSERT_TRUE(ref::attention_forward(p, ref::AttnMethod::kFp64, &exact).ok());
   const double s_gpu = sqnr_db(exact.out, og), s_cpu = sqnr_db(exact.out, oc), s_agree = sqnr_db(oc, og);
