@@ -3,6 +3,7 @@
 #include "mxflash/attention.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <utility>
 #include <string>
 #include <vector>
@@ -59,9 +60,10 @@ Status check_operand(const MxTensor& t, const char* name, Orientation want, cons
   return Status::Ok();
 }
 
-// A dense (dims) tensor of one dtype: shape, contiguity, data.
-Status check_dense(const TensorView& t, const char* name, DType dtype, int ndim, const int64_t* dims) {
-  MXFLASH_RETURN_IF_ERROR(check_dtype(t, name, {dtype}));
+// A dense (dims) tensor of one of the allowed dtypes: shape, contiguity, data.
+Status check_dense(const TensorView& t, const char* name, std::initializer_list<DType> allowed, int ndim,
+                   const int64_t* dims) {
+  MXFLASH_RETURN_IF_ERROR(check_dtype(t, name, allowed));
   MXFLASH_RETURN_IF_ERROR(check_shape(t, name, ndim, dims));
   MXFLASH_RETURN_IF_ERROR(check_contiguous(t, name));
   return check_not_null(t, name);
@@ -159,9 +161,9 @@ Status attention_forward(const MxTensor& q, const MxTensor& k, const MxTensor& v
   MXFLASH_RETURN_IF_ERROR(check_operand(v, "v", Orientation::kSeq, k_meta, &H));
   const int64_t To = out_tokens(q_meta, k_meta, opt.broadcast_q);
   const int64_t out_shape[3] = {To, H, kHeadDim}, lse_shape[2] = {H, To};
-  MXFLASH_RETURN_IF_ERROR(check_dense(out, "out", DType::kBFloat16, 3, out_shape));
+  MXFLASH_RETURN_IF_ERROR(check_dense(out, "out", {DType::kBFloat16}, 3, out_shape));
   MXFLASH_RETURN_IF_ERROR(check_alignment(out, "out", 4));
-  MXFLASH_RETURN_IF_ERROR(check_dense(lse, "lse", DType::kFloat32, 2, lse_shape));
+  MXFLASH_RETURN_IF_ERROR(check_dense(lse, "lse", {DType::kFloat32}, 2, lse_shape));
   Device dev = Device::kCPU;
   MXFLASH_RETURN_IF_ERROR(check_same_device({{&q.payload, "q.payload"},
                                              {&q.scales, "q.scales"},
@@ -304,27 +306,19 @@ Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTens
   const int64_t To = out_tokens(q_meta, k_meta, opt.broadcast_q);
   const int64_t o_shape[3] = {To, H, kHeadDim}, lse_shape[2] = {H, To};
   const int64_t q_shape[3] = {q_meta.total_tokens(), H, kHeadDim}, k_shape[3] = {k_meta.total_tokens(), H, kHeadDim};
-  MXFLASH_RETURN_IF_ERROR(check_dense(out, "out", DType::kBFloat16, 3, o_shape));
-  MXFLASH_RETURN_IF_ERROR(check_dense(dout, "dout", DType::kBFloat16, 3, o_shape));
-  MXFLASH_RETURN_IF_ERROR(check_dense(lse, "lse", DType::kFloat32, 2, lse_shape));
-  MXFLASH_RETURN_IF_ERROR(check_dense(dq, "dq", DType::kBFloat16, 3, q_shape));
+  MXFLASH_RETURN_IF_ERROR(check_dense(out, "out", {DType::kBFloat16}, 3, o_shape));
+  MXFLASH_RETURN_IF_ERROR(check_dense(dout, "dout", {DType::kBFloat16}, 3, o_shape));
+  MXFLASH_RETURN_IF_ERROR(check_dense(lse, "lse", {DType::kFloat32}, 2, lse_shape));
+  MXFLASH_RETURN_IF_ERROR(check_dense(dq, "dq", {DType::kBFloat16}, 3, q_shape));
   if (opt.output_mxfp8_dkv) {
     const int64_t s_shape[3] = {k_meta.total_tokens(), H, kHeadDim / kBlockSize};
-    for (const auto& [t, n] : {std::pair{&dk, "dk"}, std::pair{&dv, "dv"}}) {
-      MXFLASH_RETURN_IF_ERROR(check_dtype(*t, n, {DType::kE4M3, DType::kUInt8}));
-      MXFLASH_RETURN_IF_ERROR(check_shape(*t, n, 3, k_shape));
-      MXFLASH_RETURN_IF_ERROR(check_contiguous(*t, n));
-      MXFLASH_RETURN_IF_ERROR(check_not_null(*t, n));
-    }
-    for (const auto& [t, n] : {std::pair{&dk_scales, "dk_scales"}, std::pair{&dv_scales, "dv_scales"}}) {
-      MXFLASH_RETURN_IF_ERROR(check_dtype(*t, n, {DType::kE8M0, DType::kUInt8}));
-      MXFLASH_RETURN_IF_ERROR(check_shape(*t, n, 3, s_shape));
-      MXFLASH_RETURN_IF_ERROR(check_contiguous(*t, n));
-      MXFLASH_RETURN_IF_ERROR(check_not_null(*t, n));
-    }
+    MXFLASH_RETURN_IF_ERROR(check_dense(dk, "dk", {DType::kE4M3, DType::kUInt8}, 3, k_shape));
+    MXFLASH_RETURN_IF_ERROR(check_dense(dv, "dv", {DType::kE4M3, DType::kUInt8}, 3, k_shape));
+    MXFLASH_RETURN_IF_ERROR(check_dense(dk_scales, "dk_scales", {DType::kE8M0, DType::kUInt8}, 3, s_shape));
+    MXFLASH_RETURN_IF_ERROR(check_dense(dv_scales, "dv_scales", {DType::kE8M0, DType::kUInt8}, 3, s_shape));
   } else {
-    MXFLASH_RETURN_IF_ERROR(check_dense(dk, "dk", DType::kBFloat16, 3, k_shape));
-    MXFLASH_RETURN_IF_ERROR(check_dense(dv, "dv", DType::kBFloat16, 3, k_shape));
+    MXFLASH_RETURN_IF_ERROR(check_dense(dk, "dk", {DType::kBFloat16}, 3, k_shape));
+    MXFLASH_RETURN_IF_ERROR(check_dense(dv, "dv", {DType::kBFloat16}, 3, k_shape));
     for (const auto& [t, n] : {std::pair{&dk_scales, "dk_scales"}, std::pair{&dv_scales, "dv_scales"}})
       if (t->data != nullptr || t->ndim != 0)
         return Status::Invalid(std::string(n) + ": only with output_mxfp8_dkv (leave it empty for bf16 dK, dV)");
