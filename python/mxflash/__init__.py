@@ -476,31 +476,29 @@ def _byte_dtype_of(arr):
     return name if name in _BYTE_DTYPES else "uint8"
 
 
-def to_token_contiguous(payload, meta, out=None):
-    """(T, H, 128) token-major payload -> (H, 128, P) token-contiguous (each sequence starting at
-    cu_seqlens_sf[b], padding tokens zero). Any 1-byte dtype; the output keeps the input's."""
+def _relayout_payload(kernel, payload, meta, out, head_axis, layout):
+    """Runs a payload relayout kernel; without out, allocates the (layout) payload with the head
+    count read off the source's head_axis."""
     _check_meta(meta)
     src = _as_array(payload, "src")
     if out is None:
-        heads = int(src.shape[1]) if src.ndim == 3 and src.shape[1] >= 1 else 1
-        out = _empty(src, payload_shape(meta, heads, "token_contiguous"), _byte_dtype_of(src))
+        heads = int(src.shape[head_axis]) if src.ndim == 3 and src.shape[head_axis] >= 1 else 1
+        out = _empty(src, payload_shape(meta, heads, layout), _byte_dtype_of(src))
     else:
         out = _as_array(out, "dst")
-    _C.to_token_contiguous(meta._cpp_for(src), _view(src, "src"), _view(out, "dst", True), _stream(src))
+    kernel(meta._cpp_for(src), _view(src, "src"), _view(out, "dst", True), _stream(src))
     return out
+
+
+def to_token_contiguous(payload, meta, out=None):
+    """(T, H, 128) token-major payload -> (H, 128, P) token-contiguous (each sequence starting at
+    cu_seqlens_sf[b], padding tokens zero). Any 1-byte dtype; the output keeps the input's."""
+    return _relayout_payload(_C.to_token_contiguous, payload, meta, out, 1, "token_contiguous")
 
 
 def to_token_major(payload, meta, out=None):
     """(H, 128, P) token-contiguous payload -> (T, H, 128) token-major."""
-    _check_meta(meta)
-    src = _as_array(payload, "src")
-    if out is None:
-        heads = int(src.shape[0]) if src.ndim == 3 and src.shape[0] >= 1 else 1
-        out = _empty(src, payload_shape(meta, heads, "token_major"), _byte_dtype_of(src))
-    else:
-        out = _as_array(out, "dst")
-    _C.to_token_major(meta._cpp_for(src), _view(src, "src"), _view(out, "dst", True), _stream(src))
-    return out
+    return _relayout_payload(_C.to_token_major, payload, meta, out, 0, "token_major")
 
 
 def _heads_of_blocked(blocked, meta, orientation):
