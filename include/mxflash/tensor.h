@@ -48,6 +48,9 @@ Status check_dtype(const TensorView& t, const char* name, std::initializer_list<
 Status check_shape(const TensorView& t, const char* name, int ndim, const int64_t* expected);
 Status check_contiguous(const TensorView& t, const char* name);
 Status check_not_null(const TensorView& t, const char* name);
+// A dense tensor: one of the allowed dtypes, exactly this shape, contiguous, data present.
+Status check_dense(const TensorView& t, const char* name, std::initializer_list<DType> allowed, int ndim,
+                   const int64_t* expected);
 Status check_alignment(const TensorView& t, const char* name, int bytes);
 
 struct NamedView {

@@ -110,6 +110,14 @@ Status check_not_null(const TensorView& t, const char* name) {
   return Status::Invalid(std::string(name) + ": data pointer is null");
 }
 
+Status check_dense(const TensorView& t, const char* name, std::initializer_list<DType> allowed, int ndim,
+                   const int64_t* expected) {
+  MXFLASH_RETURN_IF_ERROR(check_dtype(t, name, allowed));
+  MXFLASH_RETURN_IF_ERROR(check_shape(t, name, ndim, expected));
+  MXFLASH_RETURN_IF_ERROR(check_contiguous(t, name));
+  return check_not_null(t, name);
+}
+
 Status check_alignment(const TensorView& t, const char* name, int bytes) {
   if (reinterpret_cast<uintptr_t>(t.data) % uintptr_t(bytes) == 0) return Status::Ok();
   return Status::Invalid(std::string(name) + ": data pointer must be " + std::to_string(bytes) + "-byte aligned");

@@ -3,7 +3,6 @@
 #include "mxflash/attention.h"
 
 #include <algorithm>
-#include <initializer_list>
 #include <utility>
 #include <string>
 #include <vector>
@@ -58,15 +57,6 @@ Status check_operand(const MxTensor& t, const char* name, Orientation want, cons
   // TMA and 16-byte vector loads read the payloads.
   MXFLASH_RETURN_IF_ERROR(check_alignment(t.payload, pn.c_str(), 16));
   return Status::Ok();
-}
-
-// A dense (dims) tensor of one of the allowed dtypes: shape, contiguity, data.
-Status check_dense(const TensorView& t, const char* name, std::initializer_list<DType> allowed, int ndim,
-                   const int64_t* dims) {
-  MXFLASH_RETURN_IF_ERROR(check_dtype(t, name, allowed));
-  MXFLASH_RETURN_IF_ERROR(check_shape(t, name, ndim, dims));
-  MXFLASH_RETURN_IF_ERROR(check_contiguous(t, name));
-  return check_not_null(t, name);
 }
 
 Status check_metas(const JaggedMeta& q_meta, const JaggedMeta& k_meta, bool broadcast_q) {

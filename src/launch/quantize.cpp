@@ -28,15 +28,6 @@ Status check_meta(const JaggedMeta& meta) {
   return Status::Ok();
 }
 
-Status check_tensor(const TensorView& t, const char* name, std::initializer_list<DType> dtypes, int ndim,
-                    const int64_t* shape) {
-  MXFLASH_RETURN_IF_ERROR(check_dtype(t, name, dtypes));
-  MXFLASH_RETURN_IF_ERROR(check_shape(t, name, ndim, shape));
-  MXFLASH_RETURN_IF_ERROR(check_contiguous(t, name));
-  MXFLASH_RETURN_IF_ERROR(check_not_null(t, name));
-  return Status::Ok();
-}
-
 Status check_input(const TensorView& x, const char* name, const JaggedMeta& meta, int64_t* heads,
                    std::initializer_list<DType> dtypes) {
   MXFLASH_RETURN_IF_ERROR(check_dtype(x, name, dtypes));
@@ -56,13 +47,13 @@ Status check_input(const TensorView& x, const char* name, const JaggedMeta& meta
 Status check_payload(const TensorView& t, const char* name, const JaggedMeta& meta, int64_t H, PayloadLayout l) {
   int64_t shape[3];
   payload_shape(meta, H, l, shape);
-  return check_tensor(t, name, {DType::kE4M3, DType::kUInt8}, 3, shape);
+  return check_dense(t, name, {DType::kE4M3, DType::kUInt8}, 3, shape);
 }
 
 Status check_scales(const TensorView& t, const char* name, const JaggedMeta& meta, int64_t H, Orientation o,
                     ScaleLayout l) {
   const ScaleShape s = scale_shape(meta, H, o, l);
-  return check_tensor(t, name, {DType::kE8M0, DType::kUInt8}, s.ndim, s.dims);
+  return check_dense(t, name, {DType::kE8M0, DType::kUInt8}, s.ndim, s.dims);
 }
 
 Status check_enums(Orientation o, const QuantizeOptions& opt) {
@@ -240,8 +231,8 @@ Status to_token_contiguous(const TensorView& src, const JaggedMeta& meta, Tensor
   MXFLASH_RETURN_IF_ERROR(heads_of(src, "src", 1, &H));
   payload_shape(meta, H, PayloadLayout::kTokenMajor, s);
   payload_shape(meta, H, PayloadLayout::kTokenContiguous, d);
-  MXFLASH_RETURN_IF_ERROR(check_tensor(src, "src", kByteTypes, 3, s));
-  MXFLASH_RETURN_IF_ERROR(check_tensor(dst, "dst", kByteTypes, 3, d));
+  MXFLASH_RETURN_IF_ERROR(check_dense(src, "src", kByteTypes, 3, s));
+  MXFLASH_RETURN_IF_ERROR(check_dense(dst, "dst", kByteTypes, 3, d));
   return run_layout(src, "src", dst, "dst", meta, H, Orientation::kSeq, ref::to_token_contiguous,
                     cuda::to_token_contiguous, stream);
 }
@@ -252,8 +243,8 @@ Status to_token_major(const TensorView& src, const JaggedMeta& meta, TensorView 
   MXFLASH_RETURN_IF_ERROR(heads_of(src, "src", 0, &H));
   payload_shape(meta, H, PayloadLayout::kTokenContiguous, s);
   payload_shape(meta, H, PayloadLayout::kTokenMajor, d);
-  MXFLASH_RETURN_IF_ERROR(check_tensor(src, "src", kByteTypes, 3, s));
-  MXFLASH_RETURN_IF_ERROR(check_tensor(dst, "dst", kByteTypes, 3, d));
+  MXFLASH_RETURN_IF_ERROR(check_dense(src, "src", kByteTypes, 3, s));
+  MXFLASH_RETURN_IF_ERROR(check_dense(dst, "dst", kByteTypes, 3, d));
   return run_layout(src, "src", dst, "dst", meta, H, Orientation::kSeq, ref::to_token_major, cuda::to_token_major,
                     stream);
 }
