@@ -84,13 +84,13 @@ if want ab && [ -x "$BIN/exp/mxflash_tests_gpu" ]; then
   # the same warpgroup's P.V), 49 = 17 as a persistent kernel (not yet run on a GPU), 33 = 1
   # persistent, 1 tree reductions only, 0 plain, 9 split-S, 3 / 5 / 7 diagnostics (no softmax /
   # no K,V reloads / no wgmma: garbage out, speed floors only).
-  for v in 49 33 17 1 0 9; do
+  for v in ${AB_TEST_VARIANTS:-49 33 17 1 0 9}; do
     note "forward variant $v: attention GPU tests"
     MXFLASH_FWD_VARIANT=$v "$BIN/exp/mxflash_tests_gpu" --gtest_brief=1 --gtest_filter='AttentionFwdGpu.*' \
       > "$OUT/ab_tests_v$v.log" 2>&1 || { status=1; note "FORWARD VARIANT $v TESTS FAILED"; }
     tail -n 2 "$OUT/ab_tests_v$v.log"
   done
-  for v in 49 33 17 1 0 9 3 5 7; do
+  for v in ${AB_SPEED_VARIANTS:-49 33 17 1 0 9 3 5 7}; do
     note "forward variant $v: speed"
     MXFLASH_FWD_VARIANT=$v "$BIN/exp/mxflash-bench" --preset all --workload fwd --impl mxfp8 \
       --warmup-s 0.3 --window-s 1 2>/dev/null | grep -E "^(llm|cross|jagged)"

@@ -62,7 +62,7 @@ struct AttentionBackwardOptions {
   PScaleMode p_scale = PScaleMode::kConstant;
   bool output_mxfp8_dkv = false;  // dK, dV as E4M3 + 32x32-block scales instead of BF16
   // CUDA tensors: run the exact-MX GPU path (every block scale applied, FP64 sums; slow), the
-  // oracle for shapes the CPU reference cannot reach. Required on CUDA until the fast kernel exists.
+  // oracle for shapes the CPU reference cannot reach, instead of the fast kernel.
   bool exact_mx = false;
 };
 
@@ -75,9 +75,13 @@ struct AttentionBackwardOptions {
 // batch. With opt.output_mxfp8_dkv, dk and dv are E4M3 payloads (Tk, H, 128) instead, quantized in
 // 32x32 blocks (32 tokens from each K sequence start x 32 dims, RCEIL), and dk_scales, dv_scales
 // (Tk, H, 4) E8M0 receive each token row's block scale (the hdim-plain shape); without the option
-// the scale views must be left empty. CPU tensors run the exact-MX CPU reference; CUDA tensors run the exact-MX GPU path with
-// opt.exact_mx (the fast kernel is not built yet: without exact_mx they get Status kUnsupported,
-// and nothing is written). The metadata must be uploaded for CUDA tensors.
+// the scale views must be left empty. CPU tensors run the exact-MX CPU reference. CUDA tensors run
+// the fast sm_90a kernel (docs/attention.md: a dK/dV kernel and a dQ kernel, no atomics, so the
+// results are deterministic; scales re-expressed as for the forward, dO and dS quantized with
+// power-of-two scales per row / channel block; workspace O(T·H·128) bytes, allocated on the stream),
+// or with opt.exact_mx the exact-MX GPU path. Both CUDA paths take the default dq_accum, p_scale and
+// output_mxfp8_dkv only (others: Status kUnsupported, nothing written). The metadata must be
+// uploaded for CUDA tensors.
 Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTensor& k, const MxTensor& k_seq,
                           const MxTensor& v, TensorView out, TensorView dout, TensorView lse, const JaggedMeta& q_meta,
                           const JaggedMeta& k_meta, const AttentionBackwardOptions& opt, TensorView dq, TensorView dk,

@@ -635,8 +635,9 @@ def attention_backward(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, so
     dv_scales]) writes into given arrays. dq_accum="fp16" (accumulator scaled by 2**dq_fp16_scale_log2) and p_scale="dynamic"
     (per-block P scales for dV) are modelled by the CPU reference; output_mxfp8_dkv raises
     RuntimeError ("... not implemented yet") rather than being ignored.
-    numpy operands run the exact-MX CPU reference; CUDA tensors need exact_mx=True (the exact-MX
-    GPU path, slow; the fast backward kernel is not built yet).
+    numpy operands run the exact-MX CPU reference; CUDA tensors run the fast sm_90a kernel
+    (deterministic, no atomics; defaults only: other dq_accum, p_scale or output_mxfp8_dkv settings raise
+    RuntimeError), or with exact_mx=True the exact-MX GPU path (slow; the oracle).
     """
     _check_meta_arg(q_meta, "q_meta")
     _check_meta_arg(k_meta, "k_meta")

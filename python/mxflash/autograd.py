@@ -8,16 +8,10 @@ q, k, v are packed jagged torch tensors (bfloat16 or float32, CPU or CUDA) descr
 mxflash.JaggedMeta objects; they are quantized to MXFP8 inside (Q and K along the head dim for the
 forward and along tokens for the backward, V along tokens for the forward and along the head dim
 for the backward, RCEIL), so callers hand over the same tensors they would give any attention.
-The forward runs the sm_90a kernel on CUDA tensors and the exact-MX reference on CPU tensors. The
-backward runs the exact-MX reference on CPU tensors and, on CUDA tensors, the exact-MX GPU path
-(slow: the fast backward kernel is not built yet). Gradients come back in the inputs' dtype.
+The forward and the backward run the sm_90a kernels on CUDA tensors (the backward is deterministic:
+no atomics) and the exact-MX reference on CPU tensors. Gradients come back in the inputs' dtype.
 """
-import warnings
-
 import mxflash
-
-_SLOW_BACKWARD = ("mxflash.autograd: the fast MXFP8 backward kernel is not built yet; gradients of CUDA tensors "
-                  "come from the exact-MX GPU path, which is correct but slow")
 
 
 def _torch():
@@ -47,15 +41,12 @@ def _make_function():
         def backward(ctx, dout):
             q, k, v, out = ctx.saved_tensors
             lse = ctx.lse
-            if q.is_cuda:
-                warnings.warn(_SLOW_BACKWARD, RuntimeWarning, stacklevel=2)
             qm, km = ctx.q_meta, ctx.k_meta
             ops = [mxflash.quantize_mx(x.detach().contiguous(), m, o)
                    for x, m, o in ((q, qm, "hdim"), (q, qm, "seq"), (k, km, "hdim"), (k, km, "seq"),
                                    (v, km, "hdim"))]
             dq, dk, dv = mxflash.attention_backward(*ops, out, dout.to(torch.bfloat16).contiguous(), lse, qm, km,
-                                                    softmax_scale=ctx.softmax_scale, broadcast_q=ctx.broadcast_q,
-                                                    exact_mx=q.is_cuda)
+                                                    softmax_scale=ctx.softmax_scale, broadcast_q=ctx.broadcast_q)
             return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
     return MxAttentionFunction

@@ -339,18 +339,15 @@ Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTens
   if (dev == Device::kCPU)
     return backward_cpu(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, H, scale, opt, dq, dk, dv, dk_scales,
                         dv_scales);
-  if (!opt.exact_mx)
-    return Status::Unsupported("attention_backward: the fast CUDA kernel is not built yet (issue 5); set exact_mx "
-                               "for the exact-MX GPU path (slow), or pass CPU tensors");
+  // Options outside the CUDA paths' model are refused, never ignored.
+  const std::string path = opt.exact_mx ? "the exact GPU path" : "the fast CUDA kernel";
   if (opt.dq_accum != DqAccum::kFp32)
-    return Status::Unsupported("dq_accum: fp16 accumulation is modelled by the CPU reference only, not by the exact "
-                               "GPU path");
+    return Status::Unsupported("dq_accum: fp16 accumulation is modelled by the CPU reference only; " + path +
+                               " accumulates dQ in fp32" + (opt.exact_mx ? "" : " registers (no atomics)"));
   if (opt.p_scale != PScaleMode::kConstant)
-    return Status::Unsupported("p_scale: dynamic P scales are modelled by the CPU reference only, not by the exact "
-                               "GPU path");
+    return Status::Unsupported("p_scale: dynamic P scales are modelled by the CPU reference only, not by " + path);
   if (opt.output_mxfp8_dkv)
-    return Status::Unsupported("output_mxfp8_dkv: MXFP8 dK, dV come from the CPU reference only, not from the exact "
-                               "GPU path");
+    return Status::Unsupported("output_mxfp8_dkv: MXFP8 dK, dV come from the CPU reference only, not from " + path);
   MXFLASH_RETURN_IF_ERROR(detail::check_cuda_ready(q.payload.device_id, "q.payload"));
   if (!q_meta.on_device()) return Status::Invalid("q_meta: has no device copy; call q_meta.upload() first");
   if (!k_meta.on_device()) return Status::Invalid("k_meta: has no device copy; call k_meta.upload() first");
@@ -369,7 +366,7 @@ Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTens
   p.dq = dq.data;
   p.dk = dk.data;
   p.dv = dv.data;
-  return cuda::attention_backward_exact(p, stream);
+  return opt.exact_mx ? cuda::attention_backward_exact(p, stream) : cuda::attention_backward(p, stream);
 }
 
 }  // namespace mxflash

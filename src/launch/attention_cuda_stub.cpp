@@ -14,4 +14,7 @@ Status attention_forward(const AttentionFwdProblem&, void*, size_t, void*) {
 Status attention_backward_exact(const AttentionBwdProblem&, void*) {
   return Status::Unsupported("mxflash was built without CUDA");
 }
+Status attention_backward(const AttentionBwdProblem&, void*) {
+  return Status::Unsupported("mxflash was built without CUDA");
+}
 }  // namespace mxflash::cuda

@@ -374,7 +374,7 @@ against floors (pass / borderline / fail). Runs on the CPU; no GPU needed.
                        static scale 2^K of --dq16-scale K, 0..15, default 12), mxdp (exact MX with P for
                        dV in 1x32 blocks with their own scales), mxhx (the backward's Hopper execution
                        form: re-expressed operands, coarser dS blocks). fp8 = per-tensor FP8;
-                       mx = exact MX; gpu = our GPU path (forward on a CUDA build with a GPU)
+                       mx = exact MX; gpu = our GPU path (forward and backward, on a CUDA build with a GPU)
   --thresholds SPEC    floors, e.g. out=0.98:8,dq=0.97:10,dk=0.97:8,dv=0.97:8,lse=0.05
                        (TENSOR=COS:SQNR_DB; lse=MAX_REL_ERR, 0 = not judged).
                        Defaults: the REFERENCE.md §6 floors; LSE not judged
@@ -385,6 +385,7 @@ against floors (pass / borderline / fail). Runs on the CPU; no GPU needed.
   --long               add the long-context distribution (16384 keys; slow on a CPU)
   --forward-only       O and LSE only: no backward (long shapes, the GPU forward's accuracy bars)
   --gpu-within-db X    the gpu column's O fails when its SQNR is more than X dB under mx's
+  --gpu-bwd-within-db X  the gpu column's dQ, dK, dV fail when more than X dB under mx's
   --threads N          CPU worker threads (default: all cores)
 Exit status: 0 no fail, 1 a judged tensor failed, 2 bad arguments.
 )";
@@ -498,6 +499,12 @@ Status parse_args(const std::vector<std::string>& args, Config* cfg, bool* help)
       double x = 0;
       if (!parse_double(v, &x) || !(x > 0)) return Status::Invalid("--gpu-within-db: wants a number > 0, got '" + v + "'");
       cfg->gpu_within_db = x;
+    } else if (flag == "--gpu-bwd-within-db") {
+      MXFLASH_RETURN_IF_ERROR(value(&v));
+      double x = 0;
+      if (!parse_double(v, &x) || !(x > 0))
+        return Status::Invalid("--gpu-bwd-within-db: wants a number > 0, got '" + v + "'");
+      cfg->gpu_bwd_within_db = x;
     } else if (flag == "--forward-only") {
       MXFLASH_RETURN_IF_ERROR(no_value());
       cfg->forward_only = true;
@@ -585,27 +592,32 @@ Status run_suite(const Config& cfg, std::vector<Record>* records, std::ostream* 
     for (Method m : cfg.methods) {
       Outputs o;
       const bool gpu = m == Method::kGpu, gpu_fwd = gpu && cfg.gpu_forward != nullptr;
+      const bool gpu_bwd = gpu_fwd && cfg.gpu_backward != nullptr && !cfg.forward_only;
       ref::AttnOptions mopt = opt;
       if (m == Method::kMx16) mopt.dq_fp16_scale_log2 = cfg.dq16_scale_log2;
       mopt.dynamic_p = m == Method::kMxDynP;
       mopt.hopper_exec = m == Method::kMxHopper;
       if (!gpu) MXFLASH_RETURN_IF_ERROR(run_method(in, ref_method(m), mopt, cfg.forward_only, &o));
       if (gpu_fwd) MXFLASH_RETURN_IF_ERROR(cfg.gpu_forward(in, &o.fwd.out, &o.fwd.lse));
+      if (gpu_bwd) MXFLASH_RETURN_IF_ERROR(cfg.gpu_backward(in, o.fwd.out, o.fwd.lse, &o.bwd.dq, &o.bwd.dk, &o.bwd.dv));
       for (int t = 0; t < kNumTensors; ++t) {
         Record r;
         r.dist = d;
         r.method = m;
         r.tensor = Tensor(t);
         const bool forward_tensor = r.tensor == Tensor::kOut || r.tensor == Tensor::kLse;
-        r.available = (!gpu || (gpu_fwd && forward_tensor)) && (forward_tensor || !cfg.forward_only);
+        r.available = (!gpu || (gpu_fwd && (forward_tensor || gpu_bwd))) && (forward_tensor || !cfg.forward_only);
         r.missing = !forward_tensor && cfg.forward_only ? kForwardOnly : gpu_fwd ? kGpuBackwardNotBuilt : kGpuNotBuilt;
         if (r.available) {
           r.stats = compare(ref_out.get(r.tensor), o.get(r.tensor));
           if (has_verdict(m)) r.verdict = judge(r.tensor, r.stats, cfg.thresholds);
-          if (gpu && r.tensor == Tensor::kOut && cfg.gpu_within_db > 0) {
+          const double within = r.tensor == Tensor::kOut ? cfg.gpu_within_db
+                                : r.tensor == Tensor::kLse ? 0.0
+                                                           : cfg.gpu_bwd_within_db;
+          if (gpu && within > 0) {
             for (const Record& x : *records)  // the mx column of this distribution
-              if (x.dist == d && x.method == Method::kMx && x.tensor == Tensor::kOut && x.available &&
-                  r.stats.sqnr_db < x.stats.sqnr_db - cfg.gpu_within_db)
+              if (x.dist == d && x.method == Method::kMx && x.tensor == r.tensor && x.available &&
+                  r.stats.sqnr_db < x.stats.sqnr_db - within)
                 r.verdict = Verdict::kFail;
           }
         }
@@ -738,9 +750,11 @@ std::string to_json(const Config& cfg, const std::vector<Record>& records) {
   return o.str();
 }
 
-int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err, GpuForward gpu_forward) {
+int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err, GpuForward gpu_forward,
+            GpuBackward gpu_backward) {
   Config cfg;
   cfg.gpu_forward = std::move(gpu_forward);
+  cfg.gpu_backward = std::move(gpu_backward);
   bool help = false;
   Status st = parse_args(args, &cfg, &help);
   if (help) {

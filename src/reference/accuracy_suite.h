@@ -104,6 +104,11 @@ inline constexpr const char* kForwardOnly = "n/a (--forward-only)";
 // device): out (To, H, 128) and lse (H, To) from the unquantized inputs. The library itself never
 // touches a GPU, so without this hook the gpu column reads kGpuNotBuilt.
 using GpuForward = std::function<Status(const Inputs& in, std::vector<double>* out, std::vector<double>* lse)>;
+// Our GPU backward on the same inputs, given the GPU forward's out and lse: dq (Tq, H, 128), dk and
+// dv (Tk, H, 128). Without it the gpu column's gradients read kGpuBackwardNotBuilt.
+using GpuBackward = std::function<Status(const Inputs& in, const std::vector<double>& out,
+                                         const std::vector<double>& lse, std::vector<double>* dq,
+                                         std::vector<double>* dk, std::vector<double>* dv)>;
 
 struct Config {
   std::vector<Dist> dists;        // empty: every distribution but kLong (kLong too with --long)
@@ -123,8 +128,11 @@ struct Config {
   // > 0: the gpu column's O fails when its SQNR is more than this many dB under the mx column's on
   // the same inputs (issue 4's "within 0.3 dB of the exact-MX reference"); 0 = floors only.
   double gpu_within_db = 0.0;
+  // > 0: the gpu column's dQ, dK, dV fail when more than this many dB under mx's (issue 5: 0.5).
+  double gpu_bwd_within_db = 0.0;
   int threads = 0;  // 0: hardware concurrency
-  GpuForward gpu_forward;  // null: no GPU path in this front end
+  GpuForward gpu_forward;    // null: no GPU path in this front end
+  GpuBackward gpu_backward;  // null: no GPU backward in this front end
 };
 
 std::string usage();
@@ -156,6 +164,6 @@ std::string to_json(const Config& cfg, const std::vector<Record>& records);
 // The whole CLI: parse, run, print, write JSON. Returns the exit code: 0 all judged tensors pass
 // or are borderline, 1 any fail, 2 bad arguments or a failed run.
 int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
-            GpuForward gpu_forward = nullptr);
+            GpuForward gpu_forward = nullptr, GpuBackward gpu_backward = nullptr);
 
 }  // namespace mxflash::accuracy

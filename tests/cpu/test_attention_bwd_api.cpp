@@ -310,19 +310,25 @@ TEST_F(AttentionBwdApi, RejectsMixedDevicesAndCudaTensors) {
     t.data = kDummyDevicePtr;
     return t;
   };
-  const Status st = attention_backward(cuda(q.t), cuda(q_seq.t), cuda(k.t), cuda(k_seq.t), cuda(v.t),
-                                       cuda_view(out_view()), cuda_view(dout_view()), cuda_view(lse_view()), qm, km,
-                                       options(), cuda_view(dq_view()), cuda_view(dk_view()), cuda_view(dv_view()));
-  EXPECT_EQ(st.code(), StatusCode::kUnsupported) << st.message();
-  expect_rejected(st, "attention_backward", "not built yet");
-  AttentionBackwardOptions o = options();
-  o.exact_mx = true;
-  o.dq_accum = DqAccum::kFp16;
-  const Status st16 = attention_backward(cuda(q.t), cuda(q_seq.t), cuda(k.t), cuda(k_seq.t), cuda(v.t),
-                                         cuda_view(out_view()), cuda_view(dout_view()), cuda_view(lse_view()), qm, km,
-                                         o, cuda_view(dq_view()), cuda_view(dk_view()), cuda_view(dv_view()));
-  EXPECT_EQ(st16.code(), StatusCode::kUnsupported) << st16.message();
-  expect_rejected(st16, "dq_accum", "CPU reference only");
+  // Options the CUDA paths do not model are refused before anything touches the (fake) pointers,
+  // on the fast kernel and on the exact GPU path alike.
+  for (const bool exact : {false, true}) {
+    AttentionBackwardOptions o = options();
+    o.exact_mx = exact;
+    o.dq_accum = DqAccum::kFp16;
+    const Status st16 = attention_backward(cuda(q.t), cuda(q_seq.t), cuda(k.t), cuda(k_seq.t), cuda(v.t),
+                                           cuda_view(out_view()), cuda_view(dout_view()), cuda_view(lse_view()), qm,
+                                           km, o, cuda_view(dq_view()), cuda_view(dk_view()), cuda_view(dv_view()));
+    EXPECT_EQ(st16.code(), StatusCode::kUnsupported) << st16.message();
+    expect_rejected(st16, "dq_accum", exact ? "exact GPU path" : "fast CUDA kernel");
+    o.dq_accum = DqAccum::kFp32;
+    o.p_scale = PScaleMode::kDynamic;
+    const Status stp = attention_backward(cuda(q.t), cuda(q_seq.t), cuda(k.t), cuda(k_seq.t), cuda(v.t),
+                                          cuda_view(out_view()), cuda_view(dout_view()), cuda_view(lse_view()), qm, km,
+                                          o, cuda_view(dq_view()), cuda_view(dk_view()), cuda_view(dv_view()));
+    EXPECT_EQ(stp.code(), StatusCode::kUnsupported) << stp.message();
+    expect_rejected(stp, "p_scale", "CPU reference only");
+  }
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 """mxflash.attention_backward: the exact-MX CPU path against an FP64 numpy backward on the
 unquantized inputs (written here), the exact rules (one key: dK = 0; no keys: dQ = 0), broadcast_q,
-and bad arguments (the C++ message, gradients untouched). CUDA tensors: refused without exact_mx (no
-fast kernel yet); with it, the exact-MX GPU path against the CPU path."""
+and bad arguments (the C++ message, gradients untouched). CUDA tensors: the fast kernel (close to the
+CPU path, deterministic) and the exact-MX GPU path (exact_mx; bit-close to the CPU path)."""
 import math
 
 import ml_dtypes
@@ -132,7 +132,7 @@ def test_grads_argument_is_written_and_returned(small):
         assert (a.view(np.uint16) == b.view(np.uint16)).all()
 
 
-def test_cuda_needs_exact_mx_and_the_exact_path_matches_the_cpu(small, torch_cuda):
+def test_cuda_fast_and_exact_paths_match_the_cpu(small, torch_cuda):
     torch = torch_cuda
     o = small["ops"]
     dev = lambda a: torch.from_numpy(np.ascontiguousarray(a).view(np.uint8)).cuda()  # noqa: E731
@@ -143,8 +143,16 @@ def test_cuda_needs_exact_mx_and_the_exact_path_matches_the_cpu(small, torch_cud
     lse = torch.from_numpy(small["lse"]).cuda()
     args = (cuda_ops["q"], cuda_ops["q_seq"], cuda_ops["k"], cuda_ops["k_seq"], cuda_ops["v"], out, dout, lse,
             small["qm"], small["km"])
-    with pytest.raises(RuntimeError, match="^attention_backward: the fast CUDA kernel is not built yet"):
-        mxflash.attention_backward(*args)
+    # The fast kernel: the reference's quantization steps with coarser power-of-two scales.
+    fast = mxflash.attention_backward(*args)
+    again = mxflash.attention_backward(*args)
+    torch.cuda.synchronize()
+    for name, g, g2, want in zip(("dq", "dk", "dv"), fast, again, small["grads"]):
+        assert torch.equal(g.view(torch.int16), g2.view(torch.int16)), name + ": not deterministic"
+        g = g.cpu().view(torch.int16).numpy().view(BF16)
+        assert sqnr_db(want.astype(np.float64), g.astype(np.float64)) > 20, name
+    with pytest.raises(RuntimeError, match="^p_scale: .*not by the fast CUDA kernel"):
+        mxflash.attention_backward(*args, p_scale="dynamic")
     # The exact-MX GPU path: the CPU reference's arithmetic, FP64 sums associated differently.
     got = mxflash.attention_backward(*args, exact_mx=True)
     torch.cuda.synchronize()

@@ -1,7 +1,7 @@
 """mxflash.autograd.mx_attention: a torch autograd function whose forward and backward are the MXFP8
 attention; gradients against torch's own float64 attention on the unquantized inputs (CPU tensors:
 the exact-MX references), and on CUDA the same call against the CPU one (fast forward kernel,
-exact-MX GPU backward). Skipped without torch (CI has none; the GPU machine has it)."""
+fast GPU backward). Skipped without torch (CI has none; the GPU machine has it)."""
 import importlib.util
 import math
 
@@ -74,8 +74,8 @@ def test_cpu_gradients_against_float64_torch():
 def test_cuda_matches_cpu(torch_cuda):
     torch = torch_cuda
     (qc, kc, vc), outc, _ = run("cpu", torch.bfloat16)
-    with pytest.warns(RuntimeWarning, match="fast MXFP8 backward kernel is not built yet"):
-        (qg, kg, vg), outg, _ = run("cuda", torch.bfloat16)
+    (qg, kg, vg), outg, _ = run("cuda", torch.bfloat16)
     assert sqnr_db(outc.float().detach(), outg.float().cpu().detach()) > 35  # fast forward vs exact MX
     for name, a, b in (("dq", qc.grad, qg.grad), ("dk", kc.grad, kg.grad), ("dv", vc.grad, vg.grad)):
-        assert sqnr_db(a.float(), b.float().cpu()) > 30, name
+        assert sqnr_db(a.float(), b.float().cpu()) > 20, name  # fast backward vs exact MX
+    assert (kg.grad[33:34] == 0).all(), "one key: dK is exactly 0 on the GPU too"

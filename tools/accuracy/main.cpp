@@ -1,9 +1,12 @@
 // mxflash-accuracy: SQNR / cosine of every attention method against the FP64 reference on the
 // ARCHITECTURE.md §3 distribution suite. All the work is in mxflash::accuracy::run_cli; on a CUDA
 // build with a GPU this front end adds the gpu column: the sm_90a forward on the same inputs,
-// quantized by the library's quantizer (RCEIL, Q and K along hdim, V along seq).
+// quantized by the library's quantizer (RCEIL, Q and K along hdim, V along seq), and the sm_90a
+// backward on the GPU forward's out and lse (Q and K in both orientations, V along hdim, dout in
+// bf16).
 #include <iostream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "reference/accuracy_suite.h"
@@ -81,6 +84,60 @@ Status gpu_forward(const accuracy::Inputs& in, std::vector<double>* out, std::ve
   return Status::Ok();
 }
 
+std::vector<uint16_t> to_bf16(const std::vector<double>& x) {
+  std::vector<uint16_t> b(x.size());
+  for (size_t i = 0; i < x.size(); ++i) b[i] = float_to_bf16(float(x[i]));
+  return b;
+}
+
+Status gpu_backward(const accuracy::Inputs& in, const std::vector<double>& out, const std::vector<double>& lse,
+                    std::vector<double>* dq, std::vector<double>* dk, std::vector<double>* dv) {
+  JaggedMeta qm = in.q_meta, km = in.k_meta;
+  MXFLASH_RETURN_IF_ERROR(qm.upload());
+  MXFLASH_RETURN_IF_ERROR(km.upload());
+  const int64_t H = in.heads, Tq = qm.total_tokens(), Tk = km.total_tokens();
+  const int64_t To = in.broadcast_q ? km.batch() * Tq : Tq;
+  DeviceBytes pay[5], sc[5], o, g, l, gq, gk, gv;
+  MxTensor ops[5];
+  const struct {
+    const std::vector<float>* x;
+    const JaggedMeta* m;
+    Orientation o;
+  } srcs[5] = {{&in.q, &qm, Orientation::kHdim},
+               {&in.q, &qm, Orientation::kSeq},
+               {&in.k, &km, Orientation::kHdim},
+               {&in.k, &km, Orientation::kSeq},
+               {&in.v, &km, Orientation::kHdim}};
+  for (int i = 0; i < 5; ++i) MXFLASH_RETURN_IF_ERROR(upload_mx(*srcs[i].x, *srcs[i].m, H, srcs[i].o, &pay[i], &sc[i], &ops[i]));
+  const std::vector<uint16_t> ho = to_bf16(out);
+  const std::vector<uint16_t> hg = to_bf16(std::vector<double>(in.dout.begin(), in.dout.end()));
+  const std::vector<float> hl(lse.begin(), lse.end());
+  MXFLASH_RETURN_IF_ERROR(o.alloc(ho.size() * 2));
+  MXFLASH_RETURN_IF_ERROR(g.alloc(hg.size() * 2));
+  MXFLASH_RETURN_IF_ERROR(l.alloc(hl.size() * 4));
+  MXFLASH_RETURN_IF_ERROR(check(cudaMemcpy(o.p, ho.data(), ho.size() * 2, cudaMemcpyHostToDevice), "upload"));
+  MXFLASH_RETURN_IF_ERROR(check(cudaMemcpy(g.p, hg.data(), hg.size() * 2, cudaMemcpyHostToDevice), "upload"));
+  MXFLASH_RETURN_IF_ERROR(check(cudaMemcpy(l.p, hl.data(), hl.size() * 4, cudaMemcpyHostToDevice), "upload"));
+  MXFLASH_RETURN_IF_ERROR(gq.alloc(size_t(Tq * H * kHeadDim * 2)));
+  MXFLASH_RETURN_IF_ERROR(gk.alloc(size_t(Tk * H * kHeadDim * 2)));
+  MXFLASH_RETURN_IF_ERROR(gv.alloc(size_t(Tk * H * kHeadDim * 2)));
+  AttentionBackwardOptions opt;
+  opt.broadcast_q = in.broadcast_q;
+  opt.softmax_scale = float(in.softmax_scale);
+  auto bf16 = [&](void* p, int64_t T) { return make_view(p, DType::kBFloat16, Device::kCUDA, {T, H, kHeadDim}); };
+  MXFLASH_RETURN_IF_ERROR(attention_backward(ops[0], ops[1], ops[2], ops[3], ops[4], bf16(o.p, To), bf16(g.p, To),
+                                             make_view(l.p, DType::kFloat32, Device::kCUDA, {H, To}), qm, km, opt,
+                                             bf16(gq.p, Tq), bf16(gk.p, Tk), bf16(gv.p, Tk)));
+  MXFLASH_RETURN_IF_ERROR(check(cudaDeviceSynchronize(), "attention_backward"));
+  for (auto [buf, dst, T] : {std::tuple{&gq, dq, Tq}, std::tuple{&gk, dk, Tk}, std::tuple{&gv, dv, Tk}}) {
+    std::vector<uint16_t> h(size_t(T * H * kHeadDim));
+    MXFLASH_RETURN_IF_ERROR(check(cudaMemcpy(h.data(), buf->p, h.size() * 2, cudaMemcpyDeviceToHost), "download"));
+    dst->assign(h.size(), 0.0);
+    for (size_t i = 0; i < h.size(); ++i) (*dst)[i] = bf16_to_float(h[i]);
+  }
+  return Status::Ok();
+}
+
 bool hopper_present() {
   int n = 0;
   cudaDeviceProp p;
@@ -94,8 +151,13 @@ bool hopper_present() {
 
 int main(int argc, char** argv) {
   mxflash::accuracy::GpuForward gpu;
+  mxflash::accuracy::GpuBackward gpu_bwd;
 #ifdef MXFLASH_WITH_CUDA
-  if (hopper_present()) gpu = gpu_forward;
+  if (hopper_present()) {
+    gpu = gpu_forward;
+    gpu_bwd = gpu_backward;
+  }
 #endif
-  return mxflash::accuracy::run_cli(std::vector<std::string>(argv + 1, argv + argc), std::cout, std::cerr, gpu);
+  return mxflash::accuracy::run_cli(std::vector<std::string>(argv + 1, argv + argc), std::cout, std::cerr, gpu,
+                                    gpu_bwd);
 }

@@ -1,7 +1,10 @@
-// "Ours" in mxflash-bench: the MXFP8 attention forward through the public API. Inputs are filled
-// with the same generator rows as the cuDNN peers (tensor ids set*16 + 1..3), quantized with the
-// library's quantizer outside timing (Q, K along hdim; V along seq); a timed launch is one
-// mxflash::attention_forward call, its prepare pass included, on a preallocated workspace.
+// "Ours" in mxflash-bench: the MXFP8 attention forward and backward through the public API. Inputs
+// are filled with the same generator rows as the cuDNN peers (tensor ids set*16 + 1..4), quantized
+// with the library's quantizer outside timing (forward: Q, K along hdim, V along seq; backward: Q, K
+// in both orientations, V along hdim). A timed forward is one mxflash::attention_forward call, its
+// prepare pass included, on a preallocated workspace; a timed backward is one
+// mxflash::attention_backward call on the forward's O and LSE, its preprocess (operand scale
+// re-expression, dO quantization, D = rowsum(O∘dO)) and workspace allocation included.
 #include <numeric>
 
 #include "bench_impl.h"
@@ -22,9 +25,12 @@ class Mxfp8Attention final : public AttnImpl {
   explicit Mxfp8Attention(const AttnProblem& p) : p_(p) {}
   std::string name() const override { return "mxfp8"; }
 
-  int64_t input_set_bytes(Direction) const override {
-    // e4m3 payloads + scales of Q, K, V (the bytes one launch reads)
-    return (q_meta_.total_tokens() + 2 * k_meta_.total_tokens()) * p_.heads * (kHeadDim + 4);
+  int64_t input_set_bytes(Direction d) const override {
+    // e4m3 payloads + scales of Q, K, V (the bytes one launch reads); the backward reads Q and K
+    // twice (both orientations) and O, dO in bf16
+    const int64_t mx = (q_meta_.total_tokens() + 2 * k_meta_.total_tokens()) * p_.heads * (kHeadDim + 4);
+    if (d == Direction::kFwd) return mx;
+    return 2 * mx - k_meta_.total_tokens() * p_.heads * (kHeadDim + 4) + 2 * out_tokens() * p_.heads * kHeadDim * 2;
   }
 
   Status init() {
@@ -65,33 +71,75 @@ class Mxfp8Attention final : public AttnImpl {
       MXFLASH_RETURN_IF_ERROR(quantize_into(xk, k_meta_, Orientation::kSeq, &st.v, s));
       MXFLASH_RETURN_IF_ERROR(st.out.alloc(size_t(To * H * kHeadDim * 2)));
       MXFLASH_RETURN_IF_ERROR(st.lse.alloc(size_t(To * H * 4)));
+      if (!p_.need_bwd) continue;
+      // Backward operands: Q and K along tokens too, V along hdim; dO from the peers' generator rows
+      // (tensor 4); O and LSE from our forward.
+      MXFLASH_RETURN_IF_ERROR(fill_normal(xq.get(), Elem::kBF16, 1.f, lay_q_.layout(), p_.seed, t0 + 1, s));
+      MXFLASH_RETURN_IF_ERROR(quantize_into(xq, q_meta_, Orientation::kSeq, &st.q_seq, s));
+      MXFLASH_RETURN_IF_ERROR(fill_normal(xk.get(), Elem::kBF16, 1.f, lay_k_.layout(), p_.seed, t0 + 2, s));
+      MXFLASH_RETURN_IF_ERROR(quantize_into(xk, k_meta_, Orientation::kSeq, &st.k_seq, s));
+      MXFLASH_RETURN_IF_ERROR(fill_normal(xk.get(), Elem::kBF16, 1.f, lay_k_.layout(), p_.seed, t0 + 3, s));
+      MXFLASH_RETURN_IF_ERROR(quantize_into(xk, k_meta_, Orientation::kHdim, &st.v_hdim, s));
+      MXFLASH_RETURN_IF_ERROR(st.dout.alloc(size_t(To * H * kHeadDim * 2)));
+      MXFLASH_RETURN_IF_ERROR(fill_normal(st.dout.get(), Elem::kBF16, 1.f, lay_o_.layout(), p_.seed, t0 + 4, s));
+      MXFLASH_RETURN_IF_ERROR(run(Direction::kFwd, i, s));
+    }
+    if (p_.need_bwd) {
+      MXFLASH_RETURN_IF_ERROR(dq_.alloc(size_t(Tq * H * kHeadDim * 2)));
+      MXFLASH_RETURN_IF_ERROR(dk_.alloc(size_t(Tk * H * kHeadDim * 2)));
+      MXFLASH_RETURN_IF_ERROR(dv_.alloc(size_t(Tk * H * kHeadDim * 2)));
     }
     return cuda_status(cudaStreamSynchronize(s), "quantize inputs");
   }
 
+  int64_t out_tokens() const {
+    return p_.broadcast_q ? int64_t(p_.batch) * q_meta_.total_tokens() : q_meta_.total_tokens();
+  }
+
   Status run(Direction d, int set, cudaStream_t s) override {
-    if (d != Direction::kFwd) return Status::Unsupported("MXFP8 attention backward is not built yet (issue 5)");
     Set& st = sets_[size_t(set)];
-    const int64_t H = p_.heads, To = p_.broadcast_q ? int64_t(p_.batch) * q_meta_.total_tokens() : q_meta_.total_tokens();
-    return attention_forward(st.q.view, st.k.view, st.v.view, q_meta_, k_meta_, opt_,
-                             make_view(st.out.get(), DType::kBFloat16, Device::kCUDA, {To, H, kHeadDim}),
-                             make_view(st.lse.get(), DType::kFloat32, Device::kCUDA, {H, To}), ws_.get(), ws_.bytes(), s);
+    const int64_t H = p_.heads, To = out_tokens(), Tq = q_meta_.total_tokens(), Tk = k_meta_.total_tokens();
+    auto bf16 = [&](const DeviceBuffer& b, int64_t T) {
+      return make_view(b.get(), DType::kBFloat16, Device::kCUDA, {T, H, kHeadDim});
+    };
+    const TensorView lse = make_view(st.lse.get(), DType::kFloat32, Device::kCUDA, {H, To});
+    if (d == Direction::kFwd)
+      return attention_forward(st.q.view, st.k.view, st.v.view, q_meta_, k_meta_, opt_, bf16(st.out, To), lse,
+                               ws_.get(), ws_.bytes(), s);
+    AttentionBackwardOptions bo;
+    bo.broadcast_q = p_.broadcast_q;
+    bo.softmax_scale = p_.softmax_scale;
+    return attention_backward(st.q.view, st.q_seq.view, st.k.view, st.k_seq.view, st.v_hdim.view, bf16(st.out, To),
+                              bf16(st.dout, To), lse, q_meta_, k_meta_, bo, bf16(dq_, Tq), bf16(dk_, Tk), bf16(dv_, Tk),
+                              {}, {}, s);
   }
 
   Status output(Direction d, const std::string& which, OutputView* out) override {
-    if (d != Direction::kFwd || which != "O") return Status::Unsupported("mxfp8: only the forward O is available");
-    out->data = sets_.at(0).out.get();
     out->elem = Elem::kBF16;
     out->scale = 1.f;
-    out->layout = &lay_o_.layout();
-    return Status::Ok();
+    if (d == Direction::kFwd && which == "O") {
+      out->data = sets_.at(0).out.get();
+      out->layout = &lay_o_.layout();
+      return Status::Ok();
+    }
+    if (d == Direction::kBwd && which == "dQ" && p_.broadcast_q)
+      return Status::Unsupported("mxfp8: dQ of the shared Q is summed over the batch (the peers keep one per copy)");
+    if (d == Direction::kBwd && (which == "dQ" || which == "dK" || which == "dV")) {
+      out->data = which == "dQ" ? dq_.get() : which == "dK" ? dk_.get() : dv_.get();
+      out->layout = which == "dQ" ? &lay_q_.layout() : &lay_k_.layout();
+      return Status::Ok();
+    }
+    return Status::Invalid("output: no " + which + " for " + to_string(d));
   }
 
-  Notes notes(Direction) const override {
+  Notes notes(Direction d) const override {
     Notes n;
     n.push_back({"layout", "packed jagged (T, H, 128), no padding"});
     n.push_back({"operands", "Q, K MX along hdim, V MX along seq (RCEIL, plain scales), quantized outside timing"});
     n.push_back({"kernel", "sm90 FP8 wgmma, prepare pass (scale re-expression) included in the timing"});
+    if (d == Direction::kBwd)
+      n.push_back({"backward", "dK/dV kernel + dQ kernel (S, dP recomputed in each), no atomics; preprocess of dO "
+                               "and the operands included in the timing"});
     if (p_.broadcast_q) n.push_back({"broadcast_q", "one shared Q sequence read in place (no copies)"});
     return n;
   }
@@ -103,7 +151,8 @@ class Mxfp8Attention final : public AttnImpl {
   };
   struct Set {
     Mx q, k, v;
-    DeviceBuffer out, lse;
+    Mx q_seq, k_seq, v_hdim;  // backward operands
+    DeviceBuffer out, lse, dout;
   };
 
   static std::vector<int64_t> lengths(const JaggedMeta& m) {
@@ -131,6 +180,7 @@ class Mxfp8Attention final : public AttnImpl {
   AttentionOptions opt_;
   SeqLayoutBuffer lay_q_, lay_k_, lay_o_;
   DeviceBuffer ws_;
+  DeviceBuffer dq_, dk_, dv_;  // backward outputs (shared by the sets)
   std::vector<Set> sets_;
 };
 

@@ -32,4 +32,8 @@ struct AttentionBwdProblem {
 // for step, FP64 sums; allocates its FP64 accumulators on the stream.
 Status attention_backward_exact(const AttentionBwdProblem& p, void* stream);
 
+// The fast sm_90a backward (attention_bwd_sm90.cu): a dK/dV kernel and a dQ kernel on FP8 wgmma,
+// no atomics (deterministic). Allocates its workspace (O(T·H·128) bytes) on the stream.
+Status attention_backward(const AttentionBwdProblem& p, void* stream);
+
 }  // namespace mxflash::cuda

@@ -127,7 +127,9 @@ __global__ void __launch_bounds__(kRowThreads) prepare_rows_kernel(const uint8_t
 // V, step 1: per (sequence, head, channel) the largest seq-block scale byte of the sequence.
 // One CTA per (sequence, head): kSlices x 128 threads, slice i takes groups i, i + kSlices, ...
 inline constexpr int kVScaleSlices = 8;
-__global__ void __launch_bounds__(kVScaleSlices * kHeadDim)
+// static: each including .cu file gets its own copy (a header kernel with external linkage would be
+// defined twice).
+static __global__ void __launch_bounds__(kVScaleSlices * kHeadDim)
     prepare_v_scale_kernel(const uint8_t* __restrict__ scales, ScaleLayout layout, const int32_t* __restrict__ cu,
                            const int32_t* __restrict__ cu_sf, int64_t H, int64_t P,
                            uint8_t* __restrict__ channel_byte, float* __restrict__ channel_scale) {
@@ -172,7 +174,7 @@ __device__ __forceinline__ void transpose_bytes4(uint32_t a0, uint32_t a1, uint3
 // loaded whole, 4x4 byte transposes, channel rows stored whole); token-contiguous input is permuted
 // in registers. Tokens past the sequence's end are written as zeros.
 inline constexpr int kVThreads = 256;
-__global__ void __launch_bounds__(kVThreads) prepare_v_kernel(const uint8_t* __restrict__ payload, PayloadLayout playout,
+static __global__ void __launch_bounds__(kVThreads) prepare_v_kernel(const uint8_t* __restrict__ payload, PayloadLayout playout,
                                                               const uint8_t* __restrict__ scales, ScaleLayout slayout,
                                                               const int32_t* __restrict__ cu, const int32_t* __restrict__ cu_sf,
                                                               int batch, int64_t H, int64_t P,

@@ -19,6 +19,8 @@
 
 #include "cuda/attention/attention_fwd.h"
 #include "cuda/attention/attention_fwd_prepare.cuh"
+#include "cuda/attention/attention_sm90_common.cuh"
+#include "cuda/attention/tma_map.h"
 #include "cuda/common/sm90_primitives.cuh"
 
 namespace mxflash::cuda {
@@ -32,8 +34,6 @@ inline constexpr int kRowsPerConsumer = 64;  // wgmma M
 inline constexpr int kTileBytes = kTile * kHeadDim;
 inline constexpr int kProducerRegs = 24;
 inline constexpr int kConsumerRegs = 240;
-inline constexpr float kLog2e = 1.4426950408889634f;
-inline constexpr float kLn2 = 0.6931471805599453f;
 inline constexpr float kPScaleLog2 = 8.f;  // P stored as e4m3(256 p)
 // Kernel variants. Bit 0: tree reductions for the row max and row sum (5 dependent steps instead
 // of 32). Bits 1-2, diagnostics that compute garbage, built only with -DMXFLASH_FWD_EXPERIMENTS=1
@@ -82,38 +82,7 @@ struct FwdParams {
   int num_items;  // (Q tile, head) pairs: the persistent kernel's work list
 };
 
-__device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float d) {
-  uint16_t lo, hi;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(b), "f"(a));
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(d), "f"(c));
-  return uint32_t(lo) | (uint32_t(hi) << 16);
-}
-
-// 2^x on the MUFU unit, subnormal results flushed: P below 2^-126 is far under e4m3's 2^-17 floor
-// (256 p < 2^-9), so flushing changes no quantized P.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xFFFFFFFFu, x, 1);
-  return x + __shfl_xor_sync(0xFFFFFFFFu, x, 2);
-}
-
-
 inline constexpr int kTurnBarrier0 = 1;  // named barriers 1, 2: the consumers' GEMM turns (0 is __syncthreads)
-
-template <int N>
-__device__ __forceinline__ void fence_all(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) sm90::fence_regs(r[i]);
-}
 
 // S(64x128) = Q(64 rows of this warpgroup) . K(tile)^T, 4 k32 steps over the head dim.
 __device__ __forceinline__ void issue_s(float (&sc)[64], uint64_t desc_q, uint64_t desc_k) {
@@ -251,24 +220,16 @@ struct TileSoftmax {
 #pragma unroll
         for (int t = 0; t < 16; ++t) sc[16 * c + t] = x[t];
       } else {
-        pack_chunk(x, c, pa);
+        attn::pack_chunk(x, c, pa);
       }
     }
   }
 
-  // P fragment chunk c (32 keys) from its 16 values 256 p.
-  template <int M>
-  __device__ __forceinline__ static void pack_chunk(const float* x, int c, uint32_t (&pa)[M]) {
-    pa[4 * c + 0] = pack_e4m3x4(x[0], x[1], x[4], x[5]);
-    pa[4 * c + 1] = pack_e4m3x4(x[2], x[3], x[6], x[7]);
-    pa[4 * c + 2] = pack_e4m3x4(x[8], x[9], x[12], x[13]);
-    pa[4 * c + 3] = pack_e4m3x4(x[10], x[11], x[14], x[15]);
-  }
   // All chunks of values left in place by exp_phase<..., kInPlace = true>.
   template <int N>
   __device__ __forceinline__ static void pack(const float (&x)[N], uint32_t (&pa)[N / 4]) {
 #pragma unroll
-    for (int c = 0; c < N / 16; ++c) pack_chunk(x + 16 * c, c, pa);
+    for (int c = 0; c < N / 16; ++c) attn::pack_chunk(x + 16 * c, c, pa);
   }
 };
 
@@ -710,7 +671,26 @@ WorkspaceLayout layout_of(int batch, int heads, int64_t Pq, int64_t Pk, int64_t 
   return w;
 }
 
-Status make_map(CUtensorMap* map, void* base, uint64_t inner, uint64_t rows) {
+// Q tiles of every sequence, the ones facing the most keys first (a jagged batch then finishes
+// its long sequences while short ones fill the gaps).
+std::vector<int2> schedule(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k, int batch,
+                           bool broadcast_q) {
+  std::vector<int2> tiles;
+  for (int b = 0; b < batch; ++b) {
+    const int qb = broadcast_q ? 0 : b;
+    const int lq = cu_q[qb + 1] - cu_q[qb];
+    for (int m = 0; m * attn::kTile < lq; ++m) tiles.push_back(make_int2(b, m));
+  }
+  std::stable_sort(tiles.begin(), tiles.end(), [&](int2 x, int2 y) {
+    return cu_k[x.x + 1] - cu_k[x.x] > cu_k[y.x + 1] - cu_k[y.x];
+  });
+  return tiles;
+}
+
+}  // namespace
+
+// A 2-D uint8 tensor map (rows of `inner` bytes) loading 128 x 128 tiles with the 128-byte swizzle.
+Status make_tile_map(CUtensorMap* map, void* base, uint64_t inner, uint64_t rows) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   if (!encode) {
     cudaDriverEntryPointQueryResult q;
@@ -731,24 +711,6 @@ Status make_map(CUtensorMap* map, void* base, uint64_t inner, uint64_t rows) {
   if (r != CUDA_SUCCESS) return Status::Cuda("cuTensorMapEncodeTiled failed with CUresult " + std::to_string(int(r)));
   return Status::Ok();
 }
-
-// Q tiles of every sequence, the ones facing the most keys first (a jagged batch then finishes
-// its long sequences while short ones fill the gaps).
-std::vector<int2> schedule(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k, int batch,
-                           bool broadcast_q) {
-  std::vector<int2> tiles;
-  for (int b = 0; b < batch; ++b) {
-    const int qb = broadcast_q ? 0 : b;
-    const int lq = cu_q[qb + 1] - cu_q[qb];
-    for (int m = 0; m * attn::kTile < lq; ++m) tiles.push_back(make_int2(b, m));
-  }
-  std::stable_sort(tiles.begin(), tiles.end(), [&](int2 x, int2 y) {
-    return cu_k[x.x + 1] - cu_k[x.x] > cu_k[y.x + 1] - cu_k[y.x];
-  });
-  return tiles;
-}
-
-}  // namespace
 
 int64_t attention_fwd_num_q_tiles(const std::vector<int32_t>& cu_q, int batch, bool broadcast_q) {
   int64_t n = 0;
@@ -800,10 +762,10 @@ Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t w
         cudaMemcpyAsync(ws + w.tiles, tiles.data(), tiles.size() * sizeof(int2), cudaMemcpyHostToDevice, stream),
         "cudaMemcpyAsync(tile list)"));
     CUtensorMap tm_q, tm_k, tm_v;
-    MXFLASH_RETURN_IF_ERROR(make_map(&tm_q, ws + w.q, kHeadDim, uint64_t(H * p.Pq)));
+    MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_q, ws + w.q, kHeadDim, uint64_t(H * p.Pq)));
     // A batch whose K/V sequences are all empty still needs valid (unused) maps.
-    MXFLASH_RETURN_IF_ERROR(make_map(&tm_k, ws + w.k, kHeadDim, uint64_t(std::max<int64_t>(H * p.Pk, attn::kTile))));
-    MXFLASH_RETURN_IF_ERROR(make_map(&tm_v, ws + w.v, uint64_t(std::max<int64_t>(p.Pk, attn::kTile)), uint64_t(H * kHeadDim)));
+    MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_k, ws + w.k, kHeadDim, uint64_t(std::max<int64_t>(H * p.Pk, attn::kTile))));
+    MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_v, ws + w.v, uint64_t(std::max<int64_t>(p.Pk, attn::kTile)), uint64_t(H * kHeadDim)));
     attn::FwdParams fp;
     fp.cu_q = p.cu_q;
     fp.cu_q_sf = p.cu_q_sf;

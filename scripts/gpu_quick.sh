@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Development runs on the GPU machine, every step under a timeout (a hung kernel costs one step,
+# not the session): STEPS="tests bwdmem bwdbench fwdab python" (default all of them). Binaries from
+# .gpu-bin (scripts/stage_gpu_bin.sh, EXPERIMENTS=1 for fwdab). Logs in ${OUT:-gpu-logs}.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"; B=${BIN:-.gpu-bin}
+STEPS=${STEPS:-"tests bwdmem bwdbench fwdab python"}
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+T() { local s=$1; shift; timeout -k 5 "$s" "$@"; }
+CUDNN_LIB=$(python3 -c "import os, torch; print(os.path.realpath(os.path.join(os.path.dirname(torch.__file__), '..', 'nvidia', 'cudnn', 'lib')))" 2>/dev/null || true)
+[ -n "$CUDNN_LIB" ] && export LD_LIBRARY_PATH="$CUDNN_LIB:${LD_LIBRARY_PATH:-}"
+export PATH="/usr/local/cuda/bin:$PATH"
+if want tests; then
+  T 240 "$B/mxflash_tests_gpu" --gtest_brief=1 ${TEST_FILTER:+--gtest_filter=$TEST_FILTER} > "$OUT/tests.log" 2>&1; echo "== tests rc=$?"
+  grep -E "fast d|FAILED|PASSED|Failure|Expected|Which is|actual" "$OUT/tests.log" | head -80
+fi
+if want bwdmem; then
+  T 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/mxflash_tests_gpu" --gtest_brief=1 \
+    --gtest_filter='AttentionBwdGpu.JaggedMultiTileBothSides:AttentionBwdGpu.BroadcastQMultiTile' > "$OUT/memcheck.log" 2>&1
+  echo "== memcheck rc=$?"; grep -E "ERROR SUMMARY|Invalid|FAILED" "$OUT/memcheck.log" | head -10
+fi
+if want bwdbench; then
+  T 300 "$B/mxflash-bench" --preset ${PRESETS:-all} --workload ${WORKLOAD:-bwd} --impl ${IMPLS:-mxfp8,cudnn-fp8,cudnn-bf16} --check \
+    --warmup-s ${WARM:-0.3} --window-s ${WIN:-1} --json "$OUT/bench.json" > "$OUT/bench.log" 2> "$OUT/bench.err"
+  echo "== bench rc=$?"; cat "$OUT/bench.log"; grep -E "check|error" "$OUT/bench.err" | head -30
+fi
+if want fwdab; then
+  for v in ${AB_VARIANTS:-49 17}; do
+    MXFLASH_FWD_VARIANT=$v T 120 "$B/exp/mxflash_tests_gpu" --gtest_brief=1 --gtest_filter='AttentionFwdGpu.*' > "$OUT/ab_$v.log" 2>&1
+    echo "== fwd variant $v tests rc=$?"; tail -n 2 "$OUT/ab_$v.log"
+    MXFLASH_FWD_VARIANT=$v T 120 "$B/exp/mxflash-bench" --preset all --workload fwd --impl mxfp8 --warmup-s 0.3 --window-s 1 2>/dev/null | grep -E "^(llm|cross|jagged)"
+  done
+fi
+if want python; then
+  if T 300 cmake -S . -B build-gpu-py -G Ninja -DMXFLASH_TESTS=OFF -DPython3_EXECUTABLE="$(command -v python3)" > "$OUT/build_py.log" 2>&1 &&
+     T 300 cmake --build build-gpu-py --target _mxflash -j "$(nproc)" >> "$OUT/build_py.log" 2>&1; then
+    PYTHONPATH="$PWD/python" MXFLASH_REQUIRE_CUDA=1 T 300 python3 -m pytest -q -rs -x tests/python > "$OUT/pytest.log" 2>&1
+    echo "== pytest rc=$?"; tail -15 "$OUT/pytest.log"
+  else
+    echo "== python build failed"; tail -20 "$OUT/build_py.log"
+  fi
+fi

@@ -1,0 +1,801 @@
+// MXFP8 attention backward, sm_90a: FP8 wgmma, TMA loads, one producer warpgroup and two consumer
+// warpgroups, two kernels and no atomics (deterministic: the same inputs give the same bits).
+//
+//  dK/dV kernel: a CTA owns 128 keys (64 per consumer warpgroup) and streams the Q tiles of its
+//    sequence. Per 64-query half: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (both from shared memory), Pᵀ and
+//    dSᵀ = Pᵀ∘(dPᵀ − D) in registers, then dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ and dSᵀ as register
+//    A operands: the keys are the wgmma rows, so no transpose of P or dS is ever needed.
+//  dQ kernel: a CTA owns 128 queries and streams the K/V tiles: S = Q Kᵀ, dP = dO Vᵀ, dS, and
+//    dQ += dS K with dS as the register A operand.
+// S and dP are recomputed in both kernels (7 GEMMs instead of 5): the price of having neither
+// atomics nor a shared-memory transpose of dS.
+//
+// Scales stay out of the wgmma loops as in the forward (ARCHITECTURE.md §4, docs/attention.md):
+// Q per row, K and V (along hdim) per 128-key tile, Q and K along tokens per (sequence, channel)
+// (the forward's V preparation), dO per row (dP) and per (128-token tile, channel) (dV), all powers
+// of two. P enters dV as e4m3(256 p) (the constant 2^-8 scale); dS is quantized in-kernel with a
+// power-of-two scale per row of each 64 x 128 (dK) or 128 x 128 (dQ) block: one scale per key and
+// 64 queries for dK, per query and 128 keys for dQ (the exact reference uses 1x32 and 32x32
+// blocks; docs/accuracy.md measures the difference). dV and dK are accumulated in FP32 registers
+// and every wgmma group is promoted into them (two-level accumulation), dQ alike.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "cuda/attention/attention_bwd.h"
+#include "cuda/attention/attention_fwd_prepare.cuh"
+#include "cuda/attention/attention_sm90_common.cuh"
+#include "cuda/attention/tma_map.h"
+#include "cuda/quantize/mx_device.cuh"
+
+namespace mxflash::cuda {
+namespace bwd {
+
+using attn::kTile;
+inline constexpr int kHalf = kTile / 2;  // queries per dK/dV step, keys per consumer warpgroup
+inline constexpr int kTileBytes = kTile * kHeadDim;
+inline constexpr int kWarpgroupThreads = 128;
+inline constexpr int kConsumers = 2;
+inline constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
+inline constexpr int kProducerRegs = 24;
+inline constexpr int kConsumerRegs = 240;
+inline constexpr float kPScale = 256.f;  // P stored as e4m3(256 p)
+
+// ------------------------------------------------------------------------------ preprocess of dO
+// Per padded output row o of head h (o_pad, see OutRows), written by prepare_dout_kernel:
+//   info(h, o) = {Q row scale * softmax_scale * log2 e, LSE * log2 e, dO row scale, D = rowsum(O∘dO)}
+// with {0, +inf, 0, 0} on padding rows (P = exp2(-inf) = 0 there).
+struct DoutPrep {
+  const __nv_bfloat16* out;
+  const __nv_bfloat16* dout;
+  const float* lse;      // (H, To)
+  const float* q_scale;  // (H, Pq), from prepare_rows_kernel<true>
+  const int32_t* cu_q;
+  const int32_t* cu_q_sf;
+  int out_seqs;      // output sequences (K/V sequences)
+  bool broadcast_q;  // output sequence b: queries of Q sequence 0, padded to lq_pad rows each
+  int64_t lq_pad;
+  int64_t H, Pq, Po, To;
+  float scale_log2;
+  uint8_t* do_rows;   // (H, Po, 128) e4m3, per-row scale
+  uint8_t* do_t;      // (H, 128, Po) e4m3, tokens permuted per 32-group, per (tile, channel) scale
+  float* do_t_scale;  // (H, Po / 128, 128)
+  float4* info;       // (H, Po)
+};
+
+// The output sequence of a padded output row and where its rows live.
+struct OutRows {
+  int seq, qb;
+  int64_t first;     // row of the padded tile within its sequence
+  int64_t len;       // queries of the sequence
+  int64_t tok0;      // output token of the sequence's row 0
+  int64_t q_pad0;    // padded Q row of the sequence's row 0
+};
+
+__device__ __forceinline__ OutRows out_rows_of(const int32_t* cu_q, const int32_t* cu_q_sf, int out_seqs, bool bcast,
+                                               int64_t lq_pad, int64_t o_pad) {
+  OutRows r;
+  if (bcast) {
+    r.seq = int(o_pad / lq_pad);
+    r.first = o_pad - int64_t(r.seq) * lq_pad;
+    r.qb = 0;
+  } else {
+    r.seq = attn::sequence_of_padded(cu_q_sf, out_seqs, o_pad);
+    r.first = o_pad - cu_q_sf[r.seq];
+    r.qb = r.seq;
+  }
+  r.len = int64_t(cu_q[r.qb + 1]) - cu_q[r.qb];
+  r.tok0 = bcast ? int64_t(r.seq) * r.len : int64_t(cu_q[r.seq]);
+  r.q_pad0 = cu_q_sf[r.qb];
+  return r;
+}
+
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
+
+// Power-of-two quantization scale of a block with amax a (RCEIL, as the quantizer): byte s,
+// 1/scale = 2^(127 - s) (s <= 253 for finite amax).
+__device__ __forceinline__ uint32_t scale_byte(float amax) {
+  return scale_byte_from_amax_bits(__float_as_uint(amax), ScalingMode::kRceil);
+}
+__device__ __forceinline__ float inv_scale_of(uint32_t s) { return __uint_as_float((254u - s) << 23); }
+__device__ __forceinline__ float scale_of(uint32_t s) { return e8m0_to_float(uint8_t(s)); }
+
+// One CTA of 256 threads per (128-row output tile, head): eight threads per row (16 channels each).
+inline constexpr int kPrepThreads = 256;
+__global__ void __launch_bounds__(kPrepThreads) prepare_dout_kernel(const DoutPrep p) {
+  constexpr int kPitch = kHeadDim / 2 + 1;  // words (bf16 pairs) per row in shared memory
+  __shared__ uint32_t rows[kTile][kPitch];
+  __shared__ float cmax[2][kHeadDim];
+  const int64_t tile = blockIdx.x, h = blockIdx.y;
+  const OutRows o = out_rows_of(p.cu_q, p.cu_q_sf, p.out_seqs, p.broadcast_q, p.lq_pad, tile * kTile);
+  const int chunk = threadIdx.x % 8, row0 = threadIdx.x / 8;
+#pragma unroll 1
+  for (int pass = 0; pass < kTile / (kPrepThreads / 8); ++pass) {
+    const int r = row0 + pass * (kPrepThreads / 8);
+    const int64_t i = o.first + r;
+    const bool valid = i < o.len;
+    uint32_t g[8] = {0, 0, 0, 0, 0, 0, 0, 0}, x[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (valid) {
+      const int64_t at = ((o.tok0 + i) * p.H + h) * kHeadDim + chunk * 16;
+      const uint4* gd = reinterpret_cast<const uint4*>(p.dout + at);
+      const uint4* od = reinterpret_cast<const uint4*>(p.out + at);
+      const uint4 g0 = gd[0], g1 = gd[1], o0 = od[0], o1 = od[1];
+      g[0] = g0.x, g[1] = g0.y, g[2] = g0.z, g[3] = g0.w, g[4] = g1.x, g[5] = g1.y, g[6] = g1.z, g[7] = g1.w;
+      x[0] = o0.x, x[1] = o0.y, x[2] = o0.z, x[3] = o0.w, x[4] = o1.x, x[5] = o1.y, x[6] = o1.z, x[7] = o1.w;
+    }
+    float dsum = 0.f, amax = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      dsum = fmaf(bf16_lo(g[k]), bf16_lo(x[k]), dsum);
+      dsum = fmaf(bf16_hi(g[k]), bf16_hi(x[k]), dsum);
+      amax = fmaxf(amax, fmaxf(fabsf(bf16_lo(g[k])), fabsf(bf16_hi(g[k]))));
+      rows[r][chunk * 8 + k] = g[k];
+    }
+#pragma unroll
+    for (int off = 1; off < 8; off *= 2) {
+      dsum += __shfl_xor_sync(0xFFFFFFFFu, dsum, off);
+      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+    }
+    const uint32_t s = scale_byte(amax);
+    const float inv = inv_scale_of(s);
+    uint32_t q[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      q[k] = attn::pack_e4m3x4(bf16_lo(g[2 * k]) * inv, bf16_hi(g[2 * k]) * inv, bf16_lo(g[2 * k + 1]) * inv,
+                               bf16_hi(g[2 * k + 1]) * inv);
+    const int64_t orow = h * p.Po + tile * kTile + r;
+    *reinterpret_cast<uint4*>(p.do_rows + orow * kHeadDim + chunk * 16) = make_uint4(q[0], q[1], q[2], q[3]);
+    if (chunk == 0)
+      p.info[orow] = valid ? make_float4(p.q_scale[h * p.Pq + o.q_pad0 + i] * p.scale_log2,
+                                         p.lse[h * p.To + o.tok0 + i] * attn::kLog2e, scale_of(s), dsum)
+                           : make_float4(0.f, INFINITY, 0.f, 0.f);
+  }
+  __syncthreads();
+  {  // channel amax over the tile: thread = (channel, half of the rows)
+    const int d = threadIdx.x % kHeadDim, half = threadIdx.x / kHeadDim;
+    float m = 0.f;
+    for (int r = half * kHalf; r < (half + 1) * kHalf; ++r) {
+      const uint32_t w = rows[r][d / 2];
+      m = fmaxf(m, fabsf(d % 2 ? bf16_hi(w) : bf16_lo(w)));
+    }
+    cmax[half][d] = m;
+  }
+  __syncthreads();
+  // dOᵀ: unit = (channel d, 32-token group gq): 32 bytes in the permuted token order.
+  for (int u = threadIdx.x; u < kHeadDim * (kTile / kBlockSize); u += kPrepThreads) {
+    const int d = u % kHeadDim, gq = u / kHeadDim;
+    const uint32_t s = scale_byte(fmaxf(cmax[0][d], cmax[1][d]));
+    const float inv = inv_scale_of(s);
+    uint32_t w[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      float v[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint32_t word = rows[gq * kBlockSize + attn::permuted_token(4 * k + e)][d / 2];
+        v[e] = (d % 2 ? bf16_hi(word) : bf16_lo(word)) * inv;
+      }
+      w[k] = attn::pack_e4m3x4(v[0], v[1], v[2], v[3]);
+    }
+    uint4* dst = reinterpret_cast<uint4*>(p.do_t + (h * kHeadDim + d) * p.Po + tile * kTile + gq * kBlockSize);
+    dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+    if (gq == 0) p.do_t_scale[(h * (p.Po / kTile) + tile) * kHeadDim + d] = scale_of(s);
+  }
+}
+
+// ------------------------------------------------------------------------------ main kernels
+struct BwdParams {
+  const int32_t* cu_q;
+  const int32_t* cu_q_sf;
+  const int32_t* cu_k;
+  const int32_t* cu_k_sf;
+  const int2* items;  // (K/V sequence b, tile): K/V tiles (dK/dV kernel) or Q tiles (dQ kernel)
+  int heads;
+  int64_t Pq, Pk, Po;
+  bool broadcast_q;
+  int64_t lq_pad;
+  const float* k_scale;     // (H, Pk / 128) K along hdim, per tile
+  const float* v_scale;     // (H, Pk / 128) V along hdim, per tile
+  const float* qt_scale;    // (Bq, H, 128) Q along tokens, per (sequence, channel)
+  const float* kt_scale;    // (B, H, 128) K along tokens, per (sequence, channel)
+  const float4* info;       // (H, Po)
+  const float* do_t_scale;  // (H, Po / 128, 128)
+  float softmax_scale;
+  __nv_bfloat16* dq;  // (Tq, H, 128), unless broadcast_q
+  float* dq_part;     // broadcast_q: (To, H, 128) fp32, summed over the batch afterwards
+  __nv_bfloat16* dk;
+  __nv_bfloat16* dv;
+};
+
+struct Item {
+  int h, b, blk, qb;
+  int Lq, Lk;
+  int64_t o_pad0;  // padded output row of the sequence's row 0
+};
+
+__device__ __forceinline__ Item item_of(const BwdParams& p, unsigned index) {
+  Item w;
+  w.h = int(index % unsigned(p.heads));
+  const int2 it = p.items[index / unsigned(p.heads)];
+  w.b = it.x, w.blk = it.y;
+  w.qb = p.broadcast_q ? 0 : w.b;
+  w.Lq = p.cu_q[w.qb + 1] - p.cu_q[w.qb];
+  w.Lk = p.cu_k[w.b + 1] - p.cu_k[w.b];
+  w.o_pad0 = p.broadcast_q ? int64_t(w.b) * p.lq_pad : int64_t(p.cu_q_sf[w.b]);
+  return w;
+}
+
+// dS row scale of one accumulator row pair: amax over the quad, 1/scale and scale.
+__device__ __forceinline__ void row_scales(const float (&amax)[2], float (&inv)[2], float (&scale)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const uint32_t s = scale_byte(attn::quad_max(amax[r]));
+    inv[r] = inv_scale_of(s);
+    scale[r] = scale_of(s);
+  }
+}
+
+// ---------------------------------------------------------------- dK / dV
+struct KvStage {
+  alignas(1024) uint8_t q[kTileBytes];     // Q' rows of the Q tile
+  alignas(1024) uint8_t dout[kTileBytes];  // dO' rows
+  alignas(1024) uint8_t qt[kTileBytes];    // Qᵀ' (128 channels x 128 queries)
+  alignas(1024) uint8_t dot[kTileBytes];   // dOᵀ'
+  alignas(16) float4 info[kTile];
+  alignas(16) float dot_scale[kHeadDim];
+};
+inline constexpr int kKvStages = 2;
+inline constexpr uint32_t kKvStageTx = 4 * kTileBytes + kTile * sizeof(float4) + kHeadDim * sizeof(float);
+struct KvSmem {
+  alignas(1024) uint8_t k[kTileBytes];
+  alignas(1024) uint8_t v[kTileBytes];
+  KvStage st[kKvStages];
+  alignas(8) uint64_t kv_full;
+  uint64_t full[kKvStages];
+  uint64_t empty[kKvStages];
+};
+inline constexpr size_t kKvSmemBytes = sizeof(KvSmem) + 1024;
+
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_bwd_dkdv_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                              const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                              const __grid_constant__ CUtensorMap tm_qt, const __grid_constant__ CUtensorMap tm_dot,
+                              const BwdParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  KvSmem& s = *reinterpret_cast<KvSmem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const int wg = threadIdx.x / kWarpgroupThreads, tid = threadIdx.x % kWarpgroupThreads;
+  const Item w = item_of(p, blockIdx.x);
+  const int n_q = (w.Lq + kTile - 1) / kTile;
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(&s.kv_full, 1);
+    for (int i = 0; i < kKvStages; ++i) {
+      sm90::mbar_init(&s.full[i], 1);
+      sm90::mbar_init(&s.empty[i], kConsumers * kWarpgroupThreads);
+    }
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  const int64_t k_row = int64_t(w.h) * p.Pk + p.cu_k_sf[w.b] + int64_t(w.blk) * kTile;
+
+  if (wg == 0) {  // ---------------------------------------------------------------- producer
+    sm90::setmaxnreg_dec<kProducerRegs>();
+    if (tid != 0 || n_q == 0) return;
+    sm90::mbar_arrive_expect_tx(&s.kv_full, 2 * kTileBytes);
+    sm90::tma_load_2d(s.k, &tm_k, &s.kv_full, 0, int(k_row));
+    sm90::tma_load_2d(s.v, &tm_v, &s.kv_full, 0, int(k_row));
+    const int64_t q_pad0 = p.cu_q_sf[w.qb];
+    for (int j = 0; j < n_q; ++j) {
+      const int stage = j % kKvStages;
+      KvStage& st = s.st[stage];
+      sm90::mbar_wait(&s.empty[stage], ((j / kKvStages) & 1) ^ 1);
+      sm90::mbar_arrive_expect_tx(&s.full[stage], kKvStageTx);
+      const int64_t qr = q_pad0 + int64_t(j) * kTile, orow = w.o_pad0 + int64_t(j) * kTile;
+      sm90::tma_load_2d(st.q, &tm_q, &s.full[stage], 0, int(w.h * p.Pq + qr));
+      sm90::tma_load_2d(st.dout, &tm_do, &s.full[stage], 0, int(w.h * p.Po + orow));
+      sm90::tma_load_2d(st.qt, &tm_qt, &s.full[stage], int(qr), w.h * kHeadDim);
+      sm90::tma_load_2d(st.dot, &tm_dot, &s.full[stage], int(orow), w.h * kHeadDim);
+      sm90::bulk_load(st.info, p.info + w.h * p.Po + orow, kTile * sizeof(float4), &s.full[stage]);
+      sm90::bulk_load(st.dot_scale, p.do_t_scale + (w.h * (p.Po / kTile) + orow / kTile) * kHeadDim,
+                      kHeadDim * sizeof(float), &s.full[stage]);
+    }
+    return;
+  }
+
+  // ---------------------------------------------------------------------------------- consumers
+  sm90::setmaxnreg_inc<kConsumerRegs>();
+  const int cw = wg - 1, warp = tid / 32, lane = tid % 32, quad = lane % 4;
+  float dv[64], dk[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) dv[i] = dk[i] = 0.f;
+  if (n_q > 0) {
+    const int64_t tile_idx = int64_t(w.h) * (p.Pk / kTile) + p.cu_k_sf[w.b] / kTile + w.blk;
+    const float ks = p.k_scale[tile_idx], vs = p.v_scale[tile_idx];
+    const bool zero_ds = w.Lk == 1;  // one key: dS = P (dP - D) is 0 exactly
+    sm90::mbar_wait(&s.kv_full, 0);
+    const uint64_t desc_k = sm90::make_desc_k128b(s.k + cw * kHalf * kHeadDim);
+    const uint64_t desc_v = sm90::make_desc_k128b(s.v + cw * kHalf * kHeadDim);
+#pragma unroll 1
+    for (int j = 0; j < n_q; ++j) {
+      const int stage = j % kKvStages;
+      const KvStage& st = s.st[stage];
+      sm90::mbar_wait(&s.full[stage], (j / kKvStages) & 1);
+#pragma unroll 1
+      for (int hh = 0; hh < 2; ++hh) {
+        // Sᵀ (64 keys x 64 queries) = K Qᵀ and dPᵀ = V dOᵀ over the head dim.
+        float sc[32], dp[32];
+        const uint64_t desc_q = sm90::make_desc_k128b(st.q + hh * kHalf * kHeadDim);
+        const uint64_t desc_do = sm90::make_desc_k128b(st.dout + hh * kHalf * kHeadDim);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n64k32_ss(sc, desc_k + 2 * kk, desc_q + 2 * kk, kk);
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n64k32_ss(dp, desc_v + 2 * kk, desc_do + 2 * kk, kk);
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+        attn::fence_all(sc);
+        attn::fence_all(dp);
+        // Pᵀ and dSᵀ: column c = query 64 hh + 8 (i / 4) + 2 quad + i % 2 of the tile.
+        float amax[2] = {0.f, 0.f};
+#pragma unroll
+        for (int jn = 0; jn < 8; ++jn) {
+          const float4 in0 = st.info[hh * kHalf + 8 * jn + 2 * quad];
+          const float4 in1 = st.info[hh * kHalf + 8 * jn + 2 * quad + 1];
+          const float a0 = in0.x * ks, a1 = in1.x * ks, c0 = in0.z * vs, c1 = in1.z * vs;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int i0 = 4 * jn + 2 * r;
+            const float p0 = attn::fast_exp2(fmaf(sc[i0], a0, -in0.y));
+            const float p1 = attn::fast_exp2(fmaf(sc[i0 + 1], a1, -in1.y));
+            const float d0 = zero_ds ? 0.f : p0 * fmaf(dp[i0], c0, -in0.w);
+            const float d1 = zero_ds ? 0.f : p1 * fmaf(dp[i0 + 1], c1, -in1.w);
+            sc[i0] = p0 * kPScale;
+            sc[i0 + 1] = p1 * kPScale;
+            dp[i0] = d0;
+            dp[i0 + 1] = d1;
+            amax[r] = fmaxf(amax[r], fmaxf(fabsf(d0), fabsf(d1)));
+          }
+        }
+        float inv[2], rs[2];
+        row_scales(amax, inv, rs);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) dp[i] *= inv[(i % 4) / 2];
+        uint32_t pa[8], da[8];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          attn::pack_chunk(sc + 16 * c, c, pa);
+          attn::pack_chunk(dp + 16 * c, c, da);
+        }
+        // dV += Pᵀ dO (dO channel scales of the tile applied at promotion).
+        float t[64];
+        const uint64_t desc_dot = sm90::make_desc_k128b(st.dot) + 2 * (2 * hh);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kHalf / 32; ++kk) {
+          const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
+          sm90::wgmma_m64n128k32_rs(t, a, desc_dot + 2 * kk, kk);
+        }
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+        attn::fence_all(t);
+#pragma unroll
+        for (int jn = 0; jn < 16; ++jn) {
+          const float2 cs = *reinterpret_cast<const float2*>(&st.dot_scale[8 * jn + 2 * quad]);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            dv[4 * jn + 2 * r] = fmaf(t[4 * jn + 2 * r], cs.x, dv[4 * jn + 2 * r]);
+            dv[4 * jn + 2 * r + 1] = fmaf(t[4 * jn + 2 * r + 1], cs.y, dv[4 * jn + 2 * r + 1]);
+          }
+        }
+        // dK += dSᵀ Q (Q channel scales applied in the epilogue).
+        const uint64_t desc_qt = sm90::make_desc_k128b(st.qt) + 2 * (2 * hh);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kHalf / 32; ++kk) {
+          const uint32_t a[4] = {da[4 * kk], da[4 * kk + 1], da[4 * kk + 2], da[4 * kk + 3]};
+          sm90::wgmma_m64n128k32_rs(t, a, desc_qt + 2 * kk, kk);
+        }
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+        attn::fence_all(t);
+#pragma unroll
+        for (int i = 0; i < 64; ++i) dk[i] = fmaf(t[i], rs[(i % 4) / 2], dk[i]);
+      }
+      sm90::mbar_arrive(&s.empty[stage]);
+    }
+  }
+  // ------------------------------------------------------------------------------ epilogue
+  const float* qts = p.qt_scale + (int64_t(w.qb) * p.heads + w.h) * kHeadDim;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = w.blk * kTile + cw * kHalf + warp * 16 + lane / 4 + 8 * r;
+    if (key >= w.Lk) continue;
+    const int64_t at = ((int64_t(p.cu_k[w.b]) + key) * p.heads + w.h) * kHeadDim;
+#pragma unroll
+    for (int jn = 0; jn < 16; ++jn) {
+      const int col = 8 * jn + 2 * quad;
+      const float q0 = n_q > 0 ? qts[col] * p.softmax_scale : 0.f, q1 = n_q > 0 ? qts[col + 1] * p.softmax_scale : 0.f;
+      *reinterpret_cast<__nv_bfloat162*>(p.dv + at + col) =
+          __floats2bfloat162_rn(dv[4 * jn + 2 * r] * (1.f / kPScale), dv[4 * jn + 2 * r + 1] * (1.f / kPScale));
+      *reinterpret_cast<__nv_bfloat162*>(p.dk + at + col) =
+          __floats2bfloat162_rn(dk[4 * jn + 2 * r] * q0, dk[4 * jn + 2 * r + 1] * q1);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- dQ
+struct QStage {
+  alignas(1024) uint8_t k[kTileBytes];   // K' rows of the K/V tile
+  alignas(1024) uint8_t v[kTileBytes];   // V' rows (V along hdim)
+  alignas(1024) uint8_t kt[kTileBytes];  // Kᵀ' (128 channels x 128 keys)
+};
+inline constexpr int kQStages = 3;
+struct QSmem {
+  alignas(1024) uint8_t q[kTileBytes];
+  alignas(1024) uint8_t dout[kTileBytes];
+  QStage st[kQStages];
+  alignas(8) uint64_t q_full;
+  uint64_t full[kQStages];
+  uint64_t empty[kQStages];
+};
+inline constexpr size_t kQSmemBytes = sizeof(QSmem) + 1024;
+
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_bwd_dq_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                            const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                            const __grid_constant__ CUtensorMap tm_kt, const BwdParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  QSmem& s = *reinterpret_cast<QSmem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const int wg = threadIdx.x / kWarpgroupThreads, tid = threadIdx.x % kWarpgroupThreads;
+  const Item w = item_of(p, blockIdx.x);
+  const int n_k = (w.Lk + kTile - 1) / kTile;
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(&s.q_full, 1);
+    for (int i = 0; i < kQStages; ++i) {
+      sm90::mbar_init(&s.full[i], 1);
+      sm90::mbar_init(&s.empty[i], kConsumers * kWarpgroupThreads);
+    }
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  const int64_t o_row = w.o_pad0 + int64_t(w.blk) * kTile;  // padded output row of the Q tile
+
+  if (wg == 0) {  // ---------------------------------------------------------------- producer
+    sm90::setmaxnreg_dec<kProducerRegs>();
+    if (tid != 0 || n_k == 0) return;
+    sm90::mbar_arrive_expect_tx(&s.q_full, 2 * kTileBytes);
+    sm90::tma_load_2d(s.q, &tm_q, &s.q_full, 0, int(w.h * p.Pq + p.cu_q_sf[w.qb] + int64_t(w.blk) * kTile));
+    sm90::tma_load_2d(s.dout, &tm_do, &s.q_full, 0, int(w.h * p.Po + o_row));
+    const int64_t k_pad0 = p.cu_k_sf[w.b];
+    for (int j = 0; j < n_k; ++j) {
+      const int stage = j % kQStages;
+      QStage& st = s.st[stage];
+      sm90::mbar_wait(&s.empty[stage], ((j / kQStages) & 1) ^ 1);
+      sm90::mbar_arrive_expect_tx(&s.full[stage], 3 * kTileBytes);
+      const int64_t kr = k_pad0 + int64_t(j) * kTile;
+      sm90::tma_load_2d(st.k, &tm_k, &s.full[stage], 0, int(w.h * p.Pk + kr));
+      sm90::tma_load_2d(st.v, &tm_v, &s.full[stage], 0, int(w.h * p.Pk + kr));
+      sm90::tma_load_2d(st.kt, &tm_kt, &s.full[stage], int(kr), w.h * kHeadDim);
+    }
+    return;
+  }
+
+  // ---------------------------------------------------------------------------------- consumers
+  sm90::setmaxnreg_inc<kConsumerRegs>();
+  const int cw = wg - 1, warp = tid / 32, lane = tid % 32, quad = lane % 4;
+  const int row0 = cw * kHalf + warp * 16 + lane / 4;  // rows row0, row0 + 8 of the Q tile
+  float dq[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) dq[i] = 0.f;
+  if (n_k > 0) {
+    float4 in[2];
+    for (int r = 0; r < 2; ++r) in[r] = p.info[w.h * p.Po + o_row + row0 + 8 * r];
+    const int64_t tile0 = int64_t(w.h) * (p.Pk / kTile) + p.cu_k_sf[w.b] / kTile;
+    const bool zero_ds = w.Lk == 1;
+    sm90::mbar_wait(&s.q_full, 0);
+    const uint64_t desc_q = sm90::make_desc_k128b(s.q + cw * kHalf * kHeadDim);
+    const uint64_t desc_do = sm90::make_desc_k128b(s.dout + cw * kHalf * kHeadDim);
+#pragma unroll 1
+    for (int j = 0; j < n_k; ++j) {
+      const int stage = j % kQStages;
+      const QStage& st = s.st[stage];
+      const float ks = p.k_scale[tile0 + j], vs = p.v_scale[tile0 + j];
+      sm90::mbar_wait(&s.full[stage], (j / kQStages) & 1);
+      float sc[64], dp[64];
+      const uint64_t desc_k = sm90::make_desc_k128b(st.k), desc_v = sm90::make_desc_k128b(st.v);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n128k32_ss(sc, desc_q + 2 * kk, desc_k + 2 * kk, kk);
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n128k32_ss(dp, desc_do + 2 * kk, desc_v + 2 * kk, kk);
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      attn::fence_all(sc);
+      attn::fence_all(dp);
+      const int valid = w.Lk - j * kTile;  // keys of the tile inside the sequence
+      float a[2], c[2], amax[2] = {0.f, 0.f};
+#pragma unroll
+      for (int r = 0; r < 2; ++r) a[r] = in[r].x * ks, c[r] = in[r].z * vs;
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        const int r = (i % 4) / 2, col = 8 * (i / 4) + 2 * quad + (i % 2);
+        const float pr = attn::fast_exp2(fmaf(sc[i], a[r], -in[r].y));
+        float d = pr * fmaf(dp[i], c[r], -in[r].w);
+        if (zero_ds || col >= valid) d = 0.f;
+        dp[i] = d;
+        amax[r] = fmaxf(amax[r], fabsf(d));
+      }
+      float inv[2], rs[2];
+      row_scales(amax, inv, rs);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) dp[i] *= inv[(i % 4) / 2];
+      uint32_t da[16];
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) attn::pack_chunk(dp + 16 * cc, cc, da);
+      const uint64_t desc_kt = sm90::make_desc_k128b(st.kt);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kTile / 32; ++kk) {
+        const uint32_t av[4] = {da[4 * kk], da[4 * kk + 1], da[4 * kk + 2], da[4 * kk + 3]};
+        sm90::wgmma_m64n128k32_rs(sc, av, desc_kt + 2 * kk, kk);
+      }
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      attn::fence_all(sc);
+      sm90::mbar_arrive(&s.empty[stage]);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) dq[i] = fmaf(sc[i], rs[(i % 4) / 2], dq[i]);
+    }
+  }
+  // ------------------------------------------------------------------------------ epilogue
+  const float* kts = p.kt_scale + (int64_t(w.b) * p.heads + w.h) * kHeadDim;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = w.blk * kTile + row0 + 8 * r;
+    if (i >= w.Lq) continue;
+#pragma unroll
+    for (int jn = 0; jn < 16; ++jn) {
+      const int col = 8 * jn + 2 * quad;
+      const float k0 = n_k > 0 ? kts[col] * p.softmax_scale : 0.f, k1 = n_k > 0 ? kts[col + 1] * p.softmax_scale : 0.f;
+      const float x0 = dq[4 * jn + 2 * r] * k0, x1 = dq[4 * jn + 2 * r + 1] * k1;
+      if (p.broadcast_q) {
+        const int64_t at = ((int64_t(w.b) * w.Lq + i) * p.heads + w.h) * kHeadDim + col;
+        *reinterpret_cast<float2*>(p.dq_part + at) = make_float2(x0, x1);
+      } else {
+        const int64_t at = ((int64_t(p.cu_q[w.qb]) + i) * p.heads + w.h) * kHeadDim + col;
+        *reinterpret_cast<__nv_bfloat162*>(p.dq + at) = __floats2bfloat162_rn(x0, x1);
+      }
+    }
+  }
+}
+
+// broadcast_q: dQ of the shared Q sequence = the sum over the batch of each output sequence's dQ.
+__global__ void sum_dq_kernel(const float* __restrict__ part, int batch, int64_t n, __nv_bfloat16* __restrict__ dq) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    float s = 0.f;
+    for (int b = 0; b < batch; ++b) s += part[int64_t(b) * n + e];
+    dq[e] = __float2bfloat16_rn(s);
+  }
+}
+
+}  // namespace bwd
+
+namespace {
+
+Status cuda_check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::Ok();
+  return Status::Cuda(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
+
+struct BwdWorkspace {
+  size_t q, k, v, qt, kt, dout, dot, info, q_scale, k_scale, v_scale, qt_byte, qt_scale, kt_byte, kt_scale, dot_scale,
+      kv_items, q_items, dq_part, total;
+};
+
+BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n_kv_items, size_t n_q_items) {
+  BwdWorkspace w;
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = off;
+    off += align256(bytes);
+    return at;
+  };
+  const size_t H = size_t(p.heads), D = kHeadDim, Bq = size_t(p.broadcast_q ? 1 : p.batch), B = size_t(p.batch);
+  w.q = take(H * p.Pq * D);
+  w.k = take(H * p.Pk * D);
+  w.v = take(H * p.Pk * D);
+  w.qt = take(H * p.Pq * D);
+  w.kt = take(H * p.Pk * D);
+  w.dout = take(H * Po * D);
+  w.dot = take(H * Po * D);
+  w.info = take(H * Po * sizeof(float4));
+  w.q_scale = take(H * p.Pq * sizeof(float));
+  w.k_scale = take(H * (p.Pk / bwd::kTile) * sizeof(float));
+  w.v_scale = take(H * (p.Pk / bwd::kTile) * sizeof(float));
+  w.qt_byte = take(Bq * H * D);
+  w.qt_scale = take(Bq * H * D * sizeof(float));
+  w.kt_byte = take(B * H * D);
+  w.kt_scale = take(B * H * D * sizeof(float));
+  w.dot_scale = take(H * (Po / bwd::kTile) * D * sizeof(float));
+  w.kv_items = take(n_kv_items * sizeof(int2));
+  w.q_items = take(n_q_items * sizeof(int2));
+  w.dq_part = take(p.broadcast_q ? size_t(p.To) * H * D * sizeof(float) : 0);
+  w.total = off;
+  return w;
+}
+
+// Work items (b, tile) of every sequence, the ones with the most work per item first.
+std::vector<int2> items_by_work(int batch, const std::vector<int>& tiles_of, const std::vector<int>& work_of) {
+  std::vector<int2> items;
+  for (int b = 0; b < batch; ++b)
+    for (int t = 0; t < tiles_of[size_t(b)]; ++t) items.push_back(make_int2(b, t));
+  std::stable_sort(items.begin(), items.end(),
+                   [&](int2 x, int2 y) { return work_of[size_t(x.x)] > work_of[size_t(y.x)]; });
+  return items;
+}
+
+}  // namespace
+
+Status attention_backward(const AttentionBwdProblem& p, void* stream_ptr) {
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  const std::vector<int32_t>& cq = *p.host_cu_q;
+  const std::vector<int32_t>& ck = *p.host_cu_k;
+  const int64_t H = p.heads;
+  const int lq0 = cq[1] - cq[0];
+  const int64_t lq_pad = p.broadcast_q ? (int64_t(lq0) + bwd::kTile - 1) / bwd::kTile * bwd::kTile : 0;
+  const int64_t Po = p.broadcast_q ? p.batch * lq_pad : p.Pq;
+  std::vector<int> lq(size_t(p.batch)), lk(size_t(p.batch)), q_tiles(size_t(p.batch)), k_tiles(size_t(p.batch));
+  for (int b = 0; b < p.batch; ++b) {
+    const int qb = p.broadcast_q ? 0 : b;
+    lq[size_t(b)] = cq[qb + 1] - cq[qb];
+    lk[size_t(b)] = ck[b + 1] - ck[b];
+    q_tiles[size_t(b)] = (lq[size_t(b)] + bwd::kTile - 1) / bwd::kTile;
+    k_tiles[size_t(b)] = (lk[size_t(b)] + bwd::kTile - 1) / bwd::kTile;
+  }
+  const std::vector<int2> kv_items = items_by_work(p.batch, k_tiles, lq);  // dK/dV: K/V tiles
+  const std::vector<int2> q_items = items_by_work(p.batch, q_tiles, lk);   // dQ: Q tiles
+  const BwdWorkspace w = bwd_layout(p, Po, kv_items.size(), q_items.size());
+  void* ws_ptr = nullptr;
+  MXFLASH_RETURN_IF_ERROR(cuda_check(cudaMallocAsync(&ws_ptr, w.total, stream), "cudaMallocAsync(backward workspace)"));
+  uint8_t* ws = static_cast<uint8_t*>(ws_ptr);
+  auto run = [&]() -> Status {
+    const int Bq = p.broadcast_q ? 1 : p.batch;
+    auto f32 = [&](size_t off) { return reinterpret_cast<float*>(ws + off); };
+    // Operands re-expressed (attention_fwd_prepare.cuh): Q per row, K and V per 128-key tile, Q and
+    // K along tokens per (sequence, channel).
+    if (p.Pq > 0) {
+      attn::prepare_rows_kernel<true><<<dim3(unsigned(p.Pq / bwd::kTile), unsigned(H)), attn::kRowThreads, 0, stream>>>(
+          p.q.payload, p.q.scales, p.q.scale_layout, p.cu_q, p.cu_q_sf, Bq, H, p.Pq, ws + w.q, f32(w.q_scale));
+      MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "backward: prepare Q launch"));
+    }
+    if (p.Pk > 0) {
+      for (const auto& [op, dst, sc] : {std::tuple{&p.k, w.k, w.k_scale}, std::tuple{&p.v, w.v, w.v_scale}}) {
+        attn::prepare_rows_kernel<false><<<dim3(unsigned(p.Pk / bwd::kTile), unsigned(H)), attn::kRowThreads, 0, stream>>>(
+            op->payload, op->scales, op->scale_layout, p.cu_k, p.cu_k_sf, p.batch, H, p.Pk, ws + dst, f32(sc));
+        MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "backward: prepare K/V launch"));
+      }
+    }
+    struct Tokens {
+      const MxOperand* op;
+      const int32_t *cu, *cu_sf;
+      int batch;
+      int64_t P;
+      size_t out, byte, scale;
+    };
+    for (const Tokens& t : {Tokens{&p.q_seq, p.cu_q, p.cu_q_sf, Bq, p.Pq, w.qt, w.qt_byte, w.qt_scale},
+                            Tokens{&p.k_seq, p.cu_k, p.cu_k_sf, p.batch, p.Pk, w.kt, w.kt_byte, w.kt_scale}}) {
+      attn::prepare_v_scale_kernel<<<unsigned(int64_t(t.batch) * H), attn::kVScaleSlices * kHeadDim, 0, stream>>>(
+          t.op->scales, t.op->scale_layout, t.cu, t.cu_sf, H, t.P, ws + t.byte, f32(t.scale));
+      MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "backward: prepare channel scales launch"));
+      if (t.P > 0) {
+        attn::prepare_v_kernel<<<dim3(unsigned(t.P / bwd::kTile), unsigned(H)), attn::kVThreads, 0, stream>>>(
+            t.op->payload, t.op->payload_layout, t.op->scales, t.op->scale_layout, t.cu, t.cu_sf, t.batch, H, t.P,
+            ws + t.byte, ws + t.out);
+        MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "backward: prepare tokens-contiguous launch"));
+      }
+    }
+    if (Po > 0) {
+      bwd::DoutPrep d;
+      d.out = static_cast<const __nv_bfloat16*>(p.out);
+      d.dout = static_cast<const __nv_bfloat16*>(p.dout);
+      d.lse = p.lse;
+      d.q_scale = f32(w.q_scale);
+      d.cu_q = p.cu_q;
+      d.cu_q_sf = p.cu_q_sf;
+      d.out_seqs = p.batch;
+      d.broadcast_q = p.broadcast_q;
+      d.lq_pad = lq_pad;
+      d.H = H;
+      d.Pq = p.Pq;
+      d.Po = Po;
+      d.To = p.To;
+      d.scale_log2 = p.softmax_scale * attn::kLog2e;
+      d.do_rows = ws + w.dout;
+      d.do_t = ws + w.dot;
+      d.do_t_scale = f32(w.dot_scale);
+      d.info = reinterpret_cast<float4*>(ws + w.info);
+      bwd::prepare_dout_kernel<<<dim3(unsigned(Po / bwd::kTile), unsigned(H)), bwd::kPrepThreads, 0, stream>>>(d);
+      MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "backward: prepare dO launch"));
+    }
+    for (const auto& [list, off] : {std::pair{&kv_items, w.kv_items}, std::pair{&q_items, w.q_items}})
+      if (!list->empty())
+        MXFLASH_RETURN_IF_ERROR(cuda_check(
+            cudaMemcpyAsync(ws + off, list->data(), list->size() * sizeof(int2), cudaMemcpyHostToDevice, stream),
+            "cudaMemcpyAsync(backward work list)"));
+    // Maps need at least one tile of rows even when a side is empty (then unused).
+    const uint64_t q_rows = uint64_t(std::max<int64_t>(H * p.Pq, bwd::kTile));
+    const uint64_t k_rows = uint64_t(std::max<int64_t>(H * p.Pk, bwd::kTile));
+    const uint64_t o_rows = uint64_t(std::max<int64_t>(H * Po, bwd::kTile));
+    CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_qt, tm_kt, tm_dot;
+    MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_q, ws + w.q, kHeadDim, q_rows));
+    MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_k, ws + w.k, kHeadDim, k_rows));
+    MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_v, ws + w.v, kHeadDim, k_rows));
+    MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_do, ws + w.dout, kHeadDim, o_rows));
+    MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_qt, ws + w.qt, uint64_t(std::max<int64_t>(p.Pq, bwd::kTile)), H * kHeadDim));
+    MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_kt, ws + w.kt, uint64_t(std::max<int64_t>(p.Pk, bwd::kTile)), H * kHeadDim));
+    MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_dot, ws + w.dot, uint64_t(std::max<int64_t>(Po, bwd::kTile)), H * kHeadDim));
+    bwd::BwdParams bp;
+    bp.cu_q = p.cu_q;
+    bp.cu_q_sf = p.cu_q_sf;
+    bp.cu_k = p.cu_k;
+    bp.cu_k_sf = p.cu_k_sf;
+    bp.heads = p.heads;
+    bp.Pq = p.Pq;
+    bp.Pk = p.Pk;
+    bp.Po = Po;
+    bp.broadcast_q = p.broadcast_q;
+    bp.lq_pad = lq_pad;
+    bp.k_scale = f32(w.k_scale);
+    bp.v_scale = f32(w.v_scale);
+    bp.qt_scale = f32(w.qt_scale);
+    bp.kt_scale = f32(w.kt_scale);
+    bp.info = reinterpret_cast<const float4*>(ws + w.info);
+    bp.do_t_scale = f32(w.dot_scale);
+    bp.softmax_scale = p.softmax_scale;
+    bp.dq = static_cast<__nv_bfloat16*>(p.dq);
+    bp.dq_part = f32(w.dq_part);
+    bp.dk = static_cast<__nv_bfloat16*>(p.dk);
+    bp.dv = static_cast<__nv_bfloat16*>(p.dv);
+    if (!kv_items.empty()) {
+      bp.items = reinterpret_cast<const int2*>(ws + w.kv_items);
+      MXFLASH_RETURN_IF_ERROR(cuda_check(cudaFuncSetAttribute(bwd::attention_bwd_dkdv_kernel,
+                                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                              int(bwd::kKvSmemBytes)),
+                                         "cudaFuncSetAttribute(attention_bwd_dkdv_kernel)"));
+      bwd::attention_bwd_dkdv_kernel<<<unsigned(int64_t(kv_items.size()) * H), bwd::kThreads, bwd::kKvSmemBytes, stream>>>(
+          tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, bp);
+      MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "attention_bwd_dkdv_kernel launch"));
+    }
+    if (!q_items.empty()) {
+      bp.items = reinterpret_cast<const int2*>(ws + w.q_items);
+      MXFLASH_RETURN_IF_ERROR(cuda_check(cudaFuncSetAttribute(bwd::attention_bwd_dq_kernel,
+                                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                              int(bwd::kQSmemBytes)),
+                                         "cudaFuncSetAttribute(attention_bwd_dq_kernel)"));
+      bwd::attention_bwd_dq_kernel<<<unsigned(int64_t(q_items.size()) * H), bwd::kThreads, bwd::kQSmemBytes, stream>>>(
+          tm_q, tm_k, tm_v, tm_do, tm_kt, bp);
+      MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "attention_bwd_dq_kernel launch"));
+    }
+    if (p.broadcast_q && p.Tq > 0) {
+      const int64_t n = p.Tq * H * kHeadDim;
+      const unsigned grid = unsigned(std::min<int64_t>((n + 255) / 256, 8192));
+      bwd::sum_dq_kernel<<<grid, 256, 0, stream>>>(bp.dq_part, p.batch, n, bp.dq);
+      MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "backward: dQ batch sum launch"));
+    }
+    return Status::Ok();
+  };
+  Status st = run();
+  const Status fr = cuda_check(cudaFreeAsync(ws_ptr, stream), "cudaFreeAsync(backward workspace)");
+  return st.ok() ? fr : st;
+}
+
+}  // namespace mxflash::cuda

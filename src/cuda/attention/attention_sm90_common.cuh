@@ -1,0 +1,56 @@
+// Register-level helpers shared by the sm_90a attention kernels (forward and backward): e4m3
+// packing of wgmma A fragments, exp2 on the MUFU unit, quad reductions over the 4 threads that hold
+// one accumulator row, compiler fences on accumulator arrays.
+#pragma once
+#include <cstdint>
+
+#include "cuda/common/sm90_primitives.cuh"
+
+namespace mxflash::cuda::attn {
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+
+// Four floats to e4m3 (round to nearest even, saturating), a first in the low byte.
+__device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float d) {
+  uint16_t lo, hi;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(b), "f"(a));
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(d), "f"(c));
+  return uint32_t(lo) | (uint32_t(hi) << 16);
+}
+
+// A fragment chunk c (32 keys of a wgmma k32 step) from the 16 accumulator values x[0..15] that
+// one thread holds for those keys (accumulators 16c..16c+15). The B operand stores each 32-token
+// group in the matching order (permuted_token, attention_fwd_prepare.cuh).
+template <int M>
+__device__ __forceinline__ void pack_chunk(const float* x, int c, uint32_t (&pa)[M]) {
+  pa[4 * c + 0] = pack_e4m3x4(x[0], x[1], x[4], x[5]);
+  pa[4 * c + 1] = pack_e4m3x4(x[2], x[3], x[6], x[7]);
+  pa[4 * c + 2] = pack_e4m3x4(x[8], x[9], x[12], x[13]);
+  pa[4 * c + 3] = pack_e4m3x4(x[10], x[11], x[14], x[15]);
+}
+
+// 2^x on the MUFU unit, subnormal results flushed: P below 2^-126 is far under e4m3's 2^-17 floor
+// (256 p < 2^-9), so flushing changes no quantized P.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xFFFFFFFFu, x, 1);
+  return x + __shfl_xor_sync(0xFFFFFFFFu, x, 2);
+}
+
+template <int N>
+__device__ __forceinline__ void fence_all(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) sm90::fence_regs(r[i]);
+}
+
+}  // namespace mxflash::cuda::attn
