@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a Hopper GPU machine: ncu profile of our forward on one preset (default llm-long), for each
+# On a Hopper GPU machine: ncu profile of our forward (WORKLOAD=bwd: backward) on one preset (default llm-long), for each
 # binary directory given (default .gpu-bin and .gpu-bin/lean when present). Prints per kernel the
 # duration, tensor-pipe (GMMA) activity, issue activity, warp stall reasons, registers and spills.
 # Logs go to ${OUT:-gpu-logs}/ncu_<name>.log.
@@ -21,12 +21,12 @@ for d in "${dirs[@]}"; do
   log="$OUT/ncu_${name}_${PRESET}.log"
   echo "== ncu $d ($PRESET $WORKLOAD)" | tee "$log"
   # One forward (prepare kernels + main kernel): durations.
-  ncu --kernel-name regex:'prepare|attention_fwd|attention_bwd' --launch-count ${NCU_KERNELS:-5} \
+  ncu --kernel-name regex:"${DURATION_KERNELS:-prepare|attention_fwd|attention_bwd}" --launch-skip ${NCU_SKIP:-0} --launch-count ${NCU_KERNELS:-5} \
       --section SpeedOfLight --section LaunchStats \
       "$d/mxflash-bench" --preset "$PRESET" --workload "$WORKLOAD" --impl mxfp8 --warmup-s 0 --window-s 0.001 --launches 1 \
       >> "$log" 2>&1
   # The main kernel in detail.
-  ncu --kernel-name regex:'attention_fwd_kernel|attention_bwd_main' --launch-count 1 \
+  ncu --kernel-name regex:"${DETAIL_KERNELS:-attention_fwd_kernel|attention_bwd_dkdv|attention_bwd_dq}" --launch-count ${DETAIL_COUNT:-1} \
       --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
       --section SchedulerStats --section WarpStateStats --section LaunchStats --section Occupancy \
       --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,lts__t_bytes.sum.per_second \
