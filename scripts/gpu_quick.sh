@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Development runs on the GPU machine, every step under a timeout (a hung kernel costs one step,
-# not the session): STEPS="tests bwdmem bwdbench fwdab python" (default all of them). Binaries from
+# not the session): STEPS="tests bwdmem bwdbench fwdab bwdab python" (default all of them). Binaries from
 # .gpu-bin (scripts/stage_gpu_bin.sh, EXPERIMENTS=1 for fwdab). Logs in ${OUT:-gpu-logs}.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +30,13 @@ if want fwdab; then
     MXFLASH_FWD_VARIANT=$v T 120 "$B/exp/mxflash_tests_gpu" --gtest_brief=1 --gtest_filter='AttentionFwdGpu.*' > "$OUT/ab_$v.log" 2>&1
     echo "== fwd variant $v tests rc=$?"; tail -n 2 "$OUT/ab_$v.log"
     MXFLASH_FWD_VARIANT=$v T 120 "$B/exp/mxflash-bench" --preset all --workload fwd --impl mxfp8 --warmup-s 0.3 --window-s 1 2>/dev/null | grep -E "^(llm|cross|jagged)"
+  done
+fi
+if want bwdab; then
+  for v in ${BWD_VARIANTS:-0 1 2 3}; do
+    MXFLASH_BWD_VARIANT=$v T 200 "$B/exp/mxflash_tests_gpu" --gtest_brief=1 --gtest_filter='AttentionBwdGpu.*' > "$OUT/bwdab_$v.log" 2>&1
+    echo "== bwd variant $v tests rc=$?"; tail -n 1 "$OUT/bwdab_$v.log"
+    MXFLASH_BWD_VARIANT=$v T 120 "$B/exp/mxflash-bench" --preset ${PRESETS:-all} --workload bwd --impl mxfp8 --warmup-s 0.3 --window-s 1 2>/dev/null | grep -E "^(llm|cross|jagged)"
   done
 fi
 if want python; then

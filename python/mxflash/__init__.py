@@ -632,12 +632,12 @@ def attention_backward(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, so
     (Tk, H, 128); with broadcast_q, dq is summed over the batch. With output_mxfp8_dkv=True, dk and dv
     are float8_e4m3fn payloads quantized in 32x32 blocks and two more arrays come back, dk_scales and
     dv_scales (Tk, H, 4) uint8 E8M0, each token row's block scale. grads=(dq, dk, dv[, dk_scales,
-    dv_scales]) writes into given arrays. dq_accum="fp16" (accumulator scaled by 2**dq_fp16_scale_log2) and p_scale="dynamic"
-    (per-block P scales for dV) are modelled by the CPU reference; output_mxfp8_dkv raises
-    RuntimeError ("... not implemented yet") rather than being ignored.
+    dv_scales]) writes into given arrays. dq_accum="fp16" (accumulator scaled by
+    2**dq_fp16_scale_log2) and p_scale="dynamic" (per-block P scales for dV) are modelled by the CPU
+    reference only: the CUDA paths raise RuntimeError for them rather than ignoring them.
     numpy operands run the exact-MX CPU reference; CUDA tensors run the fast sm_90a kernel
-    (deterministic, no atomics; defaults only: other dq_accum, p_scale or output_mxfp8_dkv settings raise
-    RuntimeError), or with exact_mx=True the exact-MX GPU path (slow; the oracle).
+    (deterministic, no atomics; output_mxfp8_dkv supported), or with exact_mx=True the exact-MX GPU
+    path (slow; the oracle; default options only).
     """
     _check_meta_arg(q_meta, "q_meta")
     _check_meta_arg(k_meta, "k_meta")

@@ -346,8 +346,9 @@ Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTens
                                " accumulates dQ in fp32" + (opt.exact_mx ? "" : " registers (no atomics)"));
   if (opt.p_scale != PScaleMode::kConstant)
     return Status::Unsupported("p_scale: dynamic P scales are modelled by the CPU reference only, not by " + path);
-  if (opt.output_mxfp8_dkv)
-    return Status::Unsupported("output_mxfp8_dkv: MXFP8 dK, dV come from the CPU reference only, not from " + path);
+  if (opt.output_mxfp8_dkv && opt.exact_mx)
+    return Status::Unsupported("output_mxfp8_dkv: MXFP8 dK, dV come from the CPU reference and the fast CUDA kernel, "
+                               "not from the exact GPU path");
   MXFLASH_RETURN_IF_ERROR(detail::check_cuda_ready(q.payload.device_id, "q.payload"));
   if (!q_meta.on_device()) return Status::Invalid("q_meta: has no device copy; call q_meta.upload() first");
   if (!k_meta.on_device()) return Status::Invalid("k_meta: has no device copy; call k_meta.upload() first");
@@ -366,6 +367,10 @@ Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTens
   p.dq = dq.data;
   p.dk = dk.data;
   p.dv = dv.data;
+  if (opt.output_mxfp8_dkv) {
+    p.dk_scales = dk_scales.ptr<uint8_t>();
+    p.dv_scales = dv_scales.ptr<uint8_t>();
+  }
   return opt.exact_mx ? cuda::attention_backward_exact(p, stream) : cuda::attention_backward(p, stream);
 }
 

@@ -78,7 +78,16 @@ struct Case {
   bool broadcast_q;
   PayloadLayout seq_layout;  // of q_seq and k_seq
   ScaleLayout scale_layout;
+  bool mxfp8_dkv = false;  // also compare output_mxfp8_dkv (fast kernel against the CPU reference)
 };
+
+// Dequantized MXFP8 dK or dV: payload (T, H, 128) e4m3, scales (T, H, 4) e8m0 per token row.
+std::vector<uint16_t> dequantize_rows(const std::vector<uint8_t>& payload, const std::vector<uint8_t>& scales) {
+  std::vector<uint16_t> x(payload.size());
+  for (size_t i = 0; i < payload.size(); ++i)
+    x[i] = float_to_bf16(e4m3_to_float(payload[i]) * e8m0_to_float(scales[(i / kHeadDim) * 4 + (i % kHeadDim) / 32]));
+  return x;
+}
 
 void run_case(const Case& c, uint64_t seed) {
   JaggedMeta qm, km;
@@ -163,6 +172,32 @@ void run_case(const Case& c, uint64_t seed) {
       for (int i = 0; i < 3; ++i) EXPECT_TRUE(got[i] == first[i]) << "fast backward output " << i << " not deterministic";
     }
   }
+  if (!c.mxfp8_dkv) return;
+  // output_mxfp8_dkv: dK, dV as e4m3 + per-row scales of their 32x32 blocks, CPU reference vs fast.
+  bo.output_mxfp8_dkv = true;
+  std::vector<uint8_t> pk(size_t(Tk * H * kHeadDim)), pv(pk.size()), sk(size_t(Tk * H * 4)), sv(sk.size());
+  auto pay = [&](std::vector<uint8_t>& x, Device d, void* ptr) {
+    return make_view(ptr ? ptr : x.data(), DType::kE4M3, d, {Tk, H, kHeadDim});
+  };
+  auto sc = [&](std::vector<uint8_t>& x, Device d, void* ptr) {
+    return make_view(ptr ? ptr : x.data(), DType::kE8M0, d, {Tk, H, kHeadDim / 32});
+  };
+  bo.exact_mx = false;
+  st = attention_backward(hq.t, hqs.t, hk.t, hks.t, hv.t, cpu_view(out, To), cpu_view(dout, To),
+                          make_view(lse.data(), DType::kFloat32, Device::kCPU, {H, To}), qm, km, bo, cpu_view(dq, Tq),
+                          pay(pk, Device::kCPU, nullptr), pay(pv, Device::kCPU, nullptr), sc(sk, Device::kCPU, nullptr),
+                          sc(sv, Device::kCPU, nullptr));
+  ASSERT_TRUE(st.ok()) << st.message();
+  DeviceBuffer g_pk(pk.size()), g_pv(pv.size()), g_sk(sk.size()), g_sv(sv.size());
+  for (DeviceBuffer* b : {&g_pk, &g_pv, &g_sk, &g_sv}) b->fill(gputest::kDevicePoison);
+  st = attention_backward(dq_op.view, dqs_op.view, dk_op.view, dks_op.view, dv_op.view, dev_view(d_out, To),
+                          dev_view(d_dout, To), make_view(d_lse.get(), DType::kFloat32, Device::kCUDA, {H, To}), qm, km,
+                          bo, dev_view(d_dq, Tq), pay(pk, Device::kCUDA, g_pk.get()), pay(pv, Device::kCUDA, g_pv.get()),
+                          sc(sk, Device::kCUDA, g_sk.get()), sc(sv, Device::kCUDA, g_sv.get()));
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_TRUE(gputest::device_ok());
+  EXPECT_GT(sqnr_of("MXFP8 dK", dequantize_rows(pk, sk), dequantize_rows(g_pk.download(), g_sk.download())), kFastMinDb);
+  EXPECT_GT(sqnr_of("MXFP8 dV", dequantize_rows(pv, sv), dequantize_rows(g_pv.download(), g_sv.download())), kFastMinDb);
 }
 
 class AttentionBwdGpu : public ::testing::Test {
@@ -186,7 +221,7 @@ TEST_F(AttentionBwdGpu, ExactPathLongerSequence) {
 TEST_F(AttentionBwdGpu, JaggedMultiTileBothSides) {
   // several Q and K/V tiles per sequence, partial last tiles, empty sequences on either side
   run_case({{300, 1, 700, 0, 129, 64}, {257, 1000, 1, 64, 0, 383}, 2, false, PayloadLayout::kTokenMajor,
-            ScaleLayout::kBlocked128x4},
+            ScaleLayout::kBlocked128x4, /*mxfp8_dkv=*/true},
            4);
 }
 

@@ -24,8 +24,12 @@ struct AttentionBwdProblem {
   const void* dout = nullptr;       // bf16 (To, H, 128)
   const float* lse = nullptr;       // (H, To)
   void* dq = nullptr;               // bf16 (Tq, H, 128)
-  void* dk = nullptr;               // bf16 (Tk, H, 128)
-  void* dv = nullptr;               // bf16 (Tk, H, 128)
+  void* dk = nullptr;               // bf16 (Tk, H, 128), or e4m3 with dk_scales
+  void* dv = nullptr;               // bf16 (Tk, H, 128), or e4m3 with dv_scales
+  // MXFP8 dK, dV (output_mxfp8_dkv; fast kernel only): (Tk, H, 4) e8m0, each token row's 32x32 block
+  // scale; null for bf16 outputs.
+  uint8_t* dk_scales = nullptr;
+  uint8_t* dv_scales = nullptr;
 };
 
 // The exact-MX backward (attention_bwd_exact.cu): the CPU reference's arithmetic on the GPU, step

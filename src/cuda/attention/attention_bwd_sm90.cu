@@ -33,6 +33,7 @@
 #include "cuda/attention/attention_sm90_common.cuh"
 #include "cuda/attention/tma_map.h"
 #include "cuda/quantize/mx_device.cuh"
+#include "cuda/quantize/quantize_cuda.h"
 
 namespace mxflash::cuda {
 namespace bwd {
@@ -46,11 +47,14 @@ inline constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
 inline constexpr int kProducerRegs = 24;
 inline constexpr int kConsumerRegs = 240;
 inline constexpr float kPScale = 256.f;  // P stored as e4m3(256 p)
+inline constexpr float kPScaleLog2 = 8.f;
 
 // ------------------------------------------------------------------------------ preprocess of dO
 // Per padded output row o of head h (o_pad, see OutRows), written by prepare_dout_kernel:
-//   info(h, o) = {Q row scale * softmax_scale * log2 e, LSE * log2 e, dO row scale, D = rowsum(O∘dO)}
-// with {0, +inf, 0, 0} on padding rows (P = exp2(-inf) = 0 there).
+//   info(h, o) = {Q row scale * softmax_scale * log2 e, LSE * log2 e - 8, dO row scale, D = rowsum(O∘dO)}
+// so that exp2(S * x - y) = 256 p, the kernels' P (e4m3(256 p) is the dV operand; dS is formed from
+// 256 p and its scale divided by 256). {0, +inf, 0, 0} on padding rows (P = 0 there). Rows facing a
+// single key get dO scale 0 and D = 0: dS = P (0 * dP - 0) = 0 exactly, as the reference defines it.
 struct DoutPrep {
   const __nv_bfloat16* out;
   const __nv_bfloat16* dout;
@@ -58,6 +62,7 @@ struct DoutPrep {
   const float* q_scale;  // (H, Pq), from prepare_rows_kernel<true>
   const int32_t* cu_q;
   const int32_t* cu_q_sf;
+  const int32_t* cu_k;  // K/V sequence b faces output sequence b
   int out_seqs;      // output sequences (K/V sequences)
   bool broadcast_q;  // output sequence b: queries of Q sequence 0, padded to lq_pad rows each
   int64_t lq_pad;
@@ -152,10 +157,13 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_dout_kernel(const DoutPr
                                bf16_hi(g[2 * k + 1]) * inv);
     const int64_t orow = h * p.Po + tile * kTile + r;
     *reinterpret_cast<uint4*>(p.do_rows + orow * kHeadDim + chunk * 16) = make_uint4(q[0], q[1], q[2], q[3]);
-    if (chunk == 0)
+    if (chunk == 0) {
+      const bool one_key = p.cu_k[o.seq + 1] - p.cu_k[o.seq] == 1;
       p.info[orow] = valid ? make_float4(p.q_scale[h * p.Pq + o.q_pad0 + i] * p.scale_log2,
-                                         p.lse[h * p.To + o.tok0 + i] * attn::kLog2e, scale_of(s), dsum)
+                                         p.lse[h * p.To + o.tok0 + i] * attn::kLog2e - kPScaleLog2,
+                                         one_key ? 0.f : scale_of(s), one_key ? 0.f : dsum)
                            : make_float4(0.f, INFINITY, 0.f, 0.f);
+    }
   }
   __syncthreads();
   {  // channel amax over the tile: thread = (channel, half of the rows)
@@ -213,6 +221,8 @@ struct BwdParams {
   float* dq_part;     // broadcast_q: (To, H, 128) fp32, summed over the batch afterwards
   __nv_bfloat16* dk;
   __nv_bfloat16* dv;
+  float* dk_f32;  // non-null (output_mxfp8_dkv): dK, dV written in fp32 here instead, quantized after
+  float* dv_f32;
 };
 
 struct Item {
@@ -241,6 +251,18 @@ __device__ __forceinline__ void row_scales(const float (&amax)[2], float (&inv)[
     inv[r] = inv_scale_of(s);
     scale[r] = scale_of(s);
   }
+}
+
+// Shared-memory loads through the shared window (volatile: never hoisted above an mbarrier wait).
+__device__ __forceinline__ float4 lds_f4(const void* ptr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(sm90::smem_u32(ptr)));
+  return v;
+}
+__device__ __forceinline__ float2 lds_f2(const void* ptr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(sm90::smem_u32(ptr)));
+  return v;
 }
 
 // ---------------------------------------------------------------- dK / dV
@@ -318,97 +340,108 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (n_q > 0) {
     const int64_t tile_idx = int64_t(w.h) * (p.Pk / kTile) + p.cu_k_sf[w.b] / kTile + w.blk;
     const float ks = p.k_scale[tile_idx], vs = p.v_scale[tile_idx];
-    const bool zero_ds = w.Lk == 1;  // one key: dS = P (dP - D) is 0 exactly
     sm90::mbar_wait(&s.kv_full, 0);
     const uint64_t desc_k = sm90::make_desc_k128b(s.k + cw * kHalf * kHeadDim);
     const uint64_t desc_v = sm90::make_desc_k128b(s.v + cw * kHalf * kHeadDim);
-#pragma unroll 1
-    for (int j = 0; j < n_q; ++j) {
-      const int stage = j % kKvStages;
-      const KvStage& st = s.st[stage];
-      sm90::mbar_wait(&s.full[stage], (j / kKvStages) & 1);
-#pragma unroll 1
-      for (int hh = 0; hh < 2; ++hh) {
-        // Sᵀ (64 keys x 64 queries) = K Qᵀ and dPᵀ = V dOᵀ over the head dim.
-        float sc[32], dp[32];
-        const uint64_t desc_q = sm90::make_desc_k128b(st.q + hh * kHalf * kHeadDim);
-        const uint64_t desc_do = sm90::make_desc_k128b(st.dout + hh * kHalf * kHeadDim);
-        sm90::wgmma_fence();
+    uint32_t pa[8], da[8];
+    float rs[2];
+    // Sᵀ (64 keys x 64 queries) = K Qᵀ and dPᵀ = V dOᵀ over the head dim, for query half hh.
+    auto issue_sdp = [&](float (&sc)[32], float (&dp)[32], const KvStage& st, int hh) {
+      const uint64_t desc_q = sm90::make_desc_k128b(st.q + hh * kHalf * kHeadDim);
+      const uint64_t desc_do = sm90::make_desc_k128b(st.dout + hh * kHalf * kHeadDim);
+      sm90::wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n64k32_ss(sc, desc_k + 2 * kk, desc_q + 2 * kk, kk);
+      for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n64k32_ss(sc, desc_k + 2 * kk, desc_q + 2 * kk, kk);
 #pragma unroll
-        for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n64k32_ss(dp, desc_v + 2 * kk, desc_do + 2 * kk, kk);
-        sm90::wgmma_commit();
-        sm90::wgmma_wait<0>();
-        attn::fence_all(sc);
-        attn::fence_all(dp);
-        // Pᵀ and dSᵀ: column c = query 64 hh + 8 (i / 4) + 2 quad + i % 2 of the tile.
-        float amax[2] = {0.f, 0.f};
+      for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n64k32_ss(dp, desc_v + 2 * kk, desc_do + 2 * kk, kk);
+      sm90::wgmma_commit();
+    };
+    // Pᵀ and dSᵀ: column c = query 64 hh + 8 (i / 4) + 2 quad + i % 2 of the tile. Fills pa (e4m3 of
+    // 256 p), da (e4m3 of 256 dS over its row scale) and rs (that scale).
+    auto math = [&](float (&sc)[32], float (&dp)[32], const KvStage& st, int hh) {
+      float amax[2] = {0.f, 0.f};
 #pragma unroll
-        for (int jn = 0; jn < 8; ++jn) {
-          const float4 in0 = st.info[hh * kHalf + 8 * jn + 2 * quad];
-          const float4 in1 = st.info[hh * kHalf + 8 * jn + 2 * quad + 1];
-          const float a0 = in0.x * ks, a1 = in1.x * ks, c0 = in0.z * vs, c1 = in1.z * vs;
+      for (int jn = 0; jn < 8; ++jn) {
+        const float4 in0 = lds_f4(&st.info[hh * kHalf + 8 * jn + 2 * quad]);
+        const float4 in1 = lds_f4(&st.info[hh * kHalf + 8 * jn + 2 * quad + 1]);
+        const float a0 = in0.x * ks, a1 = in1.x * ks, c0 = in0.z * vs, c1 = in1.z * vs;
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int i0 = 4 * jn + 2 * r;
-            const float p0 = attn::fast_exp2(fmaf(sc[i0], a0, -in0.y));
-            const float p1 = attn::fast_exp2(fmaf(sc[i0 + 1], a1, -in1.y));
-            const float d0 = zero_ds ? 0.f : p0 * fmaf(dp[i0], c0, -in0.w);
-            const float d1 = zero_ds ? 0.f : p1 * fmaf(dp[i0 + 1], c1, -in1.w);
-            sc[i0] = p0 * kPScale;
-            sc[i0 + 1] = p1 * kPScale;
-            dp[i0] = d0;
-            dp[i0 + 1] = d1;
-            amax[r] = fmaxf(amax[r], fmaxf(fabsf(d0), fabsf(d1)));
-          }
+        for (int r = 0; r < 2; ++r) {
+          const int i0 = 4 * jn + 2 * r;
+          const float p0 = attn::fast_exp2(fmaf(sc[i0], a0, -in0.y));  // 256 p
+          const float p1 = attn::fast_exp2(fmaf(sc[i0 + 1], a1, -in1.y));
+          const float d0 = p0 * fmaf(dp[i0], c0, -in0.w);  // 256 dS
+          const float d1 = p1 * fmaf(dp[i0 + 1], c1, -in1.w);
+          sc[i0] = p0;
+          sc[i0 + 1] = p1;
+          dp[i0] = d0;
+          dp[i0 + 1] = d1;
+          amax[r] = fmaxf(amax[r], fmaxf(fabsf(d0), fabsf(d1)));
         }
-        float inv[2], rs[2];
-        row_scales(amax, inv, rs);
-#pragma unroll
-        for (int i = 0; i < 32; ++i) dp[i] *= inv[(i % 4) / 2];
-        uint32_t pa[8], da[8];
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          attn::pack_chunk(sc + 16 * c, c, pa);
-          attn::pack_chunk(dp + 16 * c, c, da);
-        }
-        // dV += Pᵀ dO (dO channel scales of the tile applied at promotion).
-        float t[64];
-        const uint64_t desc_dot = sm90::make_desc_k128b(st.dot) + 2 * (2 * hh);
-        sm90::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kHalf / 32; ++kk) {
-          const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
-          sm90::wgmma_m64n128k32_rs(t, a, desc_dot + 2 * kk, kk);
-        }
-        sm90::wgmma_commit();
-        sm90::wgmma_wait<0>();
-        attn::fence_all(t);
-#pragma unroll
-        for (int jn = 0; jn < 16; ++jn) {
-          const float2 cs = *reinterpret_cast<const float2*>(&st.dot_scale[8 * jn + 2 * quad]);
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            dv[4 * jn + 2 * r] = fmaf(t[4 * jn + 2 * r], cs.x, dv[4 * jn + 2 * r]);
-            dv[4 * jn + 2 * r + 1] = fmaf(t[4 * jn + 2 * r + 1], cs.y, dv[4 * jn + 2 * r + 1]);
-          }
-        }
-        // dK += dSᵀ Q (Q channel scales applied in the epilogue).
-        const uint64_t desc_qt = sm90::make_desc_k128b(st.qt) + 2 * (2 * hh);
-        sm90::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kHalf / 32; ++kk) {
-          const uint32_t a[4] = {da[4 * kk], da[4 * kk + 1], da[4 * kk + 2], da[4 * kk + 3]};
-          sm90::wgmma_m64n128k32_rs(t, a, desc_qt + 2 * kk, kk);
-        }
-        sm90::wgmma_commit();
-        sm90::wgmma_wait<0>();
-        attn::fence_all(t);
-#pragma unroll
-        for (int i = 0; i < 64; ++i) dk[i] = fmaf(t[i], rs[(i % 4) / 2], dk[i]);
       }
-      sm90::mbar_arrive(&s.empty[stage]);
+      float inv[2];
+      row_scales(amax, inv, rs);  // of 256 dS: rs carries the factor 256
+#pragma unroll
+      for (int i = 0; i < 32; ++i) dp[i] *= inv[(i % 4) / 2];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        attn::pack_chunk(sc + 16 * c, c, pa);
+        attn::pack_chunk(dp + 16 * c, c, da);
+      }
+    };
+    // dV += Pᵀ dO or dK += dSᵀ Q over the half's 64 queries, into fresh accumulators t.
+    auto issue_grad = [&](float (&t)[64], const uint8_t* bt, const uint32_t (&frag)[8], int hh) {
+      const uint64_t db = sm90::make_desc_k128b(bt) + 2 * (2 * hh);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kHalf / 32; ++kk) {
+        const uint32_t a[4] = {frag[4 * kk], frag[4 * kk + 1], frag[4 * kk + 2], frag[4 * kk + 3]};
+        sm90::wgmma_m64n128k32_rs(t, a, db + 2 * kk, kk);
+      }
+      sm90::wgmma_commit();
+    };
+    // Promotions: dV times the stage's dO channel scales, dK times the dS row scales.
+    auto promote_dv = [&](const float (&t)[64], const KvStage& st) {
+#pragma unroll
+      for (int jn = 0; jn < 16; ++jn) {
+        const float2 cs = lds_f2(&st.dot_scale[8 * jn + 2 * quad]);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          dv[4 * jn + 2 * r] = fmaf(t[4 * jn + 2 * r], cs.x, dv[4 * jn + 2 * r]);
+          dv[4 * jn + 2 * r + 1] = fmaf(t[4 * jn + 2 * r + 1], cs.y, dv[4 * jn + 2 * r + 1]);
+        }
+      }
+    };
+    auto promote_dk = [&](const float (&t)[64]) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) dk[i] = fmaf(t[i], rs[(i % 4) / 2], dk[i]);
+    };
+    {
+#pragma unroll 1
+      for (int j = 0; j < n_q; ++j) {
+        const int stage = j % kKvStages;
+        const KvStage& st = s.st[stage];
+        sm90::mbar_wait(&s.full[stage], (j / kKvStages) & 1);
+#pragma unroll 1
+        for (int hh = 0; hh < 2; ++hh) {
+          float sc[32], dp[32];
+          issue_sdp(sc, dp, st, hh);
+          sm90::wgmma_wait<0>();
+          attn::fence_all(sc);
+          attn::fence_all(dp);
+          math(sc, dp, st, hh);
+          float t[64];
+          issue_grad(t, st.dot, pa, hh);
+          sm90::wgmma_wait<0>();
+          attn::fence_all(t);
+          promote_dv(t, st);
+          issue_grad(t, st.qt, da, hh);
+          sm90::wgmma_wait<0>();
+          attn::fence_all(t);
+          promote_dk(t);
+        }
+        sm90::mbar_arrive(&s.empty[stage]);
+      }
     }
   }
   // ------------------------------------------------------------------------------ epilogue
@@ -422,10 +455,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int jn = 0; jn < 16; ++jn) {
       const int col = 8 * jn + 2 * quad;
       const float q0 = n_q > 0 ? qts[col] * p.softmax_scale : 0.f, q1 = n_q > 0 ? qts[col + 1] * p.softmax_scale : 0.f;
-      *reinterpret_cast<__nv_bfloat162*>(p.dv + at + col) =
-          __floats2bfloat162_rn(dv[4 * jn + 2 * r] * (1.f / kPScale), dv[4 * jn + 2 * r + 1] * (1.f / kPScale));
-      *reinterpret_cast<__nv_bfloat162*>(p.dk + at + col) =
-          __floats2bfloat162_rn(dk[4 * jn + 2 * r] * q0, dk[4 * jn + 2 * r + 1] * q1);
+      const float2 gv = make_float2(dv[4 * jn + 2 * r] * (1.f / kPScale), dv[4 * jn + 2 * r + 1] * (1.f / kPScale));
+      const float2 gk =
+          make_float2(dk[4 * jn + 2 * r] * q0 * (1.f / kPScale), dk[4 * jn + 2 * r + 1] * q1 * (1.f / kPScale));
+      if (p.dk_f32) {
+        *reinterpret_cast<float2*>(p.dv_f32 + at + col) = gv;
+        *reinterpret_cast<float2*>(p.dk_f32 + at + col) = gk;
+      } else {
+        *reinterpret_cast<__nv_bfloat162*>(p.dv + at + col) = __floats2bfloat162_rn(gv.x, gv.y);
+        *reinterpret_cast<__nv_bfloat162*>(p.dk + at + col) = __floats2bfloat162_rn(gk.x, gk.y);
+      }
     }
   }
 }
@@ -498,7 +537,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     float4 in[2];
     for (int r = 0; r < 2; ++r) in[r] = p.info[w.h * p.Po + o_row + row0 + 8 * r];
     const int64_t tile0 = int64_t(w.h) * (p.Pk / kTile) + p.cu_k_sf[w.b] / kTile;
-    const bool zero_ds = w.Lk == 1;
     sm90::mbar_wait(&s.q_full, 0);
     const uint64_t desc_q = sm90::make_desc_k128b(s.q + cw * kHalf * kHeadDim);
     const uint64_t desc_do = sm90::make_desc_k128b(s.dout + cw * kHalf * kHeadDim);
@@ -523,14 +561,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       float a[2], c[2], amax[2] = {0.f, 0.f};
 #pragma unroll
       for (int r = 0; r < 2; ++r) a[r] = in[r].x * ks, c[r] = in[r].z * vs;
+      // 256 dS (P enters as 256 p); keys past the sequence's end only in its last tile.
+      auto ds_of = [&](int i) {
+        const int r = (i % 4) / 2;
+        return attn::fast_exp2(fmaf(sc[i], a[r], -in[r].y)) * fmaf(dp[i], c[r], -in[r].w);
+      };
+      if (valid >= kTile) {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) {
-        const int r = (i % 4) / 2, col = 8 * (i / 4) + 2 * quad + (i % 2);
-        const float pr = attn::fast_exp2(fmaf(sc[i], a[r], -in[r].y));
-        float d = pr * fmaf(dp[i], c[r], -in[r].w);
-        if (zero_ds || col >= valid) d = 0.f;
-        dp[i] = d;
-        amax[r] = fmaxf(amax[r], fabsf(d));
+        for (int i = 0; i < 64; ++i) {
+          dp[i] = ds_of(i);
+          amax[(i % 4) / 2] = fmaxf(amax[(i % 4) / 2], fabsf(dp[i]));
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) {
+          const int col = 8 * (i / 4) + 2 * quad + (i % 2);
+          dp[i] = col < valid ? ds_of(i) : 0.f;
+          amax[(i % 4) / 2] = fmaxf(amax[(i % 4) / 2], fabsf(dp[i]));
+        }
       }
       float inv[2], rs[2];
       row_scales(amax, inv, rs);
@@ -564,7 +612,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int jn = 0; jn < 16; ++jn) {
       const int col = 8 * jn + 2 * quad;
       const float k0 = n_k > 0 ? kts[col] * p.softmax_scale : 0.f, k1 = n_k > 0 ? kts[col + 1] * p.softmax_scale : 0.f;
-      const float x0 = dq[4 * jn + 2 * r] * k0, x1 = dq[4 * jn + 2 * r + 1] * k1;
+      const float x0 = dq[4 * jn + 2 * r] * k0 * (1.f / kPScale), x1 = dq[4 * jn + 2 * r + 1] * k1 * (1.f / kPScale);
       if (p.broadcast_q) {
         const int64_t at = ((int64_t(w.b) * w.Lq + i) * p.heads + w.h) * kHeadDim + col;
         *reinterpret_cast<float2*>(p.dq_part + at) = make_float2(x0, x1);
@@ -585,6 +633,23 @@ __global__ void sum_dq_kernel(const float* __restrict__ part, int batch, int64_t
   }
 }
 
+// output_mxfp8_dkv: the (Tk, H, 4) per-token-row view of square32 plain scales (P / 32, H, 4).
+__global__ void token_row_scales_kernel(const uint8_t* __restrict__ square, const int32_t* __restrict__ cu,
+                                        const int32_t* __restrict__ cu_sf, int batch, int64_t T, int64_t H,
+                                        uint8_t* __restrict__ out) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < T * H; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = e / H, h = e % H;
+    int lo = 0, hi = batch - 1;  // the sequence of token t: the largest b with cu[b] <= t
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (cu[mid] <= t) lo = mid; else hi = mid - 1;
+    }
+    const int64_t g = (cu_sf[lo] + t - cu[lo]) / kBlockSize;
+    const uint32_t v = *reinterpret_cast<const uint32_t*>(square + (g * H + h) * 4);
+    *reinterpret_cast<uint32_t*>(out + e * 4) = v;
+  }
+}
+
 }  // namespace bwd
 
 namespace {
@@ -598,7 +663,7 @@ size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 
 struct BwdWorkspace {
   size_t q, k, v, qt, kt, dout, dot, info, q_scale, k_scale, v_scale, qt_byte, qt_scale, kt_byte, kt_scale, dot_scale,
-      kv_items, q_items, dq_part, total;
+      kv_items, q_items, dq_part, dk_f32, dv_f32, dk_sq, dv_sq, total;
 };
 
 BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n_kv_items, size_t n_q_items) {
@@ -629,6 +694,11 @@ BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n
   w.kv_items = take(n_kv_items * sizeof(int2));
   w.q_items = take(n_q_items * sizeof(int2));
   w.dq_part = take(p.broadcast_q ? size_t(p.To) * H * D * sizeof(float) : 0);
+  const bool mx = p.dk_scales != nullptr;  // output_mxfp8_dkv: fp32 dK, dV, then square32 quantization
+  w.dk_f32 = take(mx ? size_t(p.Tk) * H * D * sizeof(float) : 0);
+  w.dv_f32 = take(mx ? size_t(p.Tk) * H * D * sizeof(float) : 0);
+  w.dk_sq = take(mx ? size_t(p.Pk / kBlockSize) * H * 4 : 0);
+  w.dv_sq = take(mx ? size_t(p.Pk / kBlockSize) * H * 4 : 0);
   w.total = off;
   return w;
 }
@@ -711,6 +781,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* stream_ptr) {
       d.q_scale = f32(w.q_scale);
       d.cu_q = p.cu_q;
       d.cu_q_sf = p.cu_q_sf;
+      d.cu_k = p.cu_k;
       d.out_seqs = p.batch;
       d.broadcast_q = p.broadcast_q;
       d.lq_pad = lq_pad;
@@ -765,23 +836,26 @@ Status attention_backward(const AttentionBwdProblem& p, void* stream_ptr) {
     bp.dq_part = f32(w.dq_part);
     bp.dk = static_cast<__nv_bfloat16*>(p.dk);
     bp.dv = static_cast<__nv_bfloat16*>(p.dv);
+    const bool mx = p.dk_scales != nullptr;
+    bp.dk_f32 = mx ? f32(w.dk_f32) : nullptr;
+    bp.dv_f32 = mx ? f32(w.dv_f32) : nullptr;
     if (!kv_items.empty()) {
       bp.items = reinterpret_cast<const int2*>(ws + w.kv_items);
-      MXFLASH_RETURN_IF_ERROR(cuda_check(cudaFuncSetAttribute(bwd::attention_bwd_dkdv_kernel,
-                                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                              int(bwd::kKvSmemBytes)),
-                                         "cudaFuncSetAttribute(attention_bwd_dkdv_kernel)"));
-      bwd::attention_bwd_dkdv_kernel<<<unsigned(int64_t(kv_items.size()) * H), bwd::kThreads, bwd::kKvSmemBytes, stream>>>(
+      auto kernel = bwd::attention_bwd_dkdv_kernel;
+      MXFLASH_RETURN_IF_ERROR(cuda_check(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kKvSmemBytes)),
+          "cudaFuncSetAttribute(attention_bwd_dkdv_kernel)"));
+      kernel<<<unsigned(int64_t(kv_items.size()) * H), bwd::kThreads, bwd::kKvSmemBytes, stream>>>(
           tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, bp);
       MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "attention_bwd_dkdv_kernel launch"));
     }
     if (!q_items.empty()) {
       bp.items = reinterpret_cast<const int2*>(ws + w.q_items);
-      MXFLASH_RETURN_IF_ERROR(cuda_check(cudaFuncSetAttribute(bwd::attention_bwd_dq_kernel,
-                                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                              int(bwd::kQSmemBytes)),
-                                         "cudaFuncSetAttribute(attention_bwd_dq_kernel)"));
-      bwd::attention_bwd_dq_kernel<<<unsigned(int64_t(q_items.size()) * H), bwd::kThreads, bwd::kQSmemBytes, stream>>>(
+      auto kernel = bwd::attention_bwd_dq_kernel;
+      MXFLASH_RETURN_IF_ERROR(cuda_check(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kQSmemBytes)),
+          "cudaFuncSetAttribute(attention_bwd_dq_kernel)"));
+      kernel<<<unsigned(int64_t(q_items.size()) * H), bwd::kThreads, bwd::kQSmemBytes, stream>>>(
           tm_q, tm_k, tm_v, tm_do, tm_kt, bp);
       MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "attention_bwd_dq_kernel launch"));
     }
@@ -790,6 +864,30 @@ Status attention_backward(const AttentionBwdProblem& p, void* stream_ptr) {
       const unsigned grid = unsigned(std::min<int64_t>((n + 255) / 256, 8192));
       bwd::sum_dq_kernel<<<grid, 256, 0, stream>>>(bp.dq_part, p.batch, n, bp.dq);
       MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "backward: dQ batch sum launch"));
+    }
+    if (mx && p.Tk > 0) {
+      // dK, dV in 32x32 blocks from each K sequence start (the library quantizer, RCEIL), then each
+      // token row's block scales.
+      detail::QuantizeProblem qp;
+      qp.dims.batch = p.batch;
+      qp.dims.T = p.Tk;
+      qp.dims.P = p.Pk;
+      qp.dims.H = H;
+      qp.dims.max_seqlen = *std::max_element(lk.begin(), lk.end());
+      qp.dims.cu_seqlens = p.cu_k;
+      qp.dims.cu_seqlens_sf = p.cu_k_sf;
+      qp.x_bf16 = false;
+      qp.tok_orientation = Orientation::kSquare32;
+      for (const auto& [src, payload, sq, scales] :
+           {std::tuple{w.dk_f32, p.dk, w.dk_sq, p.dk_scales}, std::tuple{w.dv_f32, p.dv, w.dv_sq, p.dv_scales}}) {
+        qp.x = ws + src;
+        qp.tok_payload = static_cast<uint8_t*>(payload);
+        qp.tok_scales = ws + sq;
+        MXFLASH_RETURN_IF_ERROR(cuda::quantize(qp, stream));
+        const unsigned grid = unsigned(std::min<int64_t>((p.Tk * H + 255) / 256, 4096));
+        bwd::token_row_scales_kernel<<<grid, 256, 0, stream>>>(ws + sq, p.cu_k, p.cu_k_sf, p.batch, p.Tk, H, scales);
+        MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "backward: dK/dV scale rows launch"));
+      }
     }
     return Status::Ok();
   };
