@@ -20,6 +20,7 @@ SECTIONS=${SECTIONS:-"tests sanitizer python report bench accuracy peers"}
 # "ab" (not in the default list): the forward variants staged in $BIN/exp
 # (EXPERIMENTS=1 scripts/stage_gpu_bin.sh): their GPU tests and speed.
 # "accuracy_full" (not in the default list): issue 4's whole forward accuracy matrix (minutes).
+# "accuracy_bwd" (not in the default list): issue 5's backward accuracy matrix (minutes).
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 status=0
 note() { echo "== $*" | tee -a "$OUT/summary.txt"; }
@@ -32,7 +33,7 @@ export PATH="/usr/local/cuda/bin:$PATH"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
 
-if [ ! -x "$BIN/mxflash_tests_gpu" ]; then
+if ! compgen -G "$BIN/mxflash*" > /dev/null; then  # build only when nothing was staged
   note "building (no staged binaries in $BIN)"
   BUILD_DIR=build-gpu scripts/build.sh -DMXFLASH_PYTHON=OFF > "$OUT/build.log" 2>&1 || { note "BUILD FAILED"; tail -30 "$OUT/build.log"; exit 1; }
   BIN=build-gpu/stage; mkdir -p "$BIN"
@@ -142,10 +143,33 @@ if want accuracy_full && [ -x "$BIN/mxflash-accuracy" ]; then
   i=0
   for r in "${runs[@]}"; do
     i=$((i + 1))
+    [[ -n "${ACC_RUNS:-}" && " $ACC_RUNS " != *" $i "* ]] && continue
     note "mxflash-accuracy forward matrix $i: $r"
     # shellcheck disable=SC2086
-    "${A[@]}" $r --json "$OUT/accuracy_full_$i.json" > "$OUT/accuracy_full_$i.log" 2>&1 || { status=1; note "ACCURACY MATRIX $i FAILED"; }
+    timeout -k 5 "${ACC_TIMEOUT:-600}" "${A[@]}" $r --json "$OUT/accuracy_full_$i.json" > "$OUT/accuracy_full_$i.log" 2>&1 || { status=1; note "ACCURACY MATRIX $i FAILED"; }
     grep -E "summary" "$OUT/accuracy_full_$i.log"
+  done
+fi
+if want accuracy_bwd && [ -x "$BIN/mxflash-accuracy" ]; then
+  # Issue 5's backward accuracy matrix: lengths {1 ... 4096}, H in {1, 3, 16}, with and without
+  # broadcast Q; the gpu column (fast forward + fast backward) must stay within 0.5 dB of exact MX's
+  # dQ, dK, dV (and 0.3 dB on O). Per-tensor FP8 and BF16 beside it in the first run.
+  A=("$BIN/mxflash-accuracy" --gpu-within-db 0.3 --gpu-bwd-within-db 0.5)
+  runs=("--lengths 1,17,127,129,1000,4096 --heads 1 --methods mx,gpu"
+        "--lengths 1,17,127,129,1000,4096 --heads 3 --methods mx,gpu"
+        "--dist normal,k_outlier,peaked --lengths 127,129,1000 --heads 16 --methods mx,gpu"
+        "--dist normal --lengths 127,257 --heads 16 --methods bf16,fp8,mx,gpu"
+        "--lq 512 --broadcast-q --lengths 1,17,127,1000,4096 --heads 3 --methods mx,gpu")
+  i=0
+  for r in "${runs[@]}"; do
+    i=$((i + 1))
+    [[ -n "${ACC_RUNS:-}" && " $ACC_RUNS " != *" $i "* ]] && continue  # ACC_RUNS="1 3": those runs only
+    note "mxflash-accuracy backward matrix $i: $r"
+    # shellcheck disable=SC2086
+    timeout -k 5 "${ACC_TIMEOUT:-300}" "${A[@]}" $r --json "$OUT/accuracy_bwd_$i.json" > "$OUT/accuracy_bwd_$i.log" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && note "backward matrix $i: exit $rc (1 = a judged tensor failed; see the log)"
+    grep -E "summary" "$OUT/accuracy_bwd_$i.log"
   done
 fi
 note "gpu_check exit status $status"
