@@ -63,23 +63,28 @@ class Mxfp8Attention final : public AttnImpl {
     for (int i = 0; i < n_sets; ++i) {
       Set& st = sets_[size_t(i)];
       const uint64_t t0 = uint64_t(i) * 16;
-      MXFLASH_RETURN_IF_ERROR(fill_normal(xq.get(), Elem::kBF16, 1.f, lay_q_.layout(), p_.seed, t0 + 1, s));
-      MXFLASH_RETURN_IF_ERROR(quantize_into(xq, q_meta_, Orientation::kHdim, &st.q, s));
-      MXFLASH_RETURN_IF_ERROR(fill_normal(xk.get(), Elem::kBF16, 1.f, lay_k_.layout(), p_.seed, t0 + 2, s));
-      MXFLASH_RETURN_IF_ERROR(quantize_into(xk, k_meta_, Orientation::kHdim, &st.k, s));
-      MXFLASH_RETURN_IF_ERROR(fill_normal(xk.get(), Elem::kBF16, 1.f, lay_k_.layout(), p_.seed, t0 + 3, s));
-      MXFLASH_RETURN_IF_ERROR(quantize_into(xk, k_meta_, Orientation::kSeq, &st.v, s));
+      // Each input drawn once (generator tensor ids 1..3, as the peers), quantized in the forward's
+      // orientation and, for the backward, in the other one.
+      const bool bwd = p_.need_bwd;
+      const struct {
+        DeviceBuffer* x;
+        const SeqLayout* l;
+        const JaggedMeta* m;
+        Orientation fwd_o, bwd_o;
+        Mx *fwd, *bwd;
+      } inputs[] = {{&xq, &lay_q_.layout(), &q_meta_, Orientation::kHdim, Orientation::kSeq, &st.q, &st.q_seq},
+                    {&xk, &lay_k_.layout(), &k_meta_, Orientation::kHdim, Orientation::kSeq, &st.k, &st.k_seq},
+                    {&xk, &lay_k_.layout(), &k_meta_, Orientation::kSeq, Orientation::kHdim, &st.v, &st.v_hdim}};
+      for (size_t n = 0; n < 3; ++n) {
+        const auto& in = inputs[n];
+        MXFLASH_RETURN_IF_ERROR(fill_normal(in.x->get(), Elem::kBF16, 1.f, *in.l, p_.seed, t0 + 1 + n, s));
+        MXFLASH_RETURN_IF_ERROR(quantize_into(*in.x, *in.m, in.fwd_o, in.fwd, s));
+        if (bwd) MXFLASH_RETURN_IF_ERROR(quantize_into(*in.x, *in.m, in.bwd_o, in.bwd, s));
+      }
       MXFLASH_RETURN_IF_ERROR(st.out.alloc(size_t(To * H * kHeadDim * 2)));
       MXFLASH_RETURN_IF_ERROR(st.lse.alloc(size_t(To * H * 4)));
-      if (!p_.need_bwd) continue;
-      // Backward operands: Q and K along tokens too, V along hdim; dO from the peers' generator rows
-      // (tensor 4); O and LSE from our forward.
-      MXFLASH_RETURN_IF_ERROR(fill_normal(xq.get(), Elem::kBF16, 1.f, lay_q_.layout(), p_.seed, t0 + 1, s));
-      MXFLASH_RETURN_IF_ERROR(quantize_into(xq, q_meta_, Orientation::kSeq, &st.q_seq, s));
-      MXFLASH_RETURN_IF_ERROR(fill_normal(xk.get(), Elem::kBF16, 1.f, lay_k_.layout(), p_.seed, t0 + 2, s));
-      MXFLASH_RETURN_IF_ERROR(quantize_into(xk, k_meta_, Orientation::kSeq, &st.k_seq, s));
-      MXFLASH_RETURN_IF_ERROR(fill_normal(xk.get(), Elem::kBF16, 1.f, lay_k_.layout(), p_.seed, t0 + 3, s));
-      MXFLASH_RETURN_IF_ERROR(quantize_into(xk, k_meta_, Orientation::kHdim, &st.v_hdim, s));
+      if (!bwd) continue;
+      // dO from the peers' generator rows (tensor 4); O and LSE from our forward.
       MXFLASH_RETURN_IF_ERROR(st.dout.alloc(size_t(To * H * kHeadDim * 2)));
       MXFLASH_RETURN_IF_ERROR(fill_normal(st.dout.get(), Elem::kBF16, 1.f, lay_o_.layout(), p_.seed, t0 + 4, s));
       MXFLASH_RETURN_IF_ERROR(run(Direction::kFwd, i, s));

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda/attention/attention_bwd.h"
+#include "cuda/common/launch_utils.cuh"
 #include "cuda/attention/attention_exact_common.cuh"
 
 namespace mxflash::cuda {
@@ -215,11 +216,6 @@ __global__ void finish_kernel(const double* acc, double scale, int64_t n, __nv_b
     out[i] = __float2bfloat16_rn(float(acc[i] * scale));
 }
 
-Status cuda_status(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return Status::Ok();
-  return Status::Cuda(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
 }  // namespace
 
 Status attention_backward_exact(const AttentionBwdProblem& p, void* stream_ptr) {
@@ -237,13 +233,13 @@ Status attention_backward_exact(const AttentionBwdProblem& p, void* stream_ptr) 
   const int64_t nq = p.Tq * p.heads * kHeadDim, nk = p.Tk * p.heads * kHeadDim;
   const size_t acc_bytes = size_t(nq + 2 * nk) * sizeof(double), list_bytes = blocks.size() * sizeof(int4);
   void* ws = nullptr;
-  MXFLASH_RETURN_IF_ERROR(cuda_status(cudaMallocAsync(&ws, acc_bytes + list_bytes + 16, stream), "cudaMallocAsync"));
+  MXFLASH_RETURN_IF_ERROR(cuda_error(cudaMallocAsync(&ws, acc_bytes + list_bytes + 16, stream), "cudaMallocAsync"));
   auto run = [&]() -> Status {
     double* acc = static_cast<double*>(ws);
     int4* list = reinterpret_cast<int4*>(static_cast<uint8_t*>(ws) + acc_bytes);
-    MXFLASH_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(acc, 0, acc_bytes, stream), "cudaMemsetAsync"));
+    MXFLASH_RETURN_IF_ERROR(cuda_error(cudaMemsetAsync(acc, 0, acc_bytes, stream), "cudaMemsetAsync"));
     if (!blocks.empty()) {
-      MXFLASH_RETURN_IF_ERROR(cuda_status(
+      MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaMemcpyAsync(list, blocks.data(), list_bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync"));
       BwdExactParams e;
       exact::copy_common(p, &e);
@@ -260,11 +256,11 @@ Status attention_backward_exact(const AttentionBwdProblem& p, void* stream_ptr) 
       e.dk_acc = acc + nq;
       e.dv_acc = acc + nq + nk;
       const int smem = int(sizeof(BwdSmem));
-      MXFLASH_RETURN_IF_ERROR(cuda_status(
+      MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(attention_bwd_exact_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
           "cudaFuncSetAttribute(attention_bwd_exact_kernel)"));
       attention_bwd_exact_kernel<<<dim3(unsigned(blocks.size()), unsigned(p.heads)), kBwdThreads, smem, stream>>>(e);
-      MXFLASH_RETURN_IF_ERROR(cuda_status(cudaGetLastError(), "attention_bwd_exact_kernel launch"));
+      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_bwd_exact_kernel launch"));
     }
     const double scale = p.softmax_scale;
     const struct {
@@ -277,12 +273,12 @@ Status attention_backward_exact(const AttentionBwdProblem& p, void* stream_ptr) 
       if (o.n == 0) continue;
       const unsigned grid = unsigned(std::min<int64_t>((o.n + 255) / 256, 4096));
       finish_kernel<<<grid, 256, 0, stream>>>(o.acc, o.scale, o.n, static_cast<__nv_bfloat16*>(o.out));
-      MXFLASH_RETURN_IF_ERROR(cuda_status(cudaGetLastError(), "finish_kernel launch"));
+      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "finish_kernel launch"));
     }
     return Status::Ok();
   };
   Status st = run();
-  const Status fr = cuda_status(cudaFreeAsync(ws, stream), "cudaFreeAsync");
+  const Status fr = cuda_error(cudaFreeAsync(ws, stream), "cudaFreeAsync");
   return st.ok() ? fr : st;
 }
 

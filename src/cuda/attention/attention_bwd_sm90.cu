@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "cuda/attention/attention_bwd.h"
+#include "cuda/common/launch_utils.cuh"
 #include "cuda/attention/attention_fwd_prepare.cuh"
 #include "cuda/attention/attention_sm90_common.cuh"
 #include "cuda/attention/tma_map.h"
@@ -243,6 +244,22 @@ __device__ __forceinline__ Item item_of(const BwdParams& p, unsigned index) {
   return w;
 }
 
+// The CTA's mbarriers, by thread 0, then a CTA barrier: `once` (the operands loaded once per CTA)
+// and each stage's full (the producer's one arrival + transaction bytes) and empty (every consumer
+// thread arrives) barriers.
+template <int kStages>
+__device__ __forceinline__ void init_pipeline(uint64_t* once, uint64_t (&full)[kStages], uint64_t (&empty)[kStages]) {
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(once, 1);
+    for (int i = 0; i < kStages; ++i) {
+      sm90::mbar_init(&full[i], 1);
+      sm90::mbar_init(&empty[i], kConsumers * kWarpgroupThreads);
+    }
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+}
+
 // dS row scale of one accumulator row pair: amax over the quad, 1/scale and scale.
 __device__ __forceinline__ void row_scales(const float (&amax)[2], float (&inv)[2], float (&scale)[2]) {
 #pragma unroll
@@ -296,15 +313,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = threadIdx.x / kWarpgroupThreads, tid = threadIdx.x % kWarpgroupThreads;
   const Item w = item_of(p, blockIdx.x);
   const int n_q = (w.Lq + kTile - 1) / kTile;
-  if (threadIdx.x == 0) {
-    sm90::mbar_init(&s.kv_full, 1);
-    for (int i = 0; i < kKvStages; ++i) {
-      sm90::mbar_init(&s.full[i], 1);
-      sm90::mbar_init(&s.empty[i], kConsumers * kWarpgroupThreads);
-    }
-    sm90::fence_barrier_init();
-  }
-  __syncthreads();
+  init_pipeline(&s.kv_full, s.full, s.empty);
   const int64_t k_row = int64_t(w.h) * p.Pk + p.cu_k_sf[w.b] + int64_t(w.blk) * kTile;
 
   if (wg == 0) {  // ---------------------------------------------------------------- producer
@@ -495,15 +504,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = threadIdx.x / kWarpgroupThreads, tid = threadIdx.x % kWarpgroupThreads;
   const Item w = item_of(p, blockIdx.x);
   const int n_k = (w.Lk + kTile - 1) / kTile;
-  if (threadIdx.x == 0) {
-    sm90::mbar_init(&s.q_full, 1);
-    for (int i = 0; i < kQStages; ++i) {
-      sm90::mbar_init(&s.full[i], 1);
-      sm90::mbar_init(&s.empty[i], kConsumers * kWarpgroupThreads);
-    }
-    sm90::fence_barrier_init();
-  }
-  __syncthreads();
+  init_pipeline(&s.q_full, s.full, s.empty);
   const int64_t o_row = w.o_pad0 + int64_t(w.blk) * kTile;  // padded output row of the Q tile
 
   if (wg == 0) {  // ---------------------------------------------------------------- producer
@@ -654,11 +655,6 @@ __global__ void token_row_scales_kernel(const uint8_t* __restrict__ square, cons
 
 namespace {
 
-Status cuda_check(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return Status::Ok();
-  return Status::Cuda(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
 size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 
 struct BwdWorkspace {
@@ -735,7 +731,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* stream_ptr) {
   const std::vector<int2> q_items = items_by_work(p.batch, q_tiles, lk);   // dQ: Q tiles
   const BwdWorkspace w = bwd_layout(p, Po, kv_items.size(), q_items.size());
   void* ws_ptr = nullptr;
-  MXFLASH_RETURN_IF_ERROR(cuda_check(cudaMallocAsync(&ws_ptr, w.total, stream), "cudaMallocAsync(backward workspace)"));
+  MXFLASH_RETURN_IF_ERROR(cuda_error(cudaMallocAsync(&ws_ptr, w.total, stream), "cudaMallocAsync(backward workspace)"));
   uint8_t* ws = static_cast<uint8_t*>(ws_ptr);
   auto run = [&]() -> Status {
     const int Bq = p.broadcast_q ? 1 : p.batch;
@@ -745,13 +741,13 @@ Status attention_backward(const AttentionBwdProblem& p, void* stream_ptr) {
     if (p.Pq > 0) {
       attn::prepare_rows_kernel<true><<<dim3(unsigned(p.Pq / bwd::kTile), unsigned(H)), attn::kRowThreads, 0, stream>>>(
           p.q.payload, p.q.scales, p.q.scale_layout, p.cu_q, p.cu_q_sf, Bq, H, p.Pq, ws + w.q, f32(w.q_scale));
-      MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "backward: prepare Q launch"));
+      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "backward: prepare Q launch"));
     }
     if (p.Pk > 0) {
       for (const auto& [op, dst, sc] : {std::tuple{&p.k, w.k, w.k_scale}, std::tuple{&p.v, w.v, w.v_scale}}) {
         attn::prepare_rows_kernel<false><<<dim3(unsigned(p.Pk / bwd::kTile), unsigned(H)), attn::kRowThreads, 0, stream>>>(
             op->payload, op->scales, op->scale_layout, p.cu_k, p.cu_k_sf, p.batch, H, p.Pk, ws + dst, f32(sc));
-        MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "backward: prepare K/V launch"));
+        MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "backward: prepare K/V launch"));
       }
     }
     struct Tokens {
@@ -765,12 +761,12 @@ Status attention_backward(const AttentionBwdProblem& p, void* stream_ptr) {
                             Tokens{&p.k_seq, p.cu_k, p.cu_k_sf, p.batch, p.Pk, w.kt, w.kt_byte, w.kt_scale}}) {
       attn::prepare_v_scale_kernel<<<unsigned(int64_t(t.batch) * H), attn::kVScaleSlices * kHeadDim, 0, stream>>>(
           t.op->scales, t.op->scale_layout, t.cu, t.cu_sf, H, t.P, ws + t.byte, f32(t.scale));
-      MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "backward: prepare channel scales launch"));
+      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "backward: prepare channel scales launch"));
       if (t.P > 0) {
         attn::prepare_v_kernel<<<dim3(unsigned(t.P / bwd::kTile), unsigned(H)), attn::kVThreads, 0, stream>>>(
             t.op->payload, t.op->payload_layout, t.op->scales, t.op->scale_layout, t.cu, t.cu_sf, t.batch, H, t.P,
             ws + t.byte, ws + t.out);
-        MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "backward: prepare tokens-contiguous launch"));
+        MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "backward: prepare tokens-contiguous launch"));
       }
     }
     if (Po > 0) {
@@ -795,11 +791,11 @@ Status attention_backward(const AttentionBwdProblem& p, void* stream_ptr) {
       d.do_t_scale = f32(w.dot_scale);
       d.info = reinterpret_cast<float4*>(ws + w.info);
       bwd::prepare_dout_kernel<<<dim3(unsigned(Po / bwd::kTile), unsigned(H)), bwd::kPrepThreads, 0, stream>>>(d);
-      MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "backward: prepare dO launch"));
+      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "backward: prepare dO launch"));
     }
     for (const auto& [list, off] : {std::pair{&kv_items, w.kv_items}, std::pair{&q_items, w.q_items}})
       if (!list->empty())
-        MXFLASH_RETURN_IF_ERROR(cuda_check(
+        MXFLASH_RETURN_IF_ERROR(cuda_error(
             cudaMemcpyAsync(ws + off, list->data(), list->size() * sizeof(int2), cudaMemcpyHostToDevice, stream),
             "cudaMemcpyAsync(backward work list)"));
     // Maps need at least one tile of rows even when a side is empty (then unused).
@@ -842,28 +838,28 @@ Status attention_backward(const AttentionBwdProblem& p, void* stream_ptr) {
     if (!kv_items.empty()) {
       bp.items = reinterpret_cast<const int2*>(ws + w.kv_items);
       auto kernel = bwd::attention_bwd_dkdv_kernel;
-      MXFLASH_RETURN_IF_ERROR(cuda_check(
+      MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kKvSmemBytes)),
           "cudaFuncSetAttribute(attention_bwd_dkdv_kernel)"));
       kernel<<<unsigned(int64_t(kv_items.size()) * H), bwd::kThreads, bwd::kKvSmemBytes, stream>>>(
           tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, bp);
-      MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "attention_bwd_dkdv_kernel launch"));
+      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_bwd_dkdv_kernel launch"));
     }
     if (!q_items.empty()) {
       bp.items = reinterpret_cast<const int2*>(ws + w.q_items);
       auto kernel = bwd::attention_bwd_dq_kernel;
-      MXFLASH_RETURN_IF_ERROR(cuda_check(
+      MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kQSmemBytes)),
           "cudaFuncSetAttribute(attention_bwd_dq_kernel)"));
       kernel<<<unsigned(int64_t(q_items.size()) * H), bwd::kThreads, bwd::kQSmemBytes, stream>>>(
           tm_q, tm_k, tm_v, tm_do, tm_kt, bp);
-      MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "attention_bwd_dq_kernel launch"));
+      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_bwd_dq_kernel launch"));
     }
     if (p.broadcast_q && p.Tq > 0) {
       const int64_t n = p.Tq * H * kHeadDim;
       const unsigned grid = unsigned(std::min<int64_t>((n + 255) / 256, 8192));
       bwd::sum_dq_kernel<<<grid, 256, 0, stream>>>(bp.dq_part, p.batch, n, bp.dq);
-      MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "backward: dQ batch sum launch"));
+      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "backward: dQ batch sum launch"));
     }
     if (mx && p.Tk > 0) {
       // dK, dV in 32x32 blocks from each K sequence start (the library quantizer, RCEIL), then each
@@ -886,13 +882,13 @@ Status attention_backward(const AttentionBwdProblem& p, void* stream_ptr) {
         MXFLASH_RETURN_IF_ERROR(cuda::quantize(qp, stream));
         const unsigned grid = unsigned(std::min<int64_t>((p.Tk * H + 255) / 256, 4096));
         bwd::token_row_scales_kernel<<<grid, 256, 0, stream>>>(ws + sq, p.cu_k, p.cu_k_sf, p.batch, p.Tk, H, scales);
-        MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "backward: dK/dV scale rows launch"));
+        MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "backward: dK/dV scale rows launch"));
       }
     }
     return Status::Ok();
   };
   Status st = run();
-  const Status fr = cuda_check(cudaFreeAsync(ws_ptr, stream), "cudaFreeAsync(backward workspace)");
+  const Status fr = cuda_error(cudaFreeAsync(ws_ptr, stream), "cudaFreeAsync(backward workspace)");
   return st.ok() ? fr : st;
 }
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cuda/attention/attention_fwd.h"
+#include "cuda/common/launch_utils.cuh"
 #include "cuda/attention/attention_fwd_prepare.cuh"
 #include "cuda/attention/attention_sm90_common.cuh"
 #include "cuda/attention/tma_map.h"
@@ -625,11 +626,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 namespace {
 
-Status cuda_check(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return Status::Ok();
-  return Status::Cuda(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
 // Tree reductions + FA3's intra-warpgroup order (H200, same run as variant 1: +4-7% on every preset).
 constexpr int kDefaultVariant = attn::kVariantTree | attn::kVariantOverlap;
 
@@ -695,7 +691,7 @@ Status make_tile_map(CUtensorMap* map, void* base, uint64_t inner, uint64_t rows
   if (!encode) {
     cudaDriverEntryPointQueryResult q;
     void* fn = nullptr;
-    MXFLASH_RETURN_IF_ERROR(cuda_check(
+    MXFLASH_RETURN_IF_ERROR(cuda_error(
         cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q),
         "cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled)"));
     if (q != cudaDriverEntryPointSuccess || !fn) return Status::Cuda("cuTensorMapEncodeTiled not found in the driver");
@@ -728,7 +724,7 @@ Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t w
   const WorkspaceLayout w = layout_of(p.batch, p.heads, p.Pq, p.Pk, int64_t(tiles.size()));
   bool owned = false;
   if (!workspace) {
-    MXFLASH_RETURN_IF_ERROR(cuda_check(cudaMallocAsync(&workspace, w.total, stream), "cudaMallocAsync(workspace)"));
+    MXFLASH_RETURN_IF_ERROR(cuda_error(cudaMallocAsync(&workspace, w.total, stream), "cudaMallocAsync(workspace)"));
     owned = true;
   } else if (workspace_bytes < w.total) {
     return Status::Invalid("workspace: " + std::to_string(workspace_bytes) + " bytes given, " +
@@ -741,24 +737,24 @@ Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t w
       attn::prepare_rows_kernel<true><<<dim3(unsigned(p.Pq / attn::kTile), unsigned(H)), attn::kRowThreads, 0, stream>>>(
           p.q.payload, p.q.scales, p.q.scale_layout, p.cu_q, p.cu_q_sf, p.broadcast_q ? 1 : p.batch, H, p.Pq, ws + w.q,
           reinterpret_cast<float*>(ws + w.q_scale));
-    MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "prepare Q launch"));
+    MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "prepare Q launch"));
     if (p.Pk > 0) {
       attn::prepare_rows_kernel<false><<<dim3(unsigned(p.Pk / attn::kTile), unsigned(H)), attn::kRowThreads, 0, stream>>>(
           p.k.payload, p.k.scales, p.k.scale_layout, p.cu_k, p.cu_k_sf, p.batch, H, p.Pk, ws + w.k,
           reinterpret_cast<float*>(ws + w.k_scale));
-      MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "prepare K launch"));
+      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "prepare K launch"));
     }
     attn::prepare_v_scale_kernel<<<unsigned(int64_t(p.batch) * H), attn::kVScaleSlices * kHeadDim, 0, stream>>>(
         p.v.scales, p.v.scale_layout, p.cu_k, p.cu_k_sf, H, p.Pk, ws + w.v_byte, reinterpret_cast<float*>(ws + w.v_scale));
-    MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "prepare V scales launch"));
+    MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "prepare V scales launch"));
     if (p.Pk > 0) {
       attn::prepare_v_kernel<<<dim3(unsigned(p.Pk / attn::kTile), unsigned(H)), attn::kVThreads, 0, stream>>>(
           p.v.payload, p.v.payload_layout, p.v.scales, p.v.scale_layout, p.cu_k, p.cu_k_sf, p.batch, H, p.Pk,
           ws + w.v_byte, ws + w.v);
-      MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetLastError(), "prepare V launch"));
+      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "prepare V launch"));
     }
     if (tiles.empty()) return Status::Ok();
-    MXFLASH_RETURN_IF_ERROR(cuda_check(
+    MXFLASH_RETURN_IF_ERROR(cuda_error(
         cudaMemcpyAsync(ws + w.tiles, tiles.data(), tiles.size() * sizeof(int2), cudaMemcpyHostToDevice, stream),
         "cudaMemcpyAsync(tile list)"));
     CUtensorMap tm_q, tm_k, tm_v;
@@ -800,7 +796,7 @@ Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t w
     }
     persistent = experiment_variant() >= 0 && (experiment_variant() & attn::kVariantPersistent) != 0;
 #endif
-    MXFLASH_RETURN_IF_ERROR(cuda_check(cudaFuncSetAttribute(kernel,
+    MXFLASH_RETURN_IF_ERROR(cuda_error(cudaFuncSetAttribute(kernel,
                                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                             int(attn::kSmemBytes)),
                                        "cudaFuncSetAttribute(smem)"));
@@ -809,17 +805,17 @@ Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t w
     int64_t grid = ctas;
     if (persistent) {  // one CTA per SM: shared memory and registers allow no second
       int device = 0, sms = 0;
-      MXFLASH_RETURN_IF_ERROR(cuda_check(cudaGetDevice(&device), "cudaGetDevice"));
+      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetDevice(&device), "cudaGetDevice"));
       MXFLASH_RETURN_IF_ERROR(
-          cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute"));
+          cuda_error(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute"));
       grid = std::min<int64_t>(ctas, sms);
     }
     kernel<<<unsigned(grid), attn::kThreads, attn::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, fp);
-    return cuda_check(cudaGetLastError(), "attention_fwd_kernel launch");
+    return cuda_error(cudaGetLastError(), "attention_fwd_kernel launch");
   };
   Status st = run();
   if (owned) {
-    const Status fr = cuda_check(cudaFreeAsync(workspace, stream), "cudaFreeAsync(workspace)");
+    const Status fr = cuda_error(cudaFreeAsync(workspace, stream), "cudaFreeAsync(workspace)");
     if (st.ok()) st = fr;
   }
   return st;

@@ -3,7 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/quantize/dequantize_kernel.cuh"
-#include "cuda/quantize/launch_utils.cuh"
+#include "cuda/common/launch_utils.cuh"
 #include "cuda/quantize/quantize_cuda.h"
 
 namespace mxflash::cuda {

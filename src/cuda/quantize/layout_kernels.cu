@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "cuda/quantize/launch_utils.cuh"
+#include "cuda/common/launch_utils.cuh"
 #include "cuda/quantize/layout_kernels.cuh"
 #include "cuda/quantize/quantize_cuda.h"
 

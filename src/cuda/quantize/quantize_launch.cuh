@@ -7,7 +7,7 @@
 #include <type_traits>
 
 #include "common/quantize_problem.h"
-#include "cuda/quantize/launch_utils.cuh"
+#include "cuda/common/launch_utils.cuh"
 #include "cuda/quantize/quantize_hdim_seq_kernel.cuh"
 #include "cuda/quantize/quantize_kernel.cuh"
 #include "mxflash/status.h"

@@ -1,4 +1,4 @@
-// Host-side helpers shared by the quantization launchers: CUDA error -> Status, alignment checks,
+// Host-side helpers shared by the CUDA launchers: CUDA error -> Status, alignment checks,
 // grid sizing for grid-stride kernels.
 #pragma once
 #include <cuda_runtime.h>
