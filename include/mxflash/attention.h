@@ -82,9 +82,17 @@ struct AttentionBackwardOptions {
 // or with opt.exact_mx the exact-MX GPU path. Both CUDA paths take the default dq_accum, p_scale and
 // output_mxfp8_dkv only (others: Status kUnsupported, nothing written). The metadata must be
 // uploaded for CUDA tensors.
+// workspace: device memory of at least attention_backward_workspace_size() bytes for the fast
+// kernel, or nullptr to let the call allocate (stream-ordered) and free it; unused elsewhere.
 Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTensor& k, const MxTensor& k_seq,
                           const MxTensor& v, TensorView out, TensorView dout, TensorView lse, const JaggedMeta& q_meta,
                           const JaggedMeta& k_meta, const AttentionBackwardOptions& opt, TensorView dq, TensorView dk,
-                          TensorView dv, TensorView dk_scales = {}, TensorView dv_scales = {}, void* stream = nullptr);
+                          TensorView dv, TensorView dk_scales = {}, TensorView dv_scales = {}, void* workspace = nullptr,
+                          size_t workspace_bytes = 0, void* stream = nullptr);
+
+// Device workspace the fast CUDA backward needs (bytes; 0 for metadata the call would reject and in
+// a build without CUDA). The same for CPU tensors and exact_mx, which use none.
+size_t attention_backward_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
+                                         const AttentionBackwardOptions& opt);
 
 }  // namespace mxflash

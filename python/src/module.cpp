@@ -409,7 +409,8 @@ NB_MODULE(_mxflash, m) {
                                           to_view(lse, "lse"), q_meta, k_meta, opt, to_view(dq, "dq"),
                                           to_view(dk, "dk"), to_view(dv, "dv"),
                                           dk_scales ? to_view(*dk_scales, "dk_scales") : TensorView{},
-                                          dv_scales ? to_view(*dv_scales, "dv_scales") : TensorView{}, as_stream(stream)));
+                                          dv_scales ? to_view(*dv_scales, "dv_scales") : TensorView{}, nullptr, 0,
+                                          as_stream(stream)));
       },
       "q_meta"_a, "k_meta"_a, "q"_a, "q_seq"_a, "k"_a, "k_seq"_a, "v"_a, "out"_a, "dout"_a, "lse"_a,
       "softmax_scale"_a, "broadcast_q"_a, "dq_accum"_a, "dq_fp16_scale_log2"_a, "p_scale"_a, "output_mxfp8_dkv"_a,

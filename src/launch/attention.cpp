@@ -279,10 +279,23 @@ Status backward_cpu(const MxTensor& q, const MxTensor& q_seq, const MxTensor& k,
 
 }  // namespace
 
+size_t attention_backward_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
+                                         const AttentionBackwardOptions& opt) {
+  if (q_meta.batch() < 1 || k_meta.batch() < 1 || heads < 1) return 0;
+  if (opt.broadcast_q ? q_meta.batch() != 1 : q_meta.batch() != k_meta.batch()) return 0;
+  cuda::AttentionBwdProblem p;
+  fill_problem(q_meta, k_meta, heads, out_tokens(q_meta, k_meta, opt.broadcast_q), opt.broadcast_q, 1.f, &p);
+  p.Tq = q_meta.total_tokens();
+  p.Tk = k_meta.total_tokens();
+  p.mxfp8_dkv = opt.output_mxfp8_dkv;
+  return cuda::attention_bwd_workspace_bytes(p);
+}
+
 Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTensor& k, const MxTensor& k_seq,
                           const MxTensor& v, TensorView out, TensorView dout, TensorView lse, const JaggedMeta& q_meta,
                           const JaggedMeta& k_meta, const AttentionBackwardOptions& opt, TensorView dq, TensorView dk,
-                          TensorView dv, TensorView dk_scales, TensorView dv_scales, void* stream) {
+                          TensorView dv, TensorView dk_scales, TensorView dv_scales, void* workspace,
+                          size_t workspace_bytes, void* stream) {
   MXFLASH_RETURN_IF_ERROR(check_metas(q_meta, k_meta, opt.broadcast_q));
   const float scale = resolved_scale(opt.softmax_scale);
   MXFLASH_RETURN_IF_ERROR(check_scale(scale));
@@ -368,10 +381,12 @@ Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTens
   p.dk = dk.data;
   p.dv = dv.data;
   if (opt.output_mxfp8_dkv) {
+    p.mxfp8_dkv = true;
     p.dk_scales = dk_scales.ptr<uint8_t>();
     p.dv_scales = dv_scales.ptr<uint8_t>();
   }
-  return opt.exact_mx ? cuda::attention_backward_exact(p, stream) : cuda::attention_backward(p, stream);
+  if (opt.exact_mx) return cuda::attention_backward_exact(p, stream);
+  return cuda::attention_backward(p, workspace, workspace_bytes, stream);  // checks the workspace size first
 }
 
 }  // namespace mxflash

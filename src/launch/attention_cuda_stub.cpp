@@ -14,7 +14,8 @@ Status attention_forward(const AttentionFwdProblem&, void*, size_t, void*) {
 Status attention_backward_exact(const AttentionBwdProblem&, void*) {
   return Status::Unsupported("mxflash was built without CUDA");
 }
-Status attention_backward(const AttentionBwdProblem&, void*) {
+size_t attention_bwd_workspace_bytes(const AttentionBwdProblem&) { return 0; }
+Status attention_backward(const AttentionBwdProblem&, void*, size_t, void*) {
   return Status::Unsupported("mxflash was built without CUDA");
 }
 }  // namespace mxflash::cuda

@@ -210,5 +210,26 @@ TEST(AttentionWorkspace, ZeroForMetadataTheLauncherRejects) {
 #endif
 }
 
+TEST(AttentionWorkspace, BackwardZeroForRejectedMetadataAndGrowsWithOptions) {
+  JaggedMeta one, three;
+  ASSERT_TRUE(JaggedMeta::FromLengths({64}, &one).ok());
+  ASSERT_TRUE(JaggedMeta::FromLengths({64, 0, 300}, &three).ok());
+  AttentionBackwardOptions opt;
+  EXPECT_EQ(attention_backward_workspace_size(one, three, 2, opt), 0u);  // batch mismatch
+  EXPECT_EQ(attention_backward_workspace_size(three, three, 0, opt), 0u);  // no heads
+  opt.broadcast_q = true;
+  EXPECT_EQ(attention_backward_workspace_size(three, three, 2, opt), 0u);  // broadcast needs one Q sequence
+#ifdef MXFLASH_WITH_CUDA
+  const size_t bcast = attention_backward_workspace_size(one, three, 2, opt);
+  opt.broadcast_q = false;
+  const size_t plain = attention_backward_workspace_size(three, three, 2, opt);
+  EXPECT_GT(plain, 0u);
+  EXPECT_GT(bcast, 0u);
+  opt.output_mxfp8_dkv = true;  // fp32 dK, dV before their quantization: 2 x 4 x Tk x H x 128 more
+  EXPECT_GE(attention_backward_workspace_size(three, three, 2, opt), plain + 2 * 4 * 364 * 2 * 128);
+  EXPECT_GT(attention_backward_workspace_size(three, three, 4, opt), attention_backward_workspace_size(three, three, 2, opt));
+#endif
+}
+
 }  // namespace
 }  // namespace mxflash

@@ -7,6 +7,7 @@
 //    twice (no atomics).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -152,14 +153,31 @@ void run_case(const Case& c, uint64_t seed) {
   compare("dK", dk, bits_of(d_dk.download()));
   compare("dV", dv, bits_of(d_dv.download()));
 
-  // The fast kernel, twice: identical bits (deterministic), close to the reference.
+  // The fast kernel, twice (its own workspace, then a caller's): identical bits (deterministic),
+  // close to the reference. A workspace one byte short is refused before anything is written.
   bo.exact_mx = false;
+  const size_t ws_bytes = attention_backward_workspace_size(qm, km, H, bo);
+  ASSERT_GT(ws_bytes, 0u);
+  DeviceBuffer ws(ws_bytes);
+  for (DeviceBuffer* b : {&d_dq, &d_dk, &d_dv}) b->fill(gputest::kDevicePoison);
+  st = attention_backward(dq_op.view, dqs_op.view, dk_op.view, dks_op.view, dv_op.view, dev_view(d_out, To),
+                          dev_view(d_dout, To), make_view(d_lse.get(), DType::kFloat32, Device::kCUDA, {H, To}), qm, km,
+                          bo, dev_view(d_dq, Tq), dev_view(d_dk, Tk), dev_view(d_dv, Tk), {}, {}, ws.get(), ws_bytes - 1);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.message();
+  EXPECT_EQ(st.message().rfind("workspace", 0), 0u) << st.message();
+  ASSERT_TRUE(gputest::device_ok());
+  for (const DeviceBuffer* b : {&d_dq, &d_dk, &d_dv}) {
+    const std::vector<uint8_t> x = b->download();
+    EXPECT_TRUE(std::all_of(x.begin(), x.end(), [](uint8_t v) { return v == gputest::kDevicePoison; }))
+        << "a refused call wrote an output";
+  }
   std::vector<uint8_t> first[3];
   for (int run = 0; run < 2; ++run) {
     for (DeviceBuffer* b : {&d_dq, &d_dk, &d_dv}) b->fill(gputest::kDevicePoison);
     st = attention_backward(dq_op.view, dqs_op.view, dk_op.view, dks_op.view, dv_op.view, dev_view(d_out, To),
                             dev_view(d_dout, To), make_view(d_lse.get(), DType::kFloat32, Device::kCUDA, {H, To}), qm,
-                            km, bo, dev_view(d_dq, Tq), dev_view(d_dk, Tk), dev_view(d_dv, Tk));
+                            km, bo, dev_view(d_dq, Tq), dev_view(d_dk, Tk), dev_view(d_dv, Tk), {}, {},
+                            run == 1 ? ws.get() : nullptr, run == 1 ? ws_bytes : 0);
     ASSERT_TRUE(st.ok()) << st.message();
     ASSERT_TRUE(gputest::device_ok());
     const std::vector<uint8_t> got[3] = {d_dq.download(), d_dk.download(), d_dv.download()};

@@ -3,8 +3,8 @@
 // with the library's quantizer outside timing (forward: Q, K along hdim, V along seq; backward: Q, K
 // in both orientations, V along hdim). A timed forward is one mxflash::attention_forward call, its
 // prepare pass included, on a preallocated workspace; a timed backward is one
-// mxflash::attention_backward call on the forward's O and LSE, its preprocess (operand scale
-// re-expression, dO quantization, D = rowsum(O∘dO)) and workspace allocation included.
+// mxflash::attention_backward call on the forward's O and LSE on a preallocated workspace, its
+// preprocess (operand scale re-expression, dO quantization, D = rowsum(O∘dO)) included.
 #include <numeric>
 
 #include "bench_impl.h"
@@ -90,6 +90,9 @@ class Mxfp8Attention final : public AttnImpl {
       MXFLASH_RETURN_IF_ERROR(run(Direction::kFwd, i, s));
     }
     if (p_.need_bwd) {
+      AttentionBackwardOptions bo;
+      bo.broadcast_q = p_.broadcast_q;
+      MXFLASH_RETURN_IF_ERROR(ws_bwd_.alloc(attention_backward_workspace_size(q_meta_, k_meta_, H, bo)));
       MXFLASH_RETURN_IF_ERROR(dq_.alloc(size_t(Tq * H * kHeadDim * 2)));
       MXFLASH_RETURN_IF_ERROR(dk_.alloc(size_t(Tk * H * kHeadDim * 2)));
       MXFLASH_RETURN_IF_ERROR(dv_.alloc(size_t(Tk * H * kHeadDim * 2)));
@@ -116,7 +119,7 @@ class Mxfp8Attention final : public AttnImpl {
     bo.softmax_scale = p_.softmax_scale;
     return attention_backward(st.q.view, st.q_seq.view, st.k.view, st.k_seq.view, st.v_hdim.view, bf16(st.out, To),
                               bf16(st.dout, To), lse, q_meta_, k_meta_, bo, bf16(dq_, Tq), bf16(dk_, Tk), bf16(dv_, Tk),
-                              {}, {}, s);
+                              {}, {}, ws_bwd_.get(), ws_bwd_.bytes(), s);
   }
 
   Status output(Direction d, const std::string& which, OutputView* out) override {
@@ -185,7 +188,7 @@ class Mxfp8Attention final : public AttnImpl {
   AttentionOptions opt_;
   SeqLayoutBuffer lay_q_, lay_k_, lay_o_;
   DeviceBuffer ws_;
-  DeviceBuffer dq_, dk_, dv_;  // backward outputs (shared by the sets)
+  DeviceBuffer ws_bwd_, dq_, dk_, dv_;  // backward workspace and outputs (shared by the sets)
   std::vector<Set> sets_;
 };
 

@@ -28,6 +28,7 @@ struct AttentionBwdProblem {
   void* dv = nullptr;               // bf16 (Tk, H, 128), or e4m3 with dv_scales
   // MXFP8 dK, dV (output_mxfp8_dkv; fast kernel only): (Tk, H, 4) e8m0, each token row's 32x32 block
   // scale; null for bf16 outputs.
+  bool mxfp8_dkv = false;
   uint8_t* dk_scales = nullptr;
   uint8_t* dv_scales = nullptr;
 };
@@ -37,7 +38,9 @@ struct AttentionBwdProblem {
 Status attention_backward_exact(const AttentionBwdProblem& p, void* stream);
 
 // The fast sm_90a backward (attention_bwd_sm90.cu): a dK/dV kernel and a dQ kernel on FP8 wgmma,
-// no atomics (deterministic). Allocates its workspace (O(T·H·128) bytes) on the stream.
-Status attention_backward(const AttentionBwdProblem& p, void* stream);
+// no atomics (deterministic). Workspace: attention_bwd_workspace_bytes(p) (O(T·H·128); device
+// pointers of p are not read), or nullptr to allocate it on the stream.
+size_t attention_bwd_workspace_bytes(const AttentionBwdProblem& p);
+Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t workspace_bytes, void* stream);
 
 }  // namespace mxflash::cuda

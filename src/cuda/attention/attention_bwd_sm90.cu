@@ -690,7 +690,7 @@ BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n
   w.kv_items = take(n_kv_items * sizeof(int2));
   w.q_items = take(n_q_items * sizeof(int2));
   w.dq_part = take(p.broadcast_q ? size_t(p.To) * H * D * sizeof(float) : 0);
-  const bool mx = p.dk_scales != nullptr;  // output_mxfp8_dkv: fp32 dK, dV, then square32 quantization
+  const bool mx = p.mxfp8_dkv;  // fp32 dK, dV, then square32 quantization
   w.dk_f32 = take(mx ? size_t(p.Tk) * H * D * sizeof(float) : 0);
   w.dv_f32 = take(mx ? size_t(p.Tk) * H * D * sizeof(float) : 0);
   w.dk_sq = take(mx ? size_t(p.Pk / kBlockSize) * H * 4 : 0);
@@ -709,30 +709,59 @@ std::vector<int2> items_by_work(int batch, const std::vector<int>& tiles_of, con
   return items;
 }
 
-}  // namespace
+// Output padding, work lists and workspace layout of a problem (host metadata only).
+struct BwdPlan {
+  int64_t lq_pad = 0, Po = 0;  // broadcast_q: each output sequence padded to lq_pad rows
+  std::vector<int> lq, lk;
+  std::vector<int2> kv_items, q_items;
+  BwdWorkspace w;
+};
 
-Status attention_backward(const AttentionBwdProblem& p, void* stream_ptr) {
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+BwdPlan plan_of(const AttentionBwdProblem& p) {
+  BwdPlan pl;
   const std::vector<int32_t>& cq = *p.host_cu_q;
   const std::vector<int32_t>& ck = *p.host_cu_k;
-  const int64_t H = p.heads;
   const int lq0 = cq[1] - cq[0];
-  const int64_t lq_pad = p.broadcast_q ? (int64_t(lq0) + bwd::kTile - 1) / bwd::kTile * bwd::kTile : 0;
-  const int64_t Po = p.broadcast_q ? p.batch * lq_pad : p.Pq;
-  std::vector<int> lq(size_t(p.batch)), lk(size_t(p.batch)), q_tiles(size_t(p.batch)), k_tiles(size_t(p.batch));
+  pl.lq_pad = p.broadcast_q ? (int64_t(lq0) + bwd::kTile - 1) / bwd::kTile * bwd::kTile : 0;
+  pl.Po = p.broadcast_q ? p.batch * pl.lq_pad : p.Pq;
+  std::vector<int> q_tiles(size_t(p.batch)), k_tiles(size_t(p.batch));
+  pl.lq.resize(size_t(p.batch));
+  pl.lk.resize(size_t(p.batch));
   for (int b = 0; b < p.batch; ++b) {
     const int qb = p.broadcast_q ? 0 : b;
-    lq[size_t(b)] = cq[qb + 1] - cq[qb];
-    lk[size_t(b)] = ck[b + 1] - ck[b];
-    q_tiles[size_t(b)] = (lq[size_t(b)] + bwd::kTile - 1) / bwd::kTile;
-    k_tiles[size_t(b)] = (lk[size_t(b)] + bwd::kTile - 1) / bwd::kTile;
+    pl.lq[size_t(b)] = cq[qb + 1] - cq[qb];
+    pl.lk[size_t(b)] = ck[b + 1] - ck[b];
+    q_tiles[size_t(b)] = (pl.lq[size_t(b)] + bwd::kTile - 1) / bwd::kTile;
+    k_tiles[size_t(b)] = (pl.lk[size_t(b)] + bwd::kTile - 1) / bwd::kTile;
   }
-  const std::vector<int2> kv_items = items_by_work(p.batch, k_tiles, lq);  // dK/dV: K/V tiles
-  const std::vector<int2> q_items = items_by_work(p.batch, q_tiles, lk);   // dQ: Q tiles
-  const BwdWorkspace w = bwd_layout(p, Po, kv_items.size(), q_items.size());
-  void* ws_ptr = nullptr;
-  MXFLASH_RETURN_IF_ERROR(cuda_error(cudaMallocAsync(&ws_ptr, w.total, stream), "cudaMallocAsync(backward workspace)"));
-  uint8_t* ws = static_cast<uint8_t*>(ws_ptr);
+  pl.kv_items = items_by_work(p.batch, k_tiles, pl.lq);  // dK/dV: K/V tiles
+  pl.q_items = items_by_work(p.batch, q_tiles, pl.lk);   // dQ: Q tiles
+  pl.w = bwd_layout(p, pl.Po, pl.kv_items.size(), pl.q_items.size());
+  return pl;
+}
+
+}  // namespace
+
+size_t attention_bwd_workspace_bytes(const AttentionBwdProblem& p) { return plan_of(p).w.total; }
+
+Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t workspace_bytes, void* stream_ptr) {
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  const int64_t H = p.heads;
+  const BwdPlan plan = plan_of(p);
+  const int64_t lq_pad = plan.lq_pad, Po = plan.Po;
+  const std::vector<int>& lk = plan.lk;
+  const std::vector<int2>& kv_items = plan.kv_items;
+  const std::vector<int2>& q_items = plan.q_items;
+  const BwdWorkspace& w = plan.w;
+  bool owned = false;
+  if (!workspace) {
+    MXFLASH_RETURN_IF_ERROR(cuda_error(cudaMallocAsync(&workspace, w.total, stream), "cudaMallocAsync(backward workspace)"));
+    owned = true;
+  } else if (workspace_bytes < w.total) {
+    return Status::Invalid("workspace: " + std::to_string(workspace_bytes) + " bytes given, " + std::to_string(w.total) +
+                           " needed (attention_backward_workspace_size)");
+  }
+  uint8_t* ws = static_cast<uint8_t*>(workspace);
   auto run = [&]() -> Status {
     const int Bq = p.broadcast_q ? 1 : p.batch;
     auto f32 = [&](size_t off) { return reinterpret_cast<float*>(ws + off); };
@@ -832,7 +861,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* stream_ptr) {
     bp.dq_part = f32(w.dq_part);
     bp.dk = static_cast<__nv_bfloat16*>(p.dk);
     bp.dv = static_cast<__nv_bfloat16*>(p.dv);
-    const bool mx = p.dk_scales != nullptr;
+    const bool mx = p.mxfp8_dkv;
     bp.dk_f32 = mx ? f32(w.dk_f32) : nullptr;
     bp.dv_f32 = mx ? f32(w.dv_f32) : nullptr;
     if (!kv_items.empty()) {
@@ -888,8 +917,11 @@ Status attention_backward(const AttentionBwdProblem& p, void* stream_ptr) {
     return Status::Ok();
   };
   Status st = run();
-  const Status fr = cuda_error(cudaFreeAsync(ws_ptr, stream), "cudaFreeAsync(backward workspace)");
-  return st.ok() ? fr : st;
+  if (owned) {
+    const Status fr = cuda_error(cudaFreeAsync(workspace, stream), "cudaFreeAsync(backward workspace)");
+    if (st.ok()) st = fr;
+  }
+  return st;
 }
 
 }  // namespace mxflash::cuda
