@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -207,6 +208,7 @@ struct BwdParams {
   const int32_t* cu_k;
   const int32_t* cu_k_sf;
   const int2* items;  // (K/V sequence b, tile): K/V tiles (dK/dV kernel) or Q tiles (dQ kernel)
+  int num_items;      // items x heads: the persistent dK/dV kernel's work list
   int heads;
   int64_t Pq, Pk, Po;
   bool broadcast_q;
@@ -298,11 +300,18 @@ struct KvSmem {
   alignas(1024) uint8_t v[kTileBytes];
   KvStage st[kKvStages];
   alignas(8) uint64_t kv_full;
+  uint64_t kv_empty;  // persistent form: the consumers are done with K, V
   uint64_t full[kKvStages];
   uint64_t empty[kKvStages];
 };
 inline constexpr size_t kKvSmemBytes = sizeof(KvSmem) + 1024;
 
+// kPersistent (experiment, MXFLASH_BWD_VARIANT bit 0; not yet run on a GPU): one CTA per SM walks
+// the work list with a stride of gridDim.x; the Q-tile stages run on across items and the next
+// item's K, V load as soon as both consumer warpgroups issued their last Sᵀ / dPᵀ (kv_empty), i.e.
+// under the previous item's last dV / dK GEMMs and its epilogue. Otherwise one CTA per item. Both
+// roles count the Q tiles (it) and K/V loads (kv_i) of the items before, alike.
+template <bool kPersistent>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_bwd_dkdv_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -311,22 +320,30 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   KvSmem& s = *reinterpret_cast<KvSmem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const int wg = threadIdx.x / kWarpgroupThreads, tid = threadIdx.x % kWarpgroupThreads;
-  const Item w = item_of(p, blockIdx.x);
-  const int n_q = (w.Lq + kTile - 1) / kTile;
   init_pipeline(&s.kv_full, s.full, s.empty);
-  const int64_t k_row = int64_t(w.h) * p.Pk + p.cu_k_sf[w.b] + int64_t(w.blk) * kTile;
+  if (kPersistent) {
+    if (threadIdx.x == 0) {
+      sm90::mbar_init(&s.kv_empty, kConsumers * kWarpgroupThreads);
+      sm90::fence_barrier_init();
+    }
+    __syncthreads();
+  }
 
   if (wg == 0) {  // ---------------------------------------------------------------- producer
     sm90::setmaxnreg_dec<kProducerRegs>();
-    if (tid != 0 || n_q == 0) return;
+    if (tid != 0) return;
+    // One item's loads; `it` Q tiles and `kv_i` K/V tiles were loaded before (persistent CTAs).
+    auto produce = [&](const Item& w, int n_q, int it, int kv_i) {
+    const int64_t k_row = int64_t(w.h) * p.Pk + p.cu_k_sf[w.b] + int64_t(w.blk) * kTile;
+    if (kPersistent) sm90::mbar_wait(&s.kv_empty, (kv_i & 1) ^ 1);
     sm90::mbar_arrive_expect_tx(&s.kv_full, 2 * kTileBytes);
     sm90::tma_load_2d(s.k, &tm_k, &s.kv_full, 0, int(k_row));
     sm90::tma_load_2d(s.v, &tm_v, &s.kv_full, 0, int(k_row));
     const int64_t q_pad0 = p.cu_q_sf[w.qb];
     for (int j = 0; j < n_q; ++j) {
-      const int stage = j % kKvStages;
+      const int stage = (it + j) % kKvStages;
       KvStage& st = s.st[stage];
-      sm90::mbar_wait(&s.empty[stage], ((j / kKvStages) & 1) ^ 1);
+      sm90::mbar_wait(&s.empty[stage], (((it + j) / kKvStages) & 1) ^ 1);
       sm90::mbar_arrive_expect_tx(&s.full[stage], kKvStageTx);
       const int64_t qr = q_pad0 + int64_t(j) * kTile, orow = w.o_pad0 + int64_t(j) * kTile;
       sm90::tma_load_2d(st.q, &tm_q, &s.full[stage], 0, int(w.h * p.Pq + qr));
@@ -337,19 +354,37 @@ __global__ void __launch_bounds__(kThreads, 1)
       sm90::bulk_load(st.dot_scale, p.do_t_scale + (w.h * (p.Po / kTile) + orow / kTile) * kHeadDim,
                       kHeadDim * sizeof(float), &s.full[stage]);
     }
+    };
+    if constexpr (kPersistent) {
+      int it = 0, kv_i = 0;
+      for (unsigned index = blockIdx.x; index < unsigned(p.num_items); index += gridDim.x) {
+        const Item w = item_of(p, index);
+        const int n_q = (w.Lq + kTile - 1) / kTile;
+        if (n_q == 0) continue;
+        produce(w, n_q, it, kv_i);
+        it += n_q;
+        ++kv_i;
+      }
+    } else {
+      const Item w = item_of(p, blockIdx.x);
+      const int n_q = (w.Lq + kTile - 1) / kTile;
+      if (n_q > 0) produce(w, n_q, 0, 0);
+    }
     return;
   }
 
   // ---------------------------------------------------------------------------------- consumers
   sm90::setmaxnreg_inc<kConsumerRegs>();
   const int cw = wg - 1, warp = tid / 32, lane = tid % 32, quad = lane % 4;
+  // One item: dK, dV of its 128 keys over the Q tiles, then the epilogue.
+  auto consume = [&](const Item& w, int n_q, int it, int kv_i) {
   float dv[64], dk[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) dv[i] = dk[i] = 0.f;
   if (n_q > 0) {
     const int64_t tile_idx = int64_t(w.h) * (p.Pk / kTile) + p.cu_k_sf[w.b] / kTile + w.blk;
     const float ks = p.k_scale[tile_idx], vs = p.v_scale[tile_idx];
-    sm90::mbar_wait(&s.kv_full, 0);
+    sm90::mbar_wait(&s.kv_full, kv_i & 1);
     const uint64_t desc_k = sm90::make_desc_k128b(s.k + cw * kHalf * kHeadDim);
     const uint64_t desc_v = sm90::make_desc_k128b(s.v + cw * kHalf * kHeadDim);
     uint32_t pa[8], da[8];
@@ -428,9 +463,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     {
 #pragma unroll 1
       for (int j = 0; j < n_q; ++j) {
-        const int stage = j % kKvStages;
+        const int stage = (it + j) % kKvStages;
         const KvStage& st = s.st[stage];
-        sm90::mbar_wait(&s.full[stage], (j / kKvStages) & 1);
+        sm90::mbar_wait(&s.full[stage], ((it + j) / kKvStages) & 1);
 #pragma unroll 1
         for (int hh = 0; hh < 2; ++hh) {
           float sc[32], dp[32];
@@ -438,6 +473,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           sm90::wgmma_wait<0>();
           attn::fence_all(sc);
           attn::fence_all(dp);
+          if (kPersistent && j == n_q - 1 && hh == 1) sm90::mbar_arrive(&s.kv_empty);  // K, V read for the last time
           math(sc, dp, st, hh);
           float t[64];
           issue_grad(t, st.dot, pa, hh);
@@ -475,6 +511,22 @@ __global__ void __launch_bounds__(kThreads, 1)
         *reinterpret_cast<__nv_bfloat162*>(p.dk + at + col) = __floats2bfloat162_rn(gk.x, gk.y);
       }
     }
+  }
+  };
+  if constexpr (kPersistent) {
+    int it = 0, kv_i = 0;
+    for (unsigned index = blockIdx.x; index < unsigned(p.num_items); index += gridDim.x) {
+      const Item w = item_of(p, index);
+      const int n_q = (w.Lq + kTile - 1) / kTile;
+      consume(w, n_q, it, kv_i);
+      if (n_q > 0) {
+        it += n_q;
+        ++kv_i;
+      }
+    }
+  } else {
+    const Item w = item_of(p, blockIdx.x);
+    consume(w, (w.Lq + kTile - 1) / kTile, 0, 0);
   }
 }
 
@@ -656,6 +708,21 @@ __global__ void token_row_scales_kernel(const uint8_t* __restrict__ square, cons
 namespace {
 
 size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
+
+// Kernel variants of experiment builds (-DMXFLASH_FWD_EXPERIMENTS=1), picked with the environment
+// variable MXFLASH_BWD_VARIANT for A/B runs of one binary: bit 0 the persistent dK/dV kernel.
+// Other builds run variant 0.
+int bwd_variant() {
+#if MXFLASH_FWD_EXPERIMENTS
+  static const int v = [] {
+    const char* e = std::getenv("MXFLASH_BWD_VARIANT");
+    return e ? std::atoi(e) : 0;
+  }();
+  return v;
+#else
+  return 0;
+#endif
+}
 
 struct BwdWorkspace {
   size_t q, k, v, qt, kt, dout, dot, info, q_scale, k_scale, v_scale, qt_byte, qt_scale, kt_byte, kt_scale, dot_scale,
@@ -866,12 +933,22 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     bp.dv_f32 = mx ? f32(w.dv_f32) : nullptr;
     if (!kv_items.empty()) {
       bp.items = reinterpret_cast<const int2*>(ws + w.kv_items);
-      auto kernel = bwd::attention_bwd_dkdv_kernel;
+      const int64_t n_items = int64_t(kv_items.size()) * H;
+      bp.num_items = int(n_items);
+      const bool persistent = (bwd_variant() & 1) != 0;
+      auto kernel = persistent ? bwd::attention_bwd_dkdv_kernel<true> : bwd::attention_bwd_dkdv_kernel<false>;
       MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kKvSmemBytes)),
           "cudaFuncSetAttribute(attention_bwd_dkdv_kernel)"));
-      kernel<<<unsigned(int64_t(kv_items.size()) * H), bwd::kThreads, bwd::kKvSmemBytes, stream>>>(
-          tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, bp);
+      int64_t grid = n_items;
+      if (persistent) {  // one CTA per SM: shared memory and registers allow no second
+        int device = 0, sms = 0;
+        MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetDevice(&device), "cudaGetDevice"));
+        MXFLASH_RETURN_IF_ERROR(
+            cuda_error(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute"));
+        grid = std::min<int64_t>(n_items, sms);
+      }
+      kernel<<<unsigned(grid), bwd::kThreads, bwd::kKvSmemBytes, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, bp);
       MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_bwd_dkdv_kernel launch"));
     }
     if (!q_items.empty()) {
