@@ -17,7 +17,7 @@ OUT=${OUT:-gpu-logs}
 mkdir -p "$OUT"
 BIN=${BIN:-.gpu-bin}
 SECTIONS=${SECTIONS:-"tests sanitizer python report bench accuracy peers"}
-# "ab" (not in the default list): the forward variants staged in $BIN/exp
+# "ab" (not in the default list): the forward and backward variants staged in $BIN/exp
 # (EXPERIMENTS=1 scripts/stage_gpu_bin.sh): their GPU tests and speed.
 # "accuracy_full" (not in the default list): issue 4's whole forward accuracy matrix (minutes).
 # "accuracy_bwd" (not in the default list): issue 5's backward accuracy matrix (minutes).
@@ -48,7 +48,7 @@ fi
 if want sanitizer; then
   # The exhaustive codec sweeps are pure arithmetic (and slow under the tools); every kernel that
   # touches memory or barriers runs here: quantize, dequantize, converters, attention forward.
-  SANITIZER_FILTER=${SANITIZER_FILTER:-"QuantizeGpu.HostileLengthsThreeHeads:QuantizeGpu.RandomBatches:DequantizeGpu.*:LayoutGpu.*:AttentionFwdGpu.JaggedHostileLengths:AttentionFwdGpu.CrossLengthsAndEmptyKeys:AttentionFwdGpu.BroadcastQ:AttentionBwdGpu.ExactPathMatchesCpuReferenceOnJaggedBatch:AttentionBwdGpu.ExactPathBroadcastQBlockedTokenContiguous"}
+  SANITIZER_FILTER=${SANITIZER_FILTER:-"QuantizeGpu.HostileLengthsThreeHeads:QuantizeGpu.RandomBatches:DequantizeGpu.*:LayoutGpu.*:AttentionFwdGpu.JaggedHostileLengths:AttentionFwdGpu.CrossLengthsAndEmptyKeys:AttentionFwdGpu.BroadcastQ:AttentionBwdGpu.ExactPathMatchesCpuReferenceOnJaggedBatch:AttentionBwdGpu.ExactPathBroadcastQBlockedTokenContiguous:AttentionBwdGpu.JaggedMultiTileBothSides:AttentionBwdGpu.BroadcastQMultiTile"}
   for tool in memcheck racecheck synccheck; do
     note "compute-sanitizer $tool ($SANITIZER_FILTER)"
     compute-sanitizer --tool "$tool" --error-exitcode 9 "$BIN/mxflash_tests_gpu" --gtest_brief=1 \
@@ -94,6 +94,15 @@ if want ab && [ -x "$BIN/exp/mxflash_tests_gpu" ]; then
   for v in ${AB_SPEED_VARIANTS:-49 33 17 1 0 9 3 5 7}; do
     note "forward variant $v: speed"
     MXFLASH_FWD_VARIANT=$v "$BIN/exp/mxflash-bench" --preset all --workload fwd --impl mxfp8 \
+      --warmup-s 0.3 --window-s 1 2>/dev/null | grep -E "^(llm|cross|jagged)"
+  done
+  # Backward variants (docs/backward.md): 0 the default, 1 the persistent dK/dV kernel (not yet run).
+  for v in ${AB_BWD_VARIANTS:-1 0}; do
+    note "backward variant $v: backward GPU tests and speed"
+    MXFLASH_BWD_VARIANT=$v "$BIN/exp/mxflash_tests_gpu" --gtest_brief=1 --gtest_filter='AttentionBwdGpu.*' \
+      > "$OUT/ab_bwd_tests_v$v.log" 2>&1 || { status=1; note "BACKWARD VARIANT $v TESTS FAILED"; }
+    tail -n 2 "$OUT/ab_bwd_tests_v$v.log"
+    MXFLASH_BWD_VARIANT=$v "$BIN/exp/mxflash-bench" --preset all --workload bwd --impl mxfp8 \
       --warmup-s 0.3 --window-s 1 2>/dev/null | grep -E "^(llm|cross|jagged)"
   done
 fi
