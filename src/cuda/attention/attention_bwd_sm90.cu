@@ -334,26 +334,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tid != 0) return;
     // One item's loads; `it` Q tiles and `kv_i` K/V tiles were loaded before (persistent CTAs).
     auto produce = [&](const Item& w, int n_q, int it, int kv_i) {
-    const int64_t k_row = int64_t(w.h) * p.Pk + p.cu_k_sf[w.b] + int64_t(w.blk) * kTile;
-    if (kPersistent) sm90::mbar_wait(&s.kv_empty, (kv_i & 1) ^ 1);
-    sm90::mbar_arrive_expect_tx(&s.kv_full, 2 * kTileBytes);
-    sm90::tma_load_2d(s.k, &tm_k, &s.kv_full, 0, int(k_row));
-    sm90::tma_load_2d(s.v, &tm_v, &s.kv_full, 0, int(k_row));
-    const int64_t q_pad0 = p.cu_q_sf[w.qb];
-    for (int j = 0; j < n_q; ++j) {
-      const int stage = (it + j) % kKvStages;
-      KvStage& st = s.st[stage];
-      sm90::mbar_wait(&s.empty[stage], (((it + j) / kKvStages) & 1) ^ 1);
-      sm90::mbar_arrive_expect_tx(&s.full[stage], kKvStageTx);
-      const int64_t qr = q_pad0 + int64_t(j) * kTile, orow = w.o_pad0 + int64_t(j) * kTile;
-      sm90::tma_load_2d(st.q, &tm_q, &s.full[stage], 0, int(w.h * p.Pq + qr));
-      sm90::tma_load_2d(st.dout, &tm_do, &s.full[stage], 0, int(w.h * p.Po + orow));
-      sm90::tma_load_2d(st.qt, &tm_qt, &s.full[stage], int(qr), w.h * kHeadDim);
-      sm90::tma_load_2d(st.dot, &tm_dot, &s.full[stage], int(orow), w.h * kHeadDim);
-      sm90::bulk_load(st.info, p.info + w.h * p.Po + orow, kTile * sizeof(float4), &s.full[stage]);
-      sm90::bulk_load(st.dot_scale, p.do_t_scale + (w.h * (p.Po / kTile) + orow / kTile) * kHeadDim,
-                      kHeadDim * sizeof(float), &s.full[stage]);
-    }
+      const int64_t k_row = int64_t(w.h) * p.Pk + p.cu_k_sf[w.b] + int64_t(w.blk) * kTile;
+      if (kPersistent) sm90::mbar_wait(&s.kv_empty, (kv_i & 1) ^ 1);
+      sm90::mbar_arrive_expect_tx(&s.kv_full, 2 * kTileBytes);
+      sm90::tma_load_2d(s.k, &tm_k, &s.kv_full, 0, int(k_row));
+      sm90::tma_load_2d(s.v, &tm_v, &s.kv_full, 0, int(k_row));
+      const int64_t q_pad0 = p.cu_q_sf[w.qb];
+      for (int j = 0; j < n_q; ++j) {
+        const int stage = (it + j) % kKvStages;
+        KvStage& st = s.st[stage];
+        sm90::mbar_wait(&s.empty[stage], (((it + j) / kKvStages) & 1) ^ 1);
+        sm90::mbar_arrive_expect_tx(&s.full[stage], kKvStageTx);
+        const int64_t qr = q_pad0 + int64_t(j) * kTile, orow = w.o_pad0 + int64_t(j) * kTile;
+        sm90::tma_load_2d(st.q, &tm_q, &s.full[stage], 0, int(w.h * p.Pq + qr));
+        sm90::tma_load_2d(st.dout, &tm_do, &s.full[stage], 0, int(w.h * p.Po + orow));
+        sm90::tma_load_2d(st.qt, &tm_qt, &s.full[stage], int(qr), w.h * kHeadDim);
+        sm90::tma_load_2d(st.dot, &tm_dot, &s.full[stage], int(orow), w.h * kHeadDim);
+        sm90::bulk_load(st.info, p.info + w.h * p.Po + orow, kTile * sizeof(float4), &s.full[stage]);
+        sm90::bulk_load(st.dot_scale, p.do_t_scale + (w.h * (p.Po / kTile) + orow / kTile) * kHeadDim,
+                        kHeadDim * sizeof(float), &s.full[stage]);
+      }
     };
     if constexpr (kPersistent) {
       int it = 0, kv_i = 0;
@@ -378,140 +378,140 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int cw = wg - 1, warp = tid / 32, lane = tid % 32, quad = lane % 4;
   // One item: dK, dV of its 128 keys over the Q tiles, then the epilogue.
   auto consume = [&](const Item& w, int n_q, int it, int kv_i) {
-  float dv[64], dk[64];
+    float dv[64], dk[64];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) dv[i] = dk[i] = 0.f;
-  if (n_q > 0) {
-    const int64_t tile_idx = int64_t(w.h) * (p.Pk / kTile) + p.cu_k_sf[w.b] / kTile + w.blk;
-    const float ks = p.k_scale[tile_idx], vs = p.v_scale[tile_idx];
-    sm90::mbar_wait(&s.kv_full, kv_i & 1);
-    const uint64_t desc_k = sm90::make_desc_k128b(s.k + cw * kHalf * kHeadDim);
-    const uint64_t desc_v = sm90::make_desc_k128b(s.v + cw * kHalf * kHeadDim);
-    uint32_t pa[8], da[8];
-    float rs[2];
-    // Sᵀ (64 keys x 64 queries) = K Qᵀ and dPᵀ = V dOᵀ over the head dim, for query half hh.
-    auto issue_sdp = [&](float (&sc)[32], float (&dp)[32], const KvStage& st, int hh) {
-      const uint64_t desc_q = sm90::make_desc_k128b(st.q + hh * kHalf * kHeadDim);
-      const uint64_t desc_do = sm90::make_desc_k128b(st.dout + hh * kHalf * kHeadDim);
-      sm90::wgmma_fence();
+    for (int i = 0; i < 64; ++i) dv[i] = dk[i] = 0.f;
+    if (n_q > 0) {
+      const int64_t tile_idx = int64_t(w.h) * (p.Pk / kTile) + p.cu_k_sf[w.b] / kTile + w.blk;
+      const float ks = p.k_scale[tile_idx], vs = p.v_scale[tile_idx];
+      sm90::mbar_wait(&s.kv_full, kv_i & 1);
+      const uint64_t desc_k = sm90::make_desc_k128b(s.k + cw * kHalf * kHeadDim);
+      const uint64_t desc_v = sm90::make_desc_k128b(s.v + cw * kHalf * kHeadDim);
+      uint32_t pa[8], da[8];
+      float rs[2];
+      // Sᵀ (64 keys x 64 queries) = K Qᵀ and dPᵀ = V dOᵀ over the head dim, for query half hh.
+      auto issue_sdp = [&](float (&sc)[32], float (&dp)[32], const KvStage& st, int hh) {
+        const uint64_t desc_q = sm90::make_desc_k128b(st.q + hh * kHalf * kHeadDim);
+        const uint64_t desc_do = sm90::make_desc_k128b(st.dout + hh * kHalf * kHeadDim);
+        sm90::wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n64k32_ss(sc, desc_k + 2 * kk, desc_q + 2 * kk, kk);
+        for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n64k32_ss(sc, desc_k + 2 * kk, desc_q + 2 * kk, kk);
 #pragma unroll
-      for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n64k32_ss(dp, desc_v + 2 * kk, desc_do + 2 * kk, kk);
-      sm90::wgmma_commit();
-    };
-    // Pᵀ and dSᵀ: column c = query 64 hh + 8 (i / 4) + 2 quad + i % 2 of the tile. Fills pa (e4m3 of
-    // 256 p), da (e4m3 of 256 dS over its row scale) and rs (that scale).
-    auto math = [&](float (&sc)[32], float (&dp)[32], const KvStage& st, int hh) {
-      float amax[2] = {0.f, 0.f};
+        for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n64k32_ss(dp, desc_v + 2 * kk, desc_do + 2 * kk, kk);
+        sm90::wgmma_commit();
+      };
+      // Pᵀ and dSᵀ: column c = query 64 hh + 8 (i / 4) + 2 quad + i % 2 of the tile. Fills pa (e4m3 of
+      // 256 p), da (e4m3 of 256 dS over its row scale) and rs (that scale).
+      auto math = [&](float (&sc)[32], float (&dp)[32], const KvStage& st, int hh) {
+        float amax[2] = {0.f, 0.f};
 #pragma unroll
-      for (int jn = 0; jn < 8; ++jn) {
-        const float4 in0 = lds_f4(&st.info[hh * kHalf + 8 * jn + 2 * quad]);
-        const float4 in1 = lds_f4(&st.info[hh * kHalf + 8 * jn + 2 * quad + 1]);
-        const float a0 = in0.x * ks, a1 = in1.x * ks, c0 = in0.z * vs, c1 = in1.z * vs;
+        for (int jn = 0; jn < 8; ++jn) {
+          const float4 in0 = lds_f4(&st.info[hh * kHalf + 8 * jn + 2 * quad]);
+          const float4 in1 = lds_f4(&st.info[hh * kHalf + 8 * jn + 2 * quad + 1]);
+          const float a0 = in0.x * ks, a1 = in1.x * ks, c0 = in0.z * vs, c1 = in1.z * vs;
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int i0 = 4 * jn + 2 * r;
-          const float p0 = attn::fast_exp2(fmaf(sc[i0], a0, -in0.y));  // 256 p
-          const float p1 = attn::fast_exp2(fmaf(sc[i0 + 1], a1, -in1.y));
-          const float d0 = p0 * fmaf(dp[i0], c0, -in0.w);  // 256 dS
-          const float d1 = p1 * fmaf(dp[i0 + 1], c1, -in1.w);
-          sc[i0] = p0;
-          sc[i0 + 1] = p1;
-          dp[i0] = d0;
-          dp[i0 + 1] = d1;
-          amax[r] = fmaxf(amax[r], fmaxf(fabsf(d0), fabsf(d1)));
+          for (int r = 0; r < 2; ++r) {
+            const int i0 = 4 * jn + 2 * r;
+            const float p0 = attn::fast_exp2(fmaf(sc[i0], a0, -in0.y));  // 256 p
+            const float p1 = attn::fast_exp2(fmaf(sc[i0 + 1], a1, -in1.y));
+            const float d0 = p0 * fmaf(dp[i0], c0, -in0.w);  // 256 dS
+            const float d1 = p1 * fmaf(dp[i0 + 1], c1, -in1.w);
+            sc[i0] = p0;
+            sc[i0 + 1] = p1;
+            dp[i0] = d0;
+            dp[i0 + 1] = d1;
+            amax[r] = fmaxf(amax[r], fmaxf(fabsf(d0), fabsf(d1)));
+          }
+        }
+        float inv[2];
+        row_scales(amax, inv, rs);  // of 256 dS: rs carries the factor 256
+#pragma unroll
+        for (int i = 0; i < 32; ++i) dp[i] *= inv[(i % 4) / 2];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          attn::pack_chunk(sc + 16 * c, c, pa);
+          attn::pack_chunk(dp + 16 * c, c, da);
+        }
+      };
+      // dV += Pᵀ dO or dK += dSᵀ Q over the half's 64 queries, into fresh accumulators t.
+      auto issue_grad = [&](float (&t)[64], const uint8_t* bt, const uint32_t (&frag)[8], int hh) {
+        const uint64_t db = sm90::make_desc_k128b(bt) + 2 * (2 * hh);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kHalf / 32; ++kk) {
+          const uint32_t a[4] = {frag[4 * kk], frag[4 * kk + 1], frag[4 * kk + 2], frag[4 * kk + 3]};
+          sm90::wgmma_m64n128k32_rs(t, a, db + 2 * kk, kk);
+        }
+        sm90::wgmma_commit();
+      };
+      // Promotions: dV times the stage's dO channel scales, dK times the dS row scales.
+      auto promote_dv = [&](const float (&t)[64], const KvStage& st) {
+#pragma unroll
+        for (int jn = 0; jn < 16; ++jn) {
+          const float2 cs = lds_f2(&st.dot_scale[8 * jn + 2 * quad]);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            dv[4 * jn + 2 * r] = fmaf(t[4 * jn + 2 * r], cs.x, dv[4 * jn + 2 * r]);
+            dv[4 * jn + 2 * r + 1] = fmaf(t[4 * jn + 2 * r + 1], cs.y, dv[4 * jn + 2 * r + 1]);
+          }
+        }
+      };
+      auto promote_dk = [&](const float (&t)[64]) {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) dk[i] = fmaf(t[i], rs[(i % 4) / 2], dk[i]);
+      };
+      {
+#pragma unroll 1
+        for (int j = 0; j < n_q; ++j) {
+          const int stage = (it + j) % kKvStages;
+          const KvStage& st = s.st[stage];
+          sm90::mbar_wait(&s.full[stage], ((it + j) / kKvStages) & 1);
+#pragma unroll 1
+          for (int hh = 0; hh < 2; ++hh) {
+            float sc[32], dp[32];
+            issue_sdp(sc, dp, st, hh);
+            sm90::wgmma_wait<0>();
+            attn::fence_all(sc);
+            attn::fence_all(dp);
+            if (kPersistent && j == n_q - 1 && hh == 1) sm90::mbar_arrive(&s.kv_empty);  // K, V read for the last time
+            math(sc, dp, st, hh);
+            float t[64];
+            issue_grad(t, st.dot, pa, hh);
+            sm90::wgmma_wait<0>();
+            attn::fence_all(t);
+            promote_dv(t, st);
+            issue_grad(t, st.qt, da, hh);
+            sm90::wgmma_wait<0>();
+            attn::fence_all(t);
+            promote_dk(t);
+          }
+          sm90::mbar_arrive(&s.empty[stage]);
         }
       }
-      float inv[2];
-      row_scales(amax, inv, rs);  // of 256 dS: rs carries the factor 256
+    }
+    // ------------------------------------------------------------------------------ epilogue
+    const float* qts = p.qt_scale + (int64_t(w.qb) * p.heads + w.h) * kHeadDim;
 #pragma unroll
-      for (int i = 0; i < 32; ++i) dp[i] *= inv[(i % 4) / 2];
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        attn::pack_chunk(sc + 16 * c, c, pa);
-        attn::pack_chunk(dp + 16 * c, c, da);
-      }
-    };
-    // dV += Pᵀ dO or dK += dSᵀ Q over the half's 64 queries, into fresh accumulators t.
-    auto issue_grad = [&](float (&t)[64], const uint8_t* bt, const uint32_t (&frag)[8], int hh) {
-      const uint64_t db = sm90::make_desc_k128b(bt) + 2 * (2 * hh);
-      sm90::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kHalf / 32; ++kk) {
-        const uint32_t a[4] = {frag[4 * kk], frag[4 * kk + 1], frag[4 * kk + 2], frag[4 * kk + 3]};
-        sm90::wgmma_m64n128k32_rs(t, a, db + 2 * kk, kk);
-      }
-      sm90::wgmma_commit();
-    };
-    // Promotions: dV times the stage's dO channel scales, dK times the dS row scales.
-    auto promote_dv = [&](const float (&t)[64], const KvStage& st) {
+    for (int r = 0; r < 2; ++r) {
+      const int key = w.blk * kTile + cw * kHalf + warp * 16 + lane / 4 + 8 * r;
+      if (key >= w.Lk) continue;
+      const int64_t at = ((int64_t(p.cu_k[w.b]) + key) * p.heads + w.h) * kHeadDim;
 #pragma unroll
       for (int jn = 0; jn < 16; ++jn) {
-        const float2 cs = lds_f2(&st.dot_scale[8 * jn + 2 * quad]);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          dv[4 * jn + 2 * r] = fmaf(t[4 * jn + 2 * r], cs.x, dv[4 * jn + 2 * r]);
-          dv[4 * jn + 2 * r + 1] = fmaf(t[4 * jn + 2 * r + 1], cs.y, dv[4 * jn + 2 * r + 1]);
+        const int col = 8 * jn + 2 * quad;
+        const float q0 = n_q > 0 ? qts[col] * p.softmax_scale : 0.f, q1 = n_q > 0 ? qts[col + 1] * p.softmax_scale : 0.f;
+        const float2 gv = make_float2(dv[4 * jn + 2 * r] * (1.f / kPScale), dv[4 * jn + 2 * r + 1] * (1.f / kPScale));
+        const float2 gk =
+            make_float2(dk[4 * jn + 2 * r] * q0 * (1.f / kPScale), dk[4 * jn + 2 * r + 1] * q1 * (1.f / kPScale));
+        if (p.dk_f32) {
+          *reinterpret_cast<float2*>(p.dv_f32 + at + col) = gv;
+          *reinterpret_cast<float2*>(p.dk_f32 + at + col) = gk;
+        } else {
+          *reinterpret_cast<__nv_bfloat162*>(p.dv + at + col) = __floats2bfloat162_rn(gv.x, gv.y);
+          *reinterpret_cast<__nv_bfloat162*>(p.dk + at + col) = __floats2bfloat162_rn(gk.x, gk.y);
         }
       }
-    };
-    auto promote_dk = [&](const float (&t)[64]) {
-#pragma unroll
-      for (int i = 0; i < 64; ++i) dk[i] = fmaf(t[i], rs[(i % 4) / 2], dk[i]);
-    };
-    {
-#pragma unroll 1
-      for (int j = 0; j < n_q; ++j) {
-        const int stage = (it + j) % kKvStages;
-        const KvStage& st = s.st[stage];
-        sm90::mbar_wait(&s.full[stage], ((it + j) / kKvStages) & 1);
-#pragma unroll 1
-        for (int hh = 0; hh < 2; ++hh) {
-          float sc[32], dp[32];
-          issue_sdp(sc, dp, st, hh);
-          sm90::wgmma_wait<0>();
-          attn::fence_all(sc);
-          attn::fence_all(dp);
-          if (kPersistent && j == n_q - 1 && hh == 1) sm90::mbar_arrive(&s.kv_empty);  // K, V read for the last time
-          math(sc, dp, st, hh);
-          float t[64];
-          issue_grad(t, st.dot, pa, hh);
-          sm90::wgmma_wait<0>();
-          attn::fence_all(t);
-          promote_dv(t, st);
-          issue_grad(t, st.qt, da, hh);
-          sm90::wgmma_wait<0>();
-          attn::fence_all(t);
-          promote_dk(t);
-        }
-        sm90::mbar_arrive(&s.empty[stage]);
-      }
     }
-  }
-  // ------------------------------------------------------------------------------ epilogue
-  const float* qts = p.qt_scale + (int64_t(w.qb) * p.heads + w.h) * kHeadDim;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = w.blk * kTile + cw * kHalf + warp * 16 + lane / 4 + 8 * r;
-    if (key >= w.Lk) continue;
-    const int64_t at = ((int64_t(p.cu_k[w.b]) + key) * p.heads + w.h) * kHeadDim;
-#pragma unroll
-    for (int jn = 0; jn < 16; ++jn) {
-      const int col = 8 * jn + 2 * quad;
-      const float q0 = n_q > 0 ? qts[col] * p.softmax_scale : 0.f, q1 = n_q > 0 ? qts[col + 1] * p.softmax_scale : 0.f;
-      const float2 gv = make_float2(dv[4 * jn + 2 * r] * (1.f / kPScale), dv[4 * jn + 2 * r + 1] * (1.f / kPScale));
-      const float2 gk =
-          make_float2(dk[4 * jn + 2 * r] * q0 * (1.f / kPScale), dk[4 * jn + 2 * r + 1] * q1 * (1.f / kPScale));
-      if (p.dk_f32) {
-        *reinterpret_cast<float2*>(p.dv_f32 + at + col) = gv;
-        *reinterpret_cast<float2*>(p.dk_f32 + at + col) = gk;
-      } else {
-        *reinterpret_cast<__nv_bfloat162*>(p.dv + at + col) = __floats2bfloat162_rn(gv.x, gv.y);
-        *reinterpret_cast<__nv_bfloat162*>(p.dk + at + col) = __floats2bfloat162_rn(gk.x, gk.y);
-      }
-    }
-  }
   };
   if constexpr (kPersistent) {
     int it = 0, kv_i = 0;
