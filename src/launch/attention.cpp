@@ -127,13 +127,18 @@ Status forward_cpu(const MxTensor& q, const MxTensor& k, const MxTensor& v, cons
   return Status::Ok();
 }
 
+// The workspace-size queries answer 0 for metadata the calls would reject (and then read nothing
+// past q's cu_seqlens).
+bool sizable(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, bool broadcast_q) {
+  if (q_meta.batch() < 1 || k_meta.batch() < 1 || heads < 1) return false;
+  return broadcast_q ? q_meta.batch() == 1 : q_meta.batch() == k_meta.batch();
+}
+
 }  // namespace
 
 size_t attention_forward_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
                                         const AttentionOptions& opt) {
-  if (q_meta.batch() < 1 || k_meta.batch() < 1 || heads < 1) return 0;
-  // Metadata attention_forward would reject: no workspace (and no read past q's cu_seqlens).
-  if (opt.broadcast_q ? q_meta.batch() != 1 : q_meta.batch() != k_meta.batch()) return 0;
+  if (!sizable(q_meta, k_meta, heads, opt.broadcast_q)) return 0;
   return cuda::attention_fwd_workspace_bytes(
       k_meta.batch(), int(heads), q_meta.padded_tokens(), k_meta.padded_tokens(),
       cuda::attention_fwd_num_q_tiles(q_meta.cu_seqlens(), k_meta.batch(), opt.broadcast_q));
@@ -281,8 +286,7 @@ Status backward_cpu(const MxTensor& q, const MxTensor& q_seq, const MxTensor& k,
 
 size_t attention_backward_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
                                          const AttentionBackwardOptions& opt) {
-  if (q_meta.batch() < 1 || k_meta.batch() < 1 || heads < 1) return 0;
-  if (opt.broadcast_q ? q_meta.batch() != 1 : q_meta.batch() != k_meta.batch()) return 0;
+  if (!sizable(q_meta, k_meta, heads, opt.broadcast_q)) return 0;
   cuda::AttentionBwdProblem p;
   fill_problem(q_meta, k_meta, heads, out_tokens(q_meta, k_meta, opt.broadcast_q), opt.broadcast_q, 1.f, &p);
   p.Tq = q_meta.total_tokens();
