@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Development runs on the GPU machine, every step under a timeout (a hung kernel costs one step,
-# not the session): STEPS="tests bwdmem bwdbench fwdab bwdab python" (default all of them). Binaries from
+# not the session): STEPS="tests bwdmem bwdbench fwdab bwdab quantab python" (default all of them). Binaries from
 # .gpu-bin (scripts/stage_gpu_bin.sh, EXPERIMENTS=1 for fwdab). Logs in ${OUT:-gpu-logs}.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +37,15 @@ if want bwdab; then
     MXFLASH_BWD_VARIANT=$v T 200 "$B/exp/mxflash_tests_gpu" --gtest_brief=1 --gtest_filter='AttentionBwdGpu.*' > "$OUT/bwdab_$v.log" 2>&1
     echo "== bwd variant $v tests rc=$?"; tail -n 1 "$OUT/bwdab_$v.log"
     MXFLASH_BWD_VARIANT=$v T 120 "$B/exp/mxflash-bench" --preset ${PRESETS:-all} --workload bwd --impl mxfp8 --warmup-s 0.3 --window-s 1 2>/dev/null | grep -E "^(llm|cross|jagged)"
+  done
+fi
+if want quantab; then
+  # Quantize kernel variants (MXFLASH_QUANT_VARIANT bits, src/cuda/quantize/quantize_launch.cuh):
+  # their GPU tests (byte for byte against the CPU reference), then GB/s beside the copy.
+  for v in ${QUANT_VARIANTS:-0 8 7 15}; do
+    MXFLASH_QUANT_VARIANT=$v T 200 "$B/mxflash_tests_gpu" --gtest_brief=1 --gtest_filter='QuantizeGpu.*' > "$OUT/quantab_$v.log" 2>&1
+    echo "== quantize variant $v tests rc=$?"; tail -n 1 "$OUT/quantab_$v.log"
+    MXFLASH_QUANT_VARIANT=$v T 120 "$B/mxflash-bench" --workload quantize --warmup-s ${QWARM:-0.5} --window-s ${QWIN:-2} 2>/dev/null | grep -E "GB/s|copy|hdim|seq|square"
   done
 fi
 if want python; then

@@ -32,9 +32,15 @@ inline constexpr bool kLeanHdimSeq = MXFLASH_LEAN_HDIM_SEQ != 0;
 //              of 4 partial writes of every sector a tile apart. Every orientation and input type;
 //              only where both scale tensors are 16-byte aligned (otherwise the direct path runs).
 //   bit 2 (4): the lean kernel's payload stores are st.global.cs (L2 evict-first). Only with bit 0.
-// Values to A/B: 0 (default), 1, 2, 3, 7. Every variant writes the same bytes (GPU tests:
+//   bit 3 (8): one wave of resident CTAs looping over the strips (the kernels' former launch)
+//              instead of one CTA per strip. Every kernel. Measured on an H200 (1 GiB bf16, 3
+//              heads, docs/performance.md): the wave reaches 0.88-0.91 of copy bandwidth alone and
+//              0.83 for hdim+seq, one CTA per strip 0.98-0.99 and 0.91: with a resident wave the
+//              last round of strips runs on a fraction of the CTAs, so at a fraction of the
+//              bandwidth, while the hardware hands single strips to whichever SM frees a slot.
+// Values to A/B: 0 (default), 1, 2, 3, 7, 8, 15. Every variant writes the same bytes (GPU tests:
 // MXFLASH_QUANT_VARIANT=N mxflash_tests_gpu --gtest_filter='QuantizeGpu.*').
-inline constexpr int kVariantLean = 1, kVariantStageScales = 2, kVariantStreamStores = 4;
+inline constexpr int kVariantLean = 1, kVariantStageScales = 2, kVariantStreamStores = 4, kVariantWave = 8;
 inline int quant_variant() {
   static const int v = [] {
     const char* e = std::getenv("MXFLASH_QUANT_VARIANT");
@@ -43,11 +49,20 @@ inline int quant_variant() {
   return v;
 }
 
+// Grid of a strip-walking quantize kernel: one CTA per strip (default) or one wave of resident CTAs.
+template <auto Kernel>
+Status quantize_grid(int64_t strips, int* grid) {
+  if ((quant_variant() & kVariantWave) != 0) return grid_size<Kernel>(kTileThreads, strips, grid);
+  constexpr int64_t kMaxGrid = 0x7FFFFFFF;  // gridDim.x; the kernels loop when strips exceed it
+  *grid = int(strips < 1 ? 1 : (strips < kMaxGrid ? strips : kMaxGrid));
+  return Status::Ok();
+}
+
 template <bool kTokContiguous, bool kStage, bool kStream>
 Status run_hdim_seq_kernel(const QuantizeParams& params, cudaStream_t stream) {
   constexpr auto kernel = quantize_hdim_seq_kernel<kTokContiguous, kStage, kStream>;
   int grid = 0;
-  MXFLASH_RETURN_IF_ERROR(grid_size<kernel>(kTileThreads, params.num_groups / kStripTiles * params.jd.H, &grid));
+  MXFLASH_RETURN_IF_ERROR(quantize_grid<kernel>(params.num_groups / kStripTiles * params.jd.H, &grid));
   kernel<<<grid, kTileThreads, 0, stream>>>(params);
   return check_launch("quantize_hdim_seq_kernel");
 }
@@ -65,7 +80,7 @@ template <typename In, bool kHdim, TokOut kTok, bool kTokContiguous, bool kStage
 Status run_quantize_kernel(const QuantizeParams& params, cudaStream_t stream) {
   constexpr auto kernel = quantize_kernel<In, kHdim, kTok, kTokContiguous, kStage>;
   int grid = 0;
-  MXFLASH_RETURN_IF_ERROR(grid_size<kernel>(kTileThreads, params.num_groups / kStripTiles * params.jd.H, &grid));
+  MXFLASH_RETURN_IF_ERROR(quantize_grid<kernel>(params.num_groups / kStripTiles * params.jd.H, &grid));
   kernel<<<grid, kTileThreads, 0, stream>>>(params);
   return check_launch("quantize_kernel");
 }
