@@ -96,7 +96,7 @@ if want ab && [ -x "$BIN/exp/mxflash_tests_gpu" ]; then
     MXFLASH_FWD_VARIANT=$v "$BIN/exp/mxflash-bench" --preset all --workload fwd --impl mxfp8 \
       --warmup-s 0.3 --window-s 1 2>/dev/null | grep -E "^(llm|cross|jagged)"
   done
-  # Backward variants (docs/backward.md): 0 the default, 1 the persistent dK/dV kernel (not yet run).
+  # Backward variants (docs/backward.md): 0 the default (persistent dK/dV kernel), 1 one CTA per dK/dV item.
   for v in ${AB_BWD_VARIANTS:-1 0}; do
     note "backward variant $v: backward GPU tests and speed"
     MXFLASH_BWD_VARIANT=$v "$BIN/exp/mxflash_tests_gpu" --gtest_brief=1 --gtest_filter='AttentionBwdGpu.*' \

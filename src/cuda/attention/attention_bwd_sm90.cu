@@ -306,12 +306,18 @@ struct KvSmem {
 };
 inline constexpr size_t kKvSmemBytes = sizeof(KvSmem) + 1024;
 
-// kPersistent (experiment, MXFLASH_BWD_VARIANT bit 0; not yet run on a GPU): one CTA per SM walks
-// the work list with a stride of gridDim.x; the Q-tile stages run on across items and the next
-// item's K, V load as soon as both consumer warpgroups issued their last Sᵀ / dPᵀ (kv_empty), i.e.
-// under the previous item's last dV / dK GEMMs and its epilogue. Otherwise one CTA per item. Both
-// roles count the Q tiles (it) and K/V loads (kv_i) of the items before, alike.
-template <bool kPersistent>
+// kPersistent (the default; MXFLASH_BWD_VARIANT bit 0 of experiment builds runs the other form):
+// one CTA per SM walks the work list with a stride of gridDim.x; the Q-tile stages run on across
+// items and the next item's K, V load as soon as both consumer warpgroups issued their last Sᵀ /
+// dPᵀ (kv_empty), i.e. under the previous item's last dV / dK GEMMs and its epilogue. Otherwise one
+// CTA per item. Both roles count the Q tiles (it) and K/V loads (kv_i) of the items before, alike.
+// Measured on an H200 (same binary, A/B): +5% on cross and jagged (few Q tiles per item, so the
+// prologue and epilogue weigh), the same on llm and llm-long.
+// kDvPerHalf (experiment, MXFLASH_BWD_VARIANT bit 1): dV += Pᵀ dO issued and promoted per 64-query
+// half, as dK, instead of once per Q tile (the default: both halves' Pᵀ go into one fresh
+// accumulator after the second half's dK, one promotion with the tile's dO channel scales, which
+// the two halves share).
+template <bool kPersistent, bool kDvPerHalf = false>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_bwd_dkdv_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -433,15 +439,27 @@ __global__ void __launch_bounds__(kThreads, 1)
           attn::pack_chunk(dp + 16 * c, c, da);
         }
       };
-      // dV += Pᵀ dO or dK += dSᵀ Q over the half's 64 queries, into fresh accumulators t.
-      auto issue_grad = [&](float (&t)[64], const uint8_t* bt, const uint32_t (&frag)[8], int hh) {
-        const uint64_t db = sm90::make_desc_k128b(bt) + 2 * (2 * hh);
-        sm90::wgmma_fence();
+      // The wgmmas of dV += Pᵀ dO or dK += dSᵀ Q over the half's 64 queries (into t, fresh when
+      // `first`), uncommitted.
+      auto grad_steps = [&](float (&t)[64], uint64_t db, const uint32_t (&frag)[8], int hh, bool first) {
 #pragma unroll
         for (int kk = 0; kk < kHalf / 32; ++kk) {
           const uint32_t a[4] = {frag[4 * kk], frag[4 * kk + 1], frag[4 * kk + 2], frag[4 * kk + 3]};
-          sm90::wgmma_m64n128k32_rs(t, a, db + 2 * kk, kk);
+          sm90::wgmma_m64n128k32_rs(t, a, db + 2 * (2 * hh + kk), first && kk == 0 ? 0 : 1);
         }
+      };
+      // One half's gradient into fresh accumulators t.
+      auto issue_grad = [&](float (&t)[64], const uint8_t* bt, const uint32_t (&frag)[8], int hh) {
+        sm90::wgmma_fence();
+        grad_steps(t, sm90::make_desc_k128b(bt), frag, hh, true);
+        sm90::wgmma_commit();
+      };
+      // dV over the whole Q tile: both halves' Pᵀ into fresh accumulators t.
+      auto issue_dv_tile = [&](float (&t)[64], const uint8_t* bt, const uint32_t (&pa0)[8], const uint32_t (&pa1)[8]) {
+        const uint64_t db = sm90::make_desc_k128b(bt);
+        sm90::wgmma_fence();
+        grad_steps(t, db, pa0, 0, true);
+        grad_steps(t, db, pa1, 1, false);
         sm90::wgmma_commit();
       };
       // Promotions: dV times the stage's dO channel scales, dK times the dS row scales.
@@ -466,6 +484,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int stage = (it + j) % kKvStages;
           const KvStage& st = s.st[stage];
           sm90::mbar_wait(&s.full[stage], ((it + j) / kKvStages) & 1);
+          uint32_t pa0[8];  // the first half's Pᵀ, for the tile's dV (default order)
 #pragma unroll 1
           for (int hh = 0; hh < 2; ++hh) {
             float sc[32], dp[32];
@@ -476,14 +495,26 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (kPersistent && j == n_q - 1 && hh == 1) sm90::mbar_arrive(&s.kv_empty);  // K, V read for the last time
             math(sc, dp, st, hh);
             float t[64];
-            issue_grad(t, st.dot, pa, hh);
-            sm90::wgmma_wait<0>();
-            attn::fence_all(t);
-            promote_dv(t, st);
+            if constexpr (kDvPerHalf) {
+              issue_grad(t, st.dot, pa, hh);
+              sm90::wgmma_wait<0>();
+              attn::fence_all(t);
+              promote_dv(t, st);
+            } else if (hh == 0) {
+#pragma unroll
+              for (int i = 0; i < 8; ++i) pa0[i] = pa[i];
+            }
             issue_grad(t, st.qt, da, hh);
             sm90::wgmma_wait<0>();
             attn::fence_all(t);
             promote_dk(t);
+          }
+          if constexpr (!kDvPerHalf) {
+            float t[64];
+            issue_dv_tile(t, st.dot, pa0, pa);
+            sm90::wgmma_wait<0>();
+            attn::fence_all(t);
+            promote_dv(t, st);
           }
           sm90::mbar_arrive(&s.empty[stage]);
         }
@@ -710,8 +741,9 @@ namespace {
 size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 
 // Kernel variants of experiment builds (-DMXFLASH_FWD_EXPERIMENTS=1), picked with the environment
-// variable MXFLASH_BWD_VARIANT for A/B runs of one binary: bit 0 the persistent dK/dV kernel.
-// Other builds run variant 0.
+// variable MXFLASH_BWD_VARIANT for A/B runs of one binary: bit 0 one CTA per dK/dV item instead of
+// the persistent dK/dV kernel, bit 1 dV promoted per 64-query half (kDvPerHalf). Other builds run
+// variant 0.
 int bwd_variant() {
 #if MXFLASH_FWD_EXPERIMENTS
   static const int v = [] {
@@ -935,8 +967,13 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       bp.items = reinterpret_cast<const int2*>(ws + w.kv_items);
       const int64_t n_items = int64_t(kv_items.size()) * H;
       bp.num_items = int(n_items);
-      const bool persistent = (bwd_variant() & 1) != 0;
+      const int variant = bwd_variant();
+      const bool persistent = (variant & 1) == 0;
       auto kernel = persistent ? bwd::attention_bwd_dkdv_kernel<true> : bwd::attention_bwd_dkdv_kernel<false>;
+#if MXFLASH_FWD_EXPERIMENTS
+      if ((variant & 2) != 0)
+        kernel = persistent ? bwd::attention_bwd_dkdv_kernel<true, true> : bwd::attention_bwd_dkdv_kernel<false, true>;
+#endif
       MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kKvSmemBytes)),
           "cudaFuncSetAttribute(attention_bwd_dkdv_kernel)"));
