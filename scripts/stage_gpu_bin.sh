@@ -8,7 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD_DIR:-build}
-BUILD_DIR=$B scripts/build.sh -DMXFLASH_PYTHON=OFF
+# Python stays on in the main build dir (scripts/test.sh shares it); the module is not carried.
+BUILD_DIR=$B scripts/build.sh -DMXFLASH_PYTHON=ON
 rm -rf .gpu-bin && mkdir -p .gpu-bin
 cp "$B"/tests/mxflash_tests_gpu "$B"/tests/mxflash_tests_cpu .gpu-bin/
 for f in "$B"/tools/*/mxflash-*; do [ -x "$f" ] && cp "$f" .gpu-bin/; done

@@ -635,9 +635,10 @@ def attention_backward(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, so
     dv_scales]) writes into given arrays. dq_accum="fp16" (accumulator scaled by
     2**dq_fp16_scale_log2) and p_scale="dynamic" (per-block P scales for dV) are modelled by the CPU
     reference only: the CUDA paths raise RuntimeError for them rather than ignoring them.
-    numpy operands run the exact-MX CPU reference; CUDA tensors run the fast sm_90a kernel
-    (deterministic, no atomics; output_mxfp8_dkv supported), or with exact_mx=True the exact-MX GPU
-    path (slow; the oracle; default options only).
+    numpy operands run the exact-MX CPU reference; CUDA tensors run the fast sm_90a kernel on the
+    current stream (deterministic, no atomics; output_mxfp8_dkv supported; workspace from torch's
+    allocator, no synchronization), or with exact_mx=True the exact-MX GPU path (slow; the oracle;
+    default options only).
     """
     _check_meta_arg(q_meta, "q_meta")
     _check_meta_arg(k_meta, "k_meta")
@@ -662,13 +663,21 @@ def attention_backward(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, so
     outs = [_as_array(x, n) for x, n in zip(outs, names_out)]
     dq, dk, dv = outs[:3]
     scale_views = [_view(x, n, True) for x, n in zip(outs[3:], names_out[3:])] + [None] * (5 - len(outs))
+    workspace = ws_ptr = ws_bytes = 0
+    if _is_cuda(qp) and not exact_mx:
+        # From torch's caching allocator on the current stream (as the forward's): the call itself
+        # then allocates nothing, and torch accounts for the memory.
+        n = _C.attention_backward_workspace_size(q_meta._host, k_meta._host, heads, bool(broadcast_q), mx_out)
+        workspace = _torch().empty(max(int(n), 1), dtype=_torch().uint8, device=qp.device)
+        ws_ptr, ws_bytes = workspace.data_ptr(), int(workspace.numel())
     scale = float("nan") if softmax_scale is None else float(softmax_scale)
     _C.attention_backward(q_meta._cpp_for(qp), k_meta._cpp_for(qp),
                           *(_mx_view(t, a, n) for t, a, n in zip(operands, arrays, names)),
                           _view(o, "out"), _view(g, "dout"), _view(l, "lse"), scale, bool(broadcast_q),
                           _code(_DQ_ACCUM, dq_accum), int(dq_fp16_scale_log2), _code(_P_SCALE, p_scale),
                           bool(output_mxfp8_dkv), bool(exact_mx), _view(dq, "dq", True), _view(dk, "dk", True),
-                          _view(dv, "dv", True), *scale_views, _stream(qp))
+                          _view(dv, "dv", True), *scale_views, ws_ptr, ws_bytes, _stream(qp))
+    del workspace  # freed to torch's caching allocator, stream-ordered behind the kernels
     return tuple(outs)
 
 

@@ -385,6 +385,20 @@ NB_MODULE(_mxflash, m) {
       "q_meta"_a, "k_meta"_a, "q"_a, "k"_a, "v"_a, "softmax_scale"_a, "broadcast_q"_a, "out"_a, "lse"_a,
       "workspace"_a, "workspace_bytes"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>());
 
+  // Bytes of device workspace the fast CUDA backward needs (0 without CUDA, and for metadata the
+  // launcher would reject, as for the forward).
+  m.def(
+      "attention_backward_workspace_size",
+      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, bool broadcast_q,
+         bool output_mxfp8_dkv) -> size_t {
+        const bool consistent = broadcast_q ? q_meta.batch() == 1 : q_meta.batch() == k_meta.batch();
+        if (!consistent || heads < 1) return 0;
+        AttentionBackwardOptions opt;
+        opt.broadcast_q = broadcast_q;
+        opt.output_mxfp8_dkv = output_mxfp8_dkv;
+        return attention_backward_workspace_size(q_meta, k_meta, heads, opt);
+      },
+      "q_meta"_a, "k_meta"_a, "heads"_a, "broadcast_q"_a, "output_mxfp8_dkv"_a);
   // Backward: the kernel options arrive as (dq_accum, dq_fp16_scale_log2, p_scale, output_mxfp8_dkv)
   // codes; the launcher refuses out-of-range and not-yet-implemented values by name.
   m.def(
@@ -393,7 +407,7 @@ NB_MODULE(_mxflash, m) {
          const Mx& k_seq, const Mx& v, const View& out, const View& dout, const View& lse, double softmax_scale,
          bool broadcast_q, int dq_accum, int dq_fp16_scale_log2, int p_scale, bool output_mxfp8_dkv, bool exact_mx,
          const View& dq, const View& dk, const View& dv, const std::optional<View>& dk_scales,
-         const std::optional<View>& dv_scales, uintptr_t stream) {
+         const std::optional<View>& dv_scales, uintptr_t workspace, size_t workspace_bytes, uintptr_t stream) {
         const MxTensor tq = to_mx(q, "q"), tqs = to_mx(q_seq, "q_seq"), tk = to_mx(k, "k"),
                        tks = to_mx(k_seq, "k_seq"), tv = to_mx(v, "v");
         AttentionBackwardOptions opt;
@@ -409,12 +423,13 @@ NB_MODULE(_mxflash, m) {
                                           to_view(lse, "lse"), q_meta, k_meta, opt, to_view(dq, "dq"),
                                           to_view(dk, "dk"), to_view(dv, "dv"),
                                           dk_scales ? to_view(*dk_scales, "dk_scales") : TensorView{},
-                                          dv_scales ? to_view(*dv_scales, "dv_scales") : TensorView{}, nullptr, 0,
-                                          as_stream(stream)));
+                                          dv_scales ? to_view(*dv_scales, "dv_scales") : TensorView{},
+                                          reinterpret_cast<void*>(workspace), workspace_bytes, as_stream(stream)));
       },
       "q_meta"_a, "k_meta"_a, "q"_a, "q_seq"_a, "k"_a, "k_seq"_a, "v"_a, "out"_a, "dout"_a, "lse"_a,
       "softmax_scale"_a, "broadcast_q"_a, "dq_accum"_a, "dq_fp16_scale_log2"_a, "p_scale"_a, "output_mxfp8_dkv"_a,
-      "exact_mx"_a, "dq"_a, "dk"_a, "dv"_a, "dk_scales"_a.none(), "dv_scales"_a.none(), "stream"_a,
+      "exact_mx"_a, "dq"_a, "dk"_a, "dv"_a, "dk_scales"_a.none(), "dv_scales"_a.none(), "workspace"_a,
+      "workspace_bytes"_a, "stream"_a,
       nb::call_guard<nb::gil_scoped_release>());
 
   // ------------------------------------------------------------------ scalar codecs, vectorized

@@ -286,6 +286,7 @@ def test_non_invalid_status_is_runtime_error(case):
                                    view(np.zeros((To, H, 128), BF16), _mxflash.DTYPES["bfloat16"]),
                                    view(np.zeros((H, To), np.float32), _mxflash.DTYPES["float32"]), 0, 0, 0)
     assert _mxflash.attention_forward_workspace_size(qm._host, km._host, H, False) == 0
+    assert _mxflash.attention_backward_workspace_size(qm._host, km._host, H, False, False) == 0
 
 
 # ---------------------------------------------------------------------------- CUDA

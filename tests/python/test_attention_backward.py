@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import mxflash
+from mxflash import _mxflash
 from test_attention import attention_fp64, cu, raises_exactly, sentinel, sqnr_db, untouched
 
 BF16 = ml_dtypes.bfloat16
@@ -153,6 +154,17 @@ def test_cuda_fast_and_exact_paths_match_the_cpu(small, torch_cuda):
         assert sqnr_db(want.astype(np.float64), g.astype(np.float64)) > 20, name
     with pytest.raises(RuntimeError, match="^p_scale: .*not by the fast CUDA kernel"):
         mxflash.attention_backward(*args, p_scale="dynamic")
+    # Its workspace comes from torch's caching allocator (torch accounts for it): the peak of a call
+    # covers the workspace plus the three gradients it returns.
+    n = _mxflash.attention_backward_workspace_size(small["qm"]._host, small["km"]._host, H, False, False)
+    assert n > 0
+    grad_bytes = sum(g.numel() * g.element_size() for g in fast)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    mxflash.attention_backward(*args)
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() - base >= n + grad_bytes
     # The exact-MX GPU path: the CPU reference's arithmetic, FP64 sums associated differently.
     got = mxflash.attention_backward(*args, exact_mx=True)
     torch.cuda.synchronize()
