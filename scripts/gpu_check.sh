@@ -76,6 +76,15 @@ if want bench && [ -x "$BIN/mxflash-bench" ]; then
   note "mxflash-bench quantize"
   "$BIN/mxflash-bench" --workload quantize ${BENCH_ARGS:-} --json "$OUT/bench_quantize.json" > "$OUT/bench_quantize.log" 2>"$OUT/bench_quantize.err" || { status=1; note "BENCH QUANTIZE FAILED"; }
   cat "$OUT/bench_quantize.log"
+  # The other layouts the bar covers: token-contiguous seq / square32 payloads, plain scales.
+  for lay in token-contiguous plain; do
+    flag=--quant-payload-layout; [ "$lay" = plain ] && flag=--quant-scale-layout
+    note "mxflash-bench quantize $flag $lay"
+    # shellcheck disable=SC2086
+    "$BIN/mxflash-bench" --workload quantize "$flag" "$lay" ${BENCH_ARGS:-} --json "$OUT/bench_quantize_$lay.json" \
+      > "$OUT/bench_quantize_$lay.log" 2>/dev/null || { status=1; note "BENCH QUANTIZE FAILED"; }
+    cat "$OUT/bench_quantize_$lay.log"
+  done
   note "mxflash-bench attention presets (mxfp8 vs cuDNN BF16 and FP8, --check)"
   "$BIN/mxflash-bench" --preset all --workload fwd,bwd --check ${BENCH_ARGS:-} --json "$OUT/bench_attention.json" > "$OUT/bench_attention.log" 2>"$OUT/bench_attention.err" || { status=1; note "BENCH ATTENTION FAILED"; }
   cat "$OUT/bench_attention.log"

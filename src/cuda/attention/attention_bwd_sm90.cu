@@ -723,12 +723,8 @@ __global__ void token_row_scales_kernel(const uint8_t* __restrict__ square, cons
                                         uint8_t* __restrict__ out) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < T * H; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = e / H, h = e % H;
-    int lo = 0, hi = batch - 1;  // the sequence of token t: the largest b with cu[b] <= t
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (cu[mid] <= t) lo = mid; else hi = mid - 1;
-    }
-    const int64_t g = (cu_sf[lo] + t - cu[lo]) / kBlockSize;
+    const int b = attn::sequence_of_padded(cu, batch, t);  // the largest b with cu[b] <= t: t's sequence
+    const int64_t g = (cu_sf[b] + t - cu[b]) / kBlockSize;
     const uint32_t v = *reinterpret_cast<const uint32_t*>(square + (g * H + h) * 4);
     *reinterpret_cast<uint32_t*>(out + e * 4) = v;
   }

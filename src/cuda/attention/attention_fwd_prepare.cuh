@@ -27,7 +27,8 @@ __host__ __device__ __forceinline__ int permuted_token(int k) {
   return 16 * (k / 16) + 8 * ((k % 4) / 2) + 2 * ((k % 16) / 4) + (k % 2);
 }
 
-// Index of the sequence owning padded token tp: the largest b with cu_sf[b] <= tp.
+// Index of the sequence owning padded token tp: the largest b with cu_sf[b] <= tp (with cu instead
+// of cu_sf: the sequence of packed token tp).
 __device__ __forceinline__ int sequence_of_padded(const int32_t* cu_sf, int batch, int64_t tp) {
   int lo = 0, hi = batch - 1;
   while (lo < hi) {

@@ -1,11 +1,12 @@
 // hdim + seq from one read of bf16 x: a leaner kernel than quantize_kernel<uint16_t, true, kSeq, *>,
 // selected by MXFLASH_QUANT_VARIANT bit 0 at run time or MXFLASH_LEAN_HDIM_SEQ=1 at build time
-// (quantize_launch.cuh). Measured on an H200: 3508 GB/s, the generic kernel's 3509 (0.83 of copy):
-// the instruction count and the bytes in flight were not the limit (see quantize_kernel.cuh).
+// (quantize_launch.cuh). Measured on an H200: the generic kernel's speed (0.83 of copy with a resident
+// wave of CTAs, 0.90-0.91 with one CTA per strip, docs/performance.md): the instruction count and the
+// bytes in flight were not the limit.
 // Same outputs byte for byte; same tiles, strips, thread layout and shared-memory layouts as
-// quantize_kernel.cuh (read that first). What changes is the instruction count per tile, which is
-// what held the fused path at 0.84 of copy bandwidth while the single-orientation paths reach
-// 0.90-0.92.
+// quantize_kernel.cuh (read that first). What changes is the instruction count per tile, which was
+// suspected of holding the fused path at 0.84 of copy bandwidth while the single-orientation paths
+// reached 0.90-0.92 (it was the resident wave's last round: quantize_launch.cuh).
 //
 // NOTES: SASS per tile (32 tokens x 128 columns; per thread: 32 elements), nvcc 13.0 sm_90a, on the
 // NOTES: common path (full tile, no inf/NaN); counted by walking cuobjdump -sass of the tile loop.

@@ -20,13 +20,14 @@
 // non-finite elements patched afterwards (mx_device.cuh has the proof obligations).
 //
 // Measured on an H200, 1 GiB of bf16 input, % of device-to-device copy bandwidth (read + write
-// bytes): hdim 89-90, seq / square32 token-major 90-92, token-contiguous 87-90, hdim+seq 79-84
-// (fp32 input: 89-99). Jagged lengths 1..255: the same except token-contiguous, about 76.
-// (mxflash-bench --workload quantize measures these.) quantize_hdim_seq_kernel.cuh is a leaner
-// bf16 hdim+seq kernel (same bytes, ~40% fewer instructions per tile, 7 CTAs/SM, two tiles of loads
-// in flight): measured at the same 0.83 of copy, so hdim+seq is not issue- or latency-bound but
-// limited in the memory system. MXFLASH_QUANT_VARIANT (quantize_launch.cuh) selects it and the
-// staged scale atoms (store_staged_atoms below) at run time.
+// bytes), one CTA per strip (the default launch): hdim 99, seq / square32 token-major 99-100,
+// token-contiguous 90-91, hdim+seq 91-93 (token-contiguous 86); docs/performance.md. With one
+// resident wave of CTAs (the former launch) 8-10 points less: its last round of strips ran on a
+// fraction of the CTAs. (mxflash-bench --workload quantize measures these.)
+// quantize_hdim_seq_kernel.cuh is a leaner bf16 hdim+seq kernel (same bytes, ~40% fewer
+// instructions per tile, 7 CTAs/SM, two tiles of loads in flight): measured at the same speed, so
+// hdim+seq is not issue- or latency-bound. MXFLASH_QUANT_VARIANT (quantize_launch.cuh) selects it,
+// the staged scale atoms (store_staged_atoms below) and the resident wave at run time.
 #pragma once
 #include <cuda_runtime.h>
 
