@@ -44,6 +44,11 @@ if want tests; then
   note "GPU tests"
   "$BIN/mxflash_tests_gpu" --gtest_brief=1 > "$OUT/tests_gpu.log" 2>&1 || { status=1; note "GPU TESTS FAILED"; }
   tail -5 "$OUT/tests_gpu.log"
+  # The quantize kernels' other launch (a resident wave of CTAs walking several strips each).
+  note "GPU quantize tests with MXFLASH_QUANT_VARIANT=8"
+  MXFLASH_QUANT_VARIANT=8 "$BIN/mxflash_tests_gpu" --gtest_brief=1 --gtest_filter='QuantizeGpu.*' \
+    > "$OUT/tests_gpu_wave.log" 2>&1 || { status=1; note "GPU QUANTIZE TESTS (WAVE) FAILED"; }
+  tail -2 "$OUT/tests_gpu_wave.log"
 fi
 if want sanitizer; then
   # The exhaustive codec sweeps are pure arithmetic (and slow under the tools); every kernel that

@@ -121,19 +121,29 @@ JaggedMeta out_meta_of(const AttnProblem& p, const Geometry& g) {
   return m;
 }
 
-// Runs f(b, h) over every (sequence, head) item on `threads` workers, largest items first.
-// Each item writes disjoint outputs, so results do not depend on the schedule.
+// Runs f(b, h, i0, i1) over every (sequence, head, block of at most `rows` query rows [i0, i1)) on
+// `threads` workers, largest items first. Each item writes disjoint outputs (callers that
+// accumulate over query rows pass rows = 0: whole sequences), so results do not depend on the
+// schedule. Row blocks let one long sequence use every core (the forward at 16384 keys).
 template <typename F>
-void for_each_item(const Geometry& g, int threads, F&& f) {
-  std::vector<std::pair<int, int64_t>> items;
-  for (int b = 0; b < g.B; ++b)
-    for (int64_t h = 0; h < g.H; ++h) items.push_back({b, h});
-  std::stable_sort(items.begin(), items.end(), [&](const auto& x, const auto& y) {
-    return g.lq[x.first] * (g.lk[x.first] + 1) > g.lq[y.first] * (g.lk[y.first] + 1);
+void for_each_row_block(const Geometry& g, int threads, int64_t rows, F&& f) {
+  struct Item {
+    int b;
+    int64_t h, i0, i1;
+  };
+  std::vector<Item> items;
+  for (int b = 0; b < g.B; ++b) {
+    const int64_t step = rows > 0 ? rows : std::max<int64_t>(g.lq[b], 1);
+    for (int64_t h = 0; h < g.H; ++h)
+      for (int64_t i0 = 0; i0 < std::max<int64_t>(g.lq[b], 1); i0 += step)
+        items.push_back({b, h, i0, std::min(g.lq[b], i0 + step)});
+  }
+  std::stable_sort(items.begin(), items.end(), [&](const Item& x, const Item& y) {
+    return (x.i1 - x.i0) * (g.lk[x.b] + 1) > (y.i1 - y.i0) * (g.lk[y.b] + 1);
   });
   std::atomic<size_t> next{0};
   auto worker = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < items.size();) f(items[i].first, items[i].second);
+    for (size_t i; (i = next.fetch_add(1)) < items.size();) f(items[i].b, items[i].h, items[i].i0, items[i].i1);
   };
   const int n = std::max(1, std::min<int>(threads, int(items.size())));
   std::vector<std::thread> pool;
@@ -141,6 +151,15 @@ void for_each_item(const Geometry& g, int threads, F&& f) {
   worker();
   for (auto& t : pool) t.join();
 }
+
+// f(b, h) over every (sequence, head) item: for_each_row_block with whole sequences.
+template <typename F>
+void for_each_item(const Geometry& g, int threads, F&& f) {
+  for_each_row_block(g, threads, 0, [&](int b, int64_t h, int64_t, int64_t) { f(b, h); });
+}
+
+// Query rows per forward work item: rows are independent in the forward.
+constexpr int64_t kForwardRowBlock = 64;
 
 // ---------------------------------------------------------------- operand preparation
 // Every operand is held as the values the method's GEMMs consume (dequantized), in double.
@@ -399,12 +418,12 @@ Status attention_forward(const AttnProblem& p, AttnMethod m, AttnForwardResult* 
   result->out.assign(size_t(g.To * g.H * kD), 0.0);
   result->lse.assign(size_t(g.H * g.To), kNegInf);
 
-  for_each_item(g, opt.threads, [&](int b, int64_t h) {
+  for_each_row_block(g, opt.threads, kForwardRowBlock, [&](int b, int64_t h, int64_t i_begin, int64_t i_end) {
     const int64_t lk = g.lk[b];
     if (lk == 0) return;  // O = 0, LSE = -inf
     Vec s(static_cast<size_t>(lk));
     double acc[kD];
-    for (int64_t i = 0; i < g.lq[b]; ++i) {
+    for (int64_t i = i_begin; i < i_end; ++i) {
       const double* q = ops.q_s + g.idx(g.q0[b] + i, h);
       double m_row = kNegInf;
       for (int64_t j = 0; j < lk; ++j) {
