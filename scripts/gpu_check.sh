@@ -110,8 +110,9 @@ if want ab && [ -x "$BIN/exp/mxflash_tests_gpu" ]; then
     MXFLASH_FWD_VARIANT=$v "$BIN/exp/mxflash-bench" --preset all --workload fwd --impl mxfp8 \
       --warmup-s 0.3 --window-s 1 2>/dev/null | grep -E "^(llm|cross|jagged)"
   done
-  # Backward variants (docs/backward.md): 0 the default (persistent dK/dV kernel), 1 one CTA per dK/dV item.
-  for v in ${AB_BWD_VARIANTS:-1 0}; do
+  # Backward variants (docs/backward.md): 0 the default (persistent dK/dV kernel), 1 one CTA per dK/dV item,
+  # 8 / 24 dQ fused into the dK/dV kernel (not yet run on a GPU; 24 with dV promoted per half).
+  for v in ${AB_BWD_VARIANTS:-8 24 0 1}; do
     note "backward variant $v: backward GPU tests and speed"
     MXFLASH_BWD_VARIANT=$v "$BIN/exp/mxflash_tests_gpu" --gtest_brief=1 --gtest_filter='AttentionBwdGpu.*' \
       > "$OUT/ab_bwd_tests_v$v.log" 2>&1 || { status=1; note "BACKWARD VARIANT $v TESTS FAILED"; }

@@ -226,6 +226,7 @@ struct BwdParams {
   __nv_bfloat16* dv;
   float* dk_f32;  // non-null (output_mxfp8_dkv): dK, dV written in fp32 here instead, quantized after
   float* dv_f32;
+  float* dq_acc;  // kFusedDq: (Tq, H, 128) fp32, 256 dQ times the K channel scales, reduced into
 };
 
 struct Item {
@@ -306,6 +307,31 @@ struct KvSmem {
 };
 inline constexpr size_t kKvSmemBytes = sizeof(KvSmem) + 1024;
 
+// kFusedDq: what the dK/dV kernel adds to compute dQ too (placed after KvSmem).
+struct FusedDqSmem {
+  alignas(1024) uint8_t kt[kTileBytes];  // Kᵀ' of the item's 128 keys (128 channels x 128 keys)
+  alignas(1024) uint8_t ds[kHalf * kTile];  // dS of one query half, 64 queries x 128 keys, 128B-swizzled rows
+  alignas(16) float kts[kHeadDim];        // the item's K channel scales (K along tokens)
+  alignas(16) float bmax[2][kConsumers * 4];  // |dS| maxima of the 8 consumer warps, per half parity
+};
+inline constexpr size_t kKvSmemOffsetFused = (sizeof(KvSmem) + 1023) / 1024 * 1024;
+inline constexpr size_t kKvSmemBytesFused = kKvSmemOffsetFused + sizeof(FusedDqSmem) + 1024;
+inline constexpr int kBarDsMax = 1, kBarDsReady = 2;  // named barriers of the two consumer warpgroups
+static_assert(kKvSmemBytesFused <= 227 * 1024, "fused dK/dV/dQ shared memory");
+
+// Two e4m3 bytes of (lo, hi): lo in bits 0-7.
+__device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ void sts_u8(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u8 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
+}
+
 // kPersistent (the default; MXFLASH_BWD_VARIANT bit 0 of experiment builds runs the other form):
 // one CTA per SM walks the work list with a stride of gridDim.x; the Q-tile stages run on across
 // items and the next item's K, V load as soon as both consumer warpgroups issued their last Sᵀ /
@@ -317,14 +343,27 @@ inline constexpr size_t kKvSmemBytes = sizeof(KvSmem) + 1024;
 // half, as dK, instead of once per Q tile (the default: both halves' Pᵀ go into one fresh
 // accumulator after the second half's dK, one promotion with the tile's dO channel scales, which
 // the two halves share).
-template <bool kPersistent, bool kDvPerHalf = false>
+//
+// kFusedDq (experiment, MXFLASH_BWD_VARIANT bit 3; persistent only; NOT YET RUN ON A GPU): dQ is
+// computed here too and the dQ kernel does not run (5 GEMMs instead of 7). Per 64-query half, after
+// the math: the largest |dS| of the CTA's 128 keys x 64 queries (named barrier kBarDsMax over both
+// consumer warpgroups) gives one power-of-two scale B; dS / B goes as e4m3 into the shared tile
+// `ds` transposed (queries as rows, keys along the 128-byte swizzled row: the K-major A operand);
+// after kBarDsReady each warpgroup computes its 64 channels of dQ = dS Kᵀ' (4 m64n64k32 SS), times
+// B and the K channel scales, reduced into p.dq_acc with red.global.add.v2.f32 (not deterministic:
+// the order of the additions varies). Keys past the sequence's end get dS = 0 first. The
+// workspace's dQ accumulator is zeroed before and turned into bf16 after (dq_from_acc_kernel).
+template <bool kPersistent, bool kDvPerHalf = false, bool kFusedDq = false>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_bwd_dkdv_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                               const __grid_constant__ CUtensorMap tm_qt, const __grid_constant__ CUtensorMap tm_dot,
-                              const BwdParams p) {
+                              const __grid_constant__ CUtensorMap tm_kt, const BwdParams p) {
+  static_assert(!kFusedDq || kPersistent, "the fused form is built on the persistent schedule");
   extern __shared__ uint8_t smem_raw[];
-  KvSmem& s = *reinterpret_cast<KvSmem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* const smem_base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  KvSmem& s = *reinterpret_cast<KvSmem*>(smem_base);
+  FusedDqSmem& f = *reinterpret_cast<FusedDqSmem*>(smem_base + kKvSmemOffsetFused);  // kFusedDq only
   const int wg = threadIdx.x / kWarpgroupThreads, tid = threadIdx.x % kWarpgroupThreads;
   init_pipeline(&s.kv_full, s.full, s.empty);
   if (kPersistent) {
@@ -342,9 +381,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto produce = [&](const Item& w, int n_q, int it, int kv_i) {
       const int64_t k_row = int64_t(w.h) * p.Pk + p.cu_k_sf[w.b] + int64_t(w.blk) * kTile;
       if (kPersistent) sm90::mbar_wait(&s.kv_empty, (kv_i & 1) ^ 1);
-      sm90::mbar_arrive_expect_tx(&s.kv_full, 2 * kTileBytes);
+      sm90::mbar_arrive_expect_tx(&s.kv_full, kFusedDq ? 3 * kTileBytes + kHeadDim * sizeof(float) : 2 * kTileBytes);
       sm90::tma_load_2d(s.k, &tm_k, &s.kv_full, 0, int(k_row));
       sm90::tma_load_2d(s.v, &tm_v, &s.kv_full, 0, int(k_row));
+      if constexpr (kFusedDq) {
+        sm90::tma_load_2d(f.kt, &tm_kt, &s.kv_full, int(p.cu_k_sf[w.b] + int64_t(w.blk) * kTile), w.h * kHeadDim);
+        sm90::bulk_load(f.kts, p.kt_scale + (int64_t(w.b) * p.heads + w.h) * kHeadDim, kHeadDim * sizeof(float),
+                        &s.kv_full);
+      }
       const int64_t q_pad0 = p.cu_q_sf[w.qb];
       for (int j = 0; j < n_q; ++j) {
         const int stage = (it + j) % kKvStages;
@@ -406,6 +450,81 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n64k32_ss(dp, desc_v + 2 * kk, desc_do + 2 * kk, kk);
         sm90::wgmma_commit();
       };
+      // kFusedDq: the half's dS scale for dQ, from the 8 warps' maxima (computed where needed rather
+      // than held across the GEMMs: registers are what the fused form is short of).
+      auto ds_scale_byte = [&](int hh) {
+        const float4 m0 = lds_f4(&f.bmax[hh][0]), m1 = lds_f4(&f.bmax[hh][4]);
+        return scale_byte(fmaxf(fmaxf(fmaxf(m0.x, m0.y), fmaxf(m0.z, m0.w)), fmaxf(fmaxf(m1.x, m1.y), fmaxf(m1.z, m1.w))));
+      };
+      // kFusedDq: dSᵀ (256 dS, fp32) of the half into the shared dS tile, as e4m3 over one
+      // power-of-two scale of the CTA's 128 keys x 64 queries, transposed: row = query q, byte =
+      // the key's position in Kᵀ' (whose 32-token groups are in permuted_token order: key t of a
+      // group sits at 16 (t / 16) + 4 ((t % 8) / 2) + 2 ((t % 16) / 8) + t % 2), 16-byte chunks
+      // swizzled by q mod 8 (the 128B swizzle of a K-major wgmma operand). Keys past the sequence's
+      // end get dS = 0 (amax too). Ends with the tile complete for both warpgroups.
+      auto fused_ds = [&](float (&dp)[32], float (&amax)[2], int hh) {
+        if ((w.blk + 1) * kTile > w.Lk) {  // the item holds keys past the sequence's end
+          const int key0 = w.blk * kTile + cw * kHalf + warp * 16 + lane / 4;  // this thread's keys: key0, key0 + 8
+#pragma unroll
+          for (int i = 0; i < 32; ++i) dp[i] = key0 + 8 * ((i % 4) / 2) < w.Lk ? dp[i] : 0.f;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) amax[r] = key0 + 8 * r < w.Lk ? amax[r] : 0.f;
+        }
+        float m = fmaxf(amax[0], amax[1]);
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+        if (lane == 0)
+          asm volatile("st.shared.f32 [%0], %1;" ::"r"(sm90::smem_u32(&f.bmax[hh][cw * 4 + warp])), "f"(m) : "memory");
+        sm90::named_barrier_sync(kBarDsMax, kConsumers * kWarpgroupThreads);
+        const float inv = inv_scale_of(ds_scale_byte(hh));
+        const uint32_t base = sm90::smem_u32(f.ds) + 4 * (lane >> 3) + ((lane >> 2) & 1);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          uint32_t at[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int q7 = 2 * quad + e;  // query mod 8 (the query is 8 jn + q7)
+            at[e] = base + q7 * 128 + ((uint32_t(4 * cw + warp) ^ uint32_t(q7)) << 4) + 2 * r;
+          }
+#pragma unroll
+          for (int jn = 0; jn < 8; ++jn) {
+            const uint32_t pair = e4m3x2(dp[4 * jn + 2 * r] * inv, dp[4 * jn + 2 * r + 1] * inv);
+            sts_u8(at[0] + 1024 * jn, pair & 0xFFu);
+            sts_u8(at[1] + 1024 * jn, pair >> 8);
+          }
+        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // st.shared before wgmma reads
+        sm90::named_barrier_sync(kBarDsReady, kConsumers * kWarpgroupThreads);
+      };
+      // kFusedDq: dQ of the half's 64 queries, this warpgroup's 64 channels: dS Kᵀ' (SS), times the
+      // dS scale and the K channel scales, reduced into p.dq_acc.
+      // g: the first half of the dK accumulators t, free again by then (one block of registers for
+      // every wgmma accumulator of the loop).
+      auto fused_dq = [&](float (&g)[32], int j, int hh) {
+        const uint64_t desc_ds = sm90::make_desc_k128b(f.ds);
+        const uint64_t desc_kt = sm90::make_desc_k128b(f.kt + cw * kHalf * kTile);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kTile / 32; ++kk) sm90::wgmma_m64n64k32_ss(g, desc_ds + 2 * kk, desc_kt + 2 * kk, kk);
+        sm90::wgmma_commit();
+        // The other warpgroup may be writing the next half's maxima by now: they go to bmax[hh ^ 1],
+        // and it cannot reach the half after (kBarDsMax) before this warpgroup is done here.
+        const float scale_b = scale_of(ds_scale_byte(hh));
+        sm90::wgmma_wait<0>();
+        attn::fence_all(g);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int qi = j * kTile + hh * kHalf + warp * 16 + lane / 4 + 8 * r;  // query of the sequence
+          if (qi >= w.Lq) continue;
+          float* row = p.dq_acc + ((int64_t(p.cu_q[w.qb]) + qi) * p.heads + w.h) * kHeadDim + cw * kHalf;
+#pragma unroll
+          for (int jn = 0; jn < 8; ++jn) {
+            const int col = 8 * jn + 2 * quad;
+            const float2 k2 = lds_f2(&f.kts[cw * kHalf + col]);
+            red_add_f32x2(row + col, g[4 * jn + 2 * r] * (scale_b * k2.x), g[4 * jn + 2 * r + 1] * (scale_b * k2.y));
+          }
+        }
+      };
       // Pᵀ and dSᵀ: column c = query 64 hh + 8 (i / 4) + 2 quad + i % 2 of the tile. Fills pa (e4m3 of
       // 256 p), da (e4m3 of 256 dS over its row scale) and rs (that scale).
       auto math = [&](float (&sc)[32], float (&dp)[32], const KvStage& st, int hh) {
@@ -429,13 +548,18 @@ __global__ void __launch_bounds__(kThreads, 1)
             amax[r] = fmaxf(amax[r], fmaxf(fabsf(d0), fabsf(d1)));
           }
         }
+        if constexpr (kFusedDq) {  // Pᵀ packed first: its fp32 registers are free for the dS tile's work
+#pragma unroll
+          for (int c = 0; c < 2; ++c) attn::pack_chunk(sc + 16 * c, c, pa);
+          fused_ds(dp, amax, hh);
+        }
         float inv[2];
         row_scales(amax, inv, rs);  // of 256 dS: rs carries the factor 256
 #pragma unroll
         for (int i = 0; i < 32; ++i) dp[i] *= inv[(i % 4) / 2];
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          attn::pack_chunk(sc + 16 * c, c, pa);
+          if constexpr (!kFusedDq) attn::pack_chunk(sc + 16 * c, c, pa);
           attn::pack_chunk(dp + 16 * c, c, da);
         }
       };
@@ -492,7 +616,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             sm90::wgmma_wait<0>();
             attn::fence_all(sc);
             attn::fence_all(dp);
-            if (kPersistent && j == n_q - 1 && hh == 1) sm90::mbar_arrive(&s.kv_empty);  // K, V read for the last time
+            if (kPersistent && !kFusedDq && j == n_q - 1 && hh == 1) sm90::mbar_arrive(&s.kv_empty);  // K, V read for the last time
             math(sc, dp, st, hh);
             float t[64];
             if constexpr (kDvPerHalf) {
@@ -503,6 +627,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             } else if (hh == 0) {
 #pragma unroll
               for (int i = 0; i < 8; ++i) pa0[i] = pa[i];
+            }
+            if constexpr (kFusedDq) {  // dQ first: its accumulators are the dK ones' first half
+              fused_dq(*reinterpret_cast<float(*)[32]>(&t[0]), j, hh);
+              if (j == n_q - 1 && hh == 1) sm90::mbar_arrive(&s.kv_empty);  // K, V, Kᵀ' read for the last time
             }
             issue_grad(t, st.qt, da, hh);
             sm90::wgmma_wait<0>();
@@ -717,6 +845,12 @@ __global__ void sum_dq_kernel(const float* __restrict__ part, int batch, int64_t
   }
 }
 
+// kFusedDq: dQ = the fp32 accumulator (256 dQ, K channel scales applied) times softmax_scale / 256.
+__global__ void dq_from_acc_kernel(const float* __restrict__ acc, int64_t n, float scale, __nv_bfloat16* __restrict__ dq) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x)
+    dq[e] = __float2bfloat16_rn(acc[e] * scale);
+}
+
 // output_mxfp8_dkv: the (Tk, H, 4) per-token-row view of square32 plain scales (P / 32, H, 4).
 __global__ void token_row_scales_kernel(const uint8_t* __restrict__ square, const int32_t* __restrict__ cu,
                                         const int32_t* __restrict__ cu_sf, int batch, int64_t T, int64_t H,
@@ -752,9 +886,12 @@ int bwd_variant() {
 #endif
 }
 
+// Experiment builds, MXFLASH_BWD_VARIANT bit 3: dQ in the dK/dV kernel (kFusedDq; not yet run).
+bool fused_dq_variant() { return (bwd_variant() & 8) != 0; }
+
 struct BwdWorkspace {
   size_t q, k, v, qt, kt, dout, dot, info, q_scale, k_scale, v_scale, qt_byte, qt_scale, kt_byte, kt_scale, dot_scale,
-      kv_items, q_items, dq_part, dk_f32, dv_f32, dk_sq, dv_sq, total;
+      kv_items, q_items, dq_part, dk_f32, dv_f32, dk_sq, dv_sq, dq_acc, total;
 };
 
 BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n_kv_items, size_t n_q_items) {
@@ -790,6 +927,7 @@ BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n
   w.dv_f32 = take(mx ? size_t(p.Tk) * H * D * sizeof(float) : 0);
   w.dk_sq = take(mx ? size_t(p.Pk / kBlockSize) * H * 4 : 0);
   w.dv_sq = take(mx ? size_t(p.Pk / kBlockSize) * H * 4 : 0);
+  w.dq_acc = take(fused_dq_variant() ? size_t(p.Tq) * H * D * sizeof(float) : 0);
   w.total = off;
   return w;
 }
@@ -959,6 +1097,11 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     const bool mx = p.mxfp8_dkv;
     bp.dk_f32 = mx ? f32(w.dk_f32) : nullptr;
     bp.dv_f32 = mx ? f32(w.dv_f32) : nullptr;
+    const bool fused = fused_dq_variant();
+    bp.dq_acc = f32(w.dq_acc);
+    if (fused && p.Tq > 0)
+      MXFLASH_RETURN_IF_ERROR(cuda_error(
+          cudaMemsetAsync(bp.dq_acc, 0, size_t(p.Tq) * H * kHeadDim * sizeof(float), stream), "cudaMemsetAsync(dQ accumulator)"));
     if (!kv_items.empty()) {
       bp.items = reinterpret_cast<const int2*>(ws + w.kv_items);
       const int64_t n_items = int64_t(kv_items.size()) * H;
@@ -966,12 +1109,19 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       const int variant = bwd_variant();
       const bool persistent = (variant & 1) == 0;
       auto kernel = persistent ? bwd::attention_bwd_dkdv_kernel<true> : bwd::attention_bwd_dkdv_kernel<false>;
+      size_t smem = bwd::kKvSmemBytes;
 #if MXFLASH_FWD_EXPERIMENTS
       if ((variant & 2) != 0)
         kernel = persistent ? bwd::attention_bwd_dkdv_kernel<true, true> : bwd::attention_bwd_dkdv_kernel<false, true>;
+      if (fused) {
+        if ((variant & 3) != 0) return Status::Unsupported("MXFLASH_BWD_VARIANT: bit 3 (fused dQ) with bit 4 only");
+        kernel = bwd::attention_bwd_dkdv_kernel<true, false, true>;
+        if ((variant & 16) != 0) kernel = bwd::attention_bwd_dkdv_kernel<true, true, true>;
+        smem = bwd::kKvSmemBytesFused;
+      }
 #endif
       MXFLASH_RETURN_IF_ERROR(cuda_error(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kKvSmemBytes)),
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
           "cudaFuncSetAttribute(attention_bwd_dkdv_kernel)"));
       int64_t grid = n_items;
       if (persistent) {  // one CTA per SM: shared memory and registers allow no second
@@ -981,10 +1131,17 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
             cuda_error(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute"));
         grid = std::min<int64_t>(n_items, sms);
       }
-      kernel<<<unsigned(grid), bwd::kThreads, bwd::kKvSmemBytes, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, bp);
+      kernel<<<unsigned(grid), bwd::kThreads, smem, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_kt, bp);
       MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_bwd_dkdv_kernel launch"));
     }
-    if (!q_items.empty()) {
+    if (fused) {
+      if (p.Tq > 0) {
+        const int64_t n = p.Tq * H * kHeadDim;
+        const unsigned grid = unsigned(std::min<int64_t>((n + 255) / 256, 8192));
+        bwd::dq_from_acc_kernel<<<grid, 256, 0, stream>>>(bp.dq_acc, n, p.softmax_scale / bwd::kPScale, bp.dq);
+        MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "backward: dQ from its accumulator launch"));
+      }
+    } else if (!q_items.empty()) {
       bp.items = reinterpret_cast<const int2*>(ws + w.q_items);
       auto kernel = bwd::attention_bwd_dq_kernel;
       MXFLASH_RETURN_IF_ERROR(cuda_error(
@@ -994,7 +1151,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
           tm_q, tm_k, tm_v, tm_do, tm_kt, bp);
       MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_bwd_dq_kernel launch"));
     }
-    if (p.broadcast_q && p.Tq > 0) {
+    if (p.broadcast_q && !fused && p.Tq > 0) {
       const int64_t n = p.Tq * H * kHeadDim;
       const unsigned grid = unsigned(std::min<int64_t>((n + 255) / 256, 8192));
       bwd::sum_dq_kernel<<<grid, 256, 0, stream>>>(bp.dq_part, p.batch, n, bp.dq);
