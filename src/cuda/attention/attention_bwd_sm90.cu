@@ -498,8 +498,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       };
       // kFusedDq: dQ of the half's 64 queries, this warpgroup's 64 channels: dS Kᵀ' (SS), times the
       // dS scale and the K channel scales, reduced into p.dq_acc.
-      // g: the first half of the dK accumulators t, free again by then (one block of registers for
-      // every wgmma accumulator of the loop).
       auto fused_dq = [&](float (&g)[32], int j, int hh) {
         const uint64_t desc_ds = sm90::make_desc_k128b(f.ds);
         const uint64_t desc_kt = sm90::make_desc_k128b(f.kt + cw * kHalf * kTile);
@@ -628,8 +626,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
               for (int i = 0; i < 8; ++i) pa0[i] = pa[i];
             }
-            if constexpr (kFusedDq) {  // dQ first: its accumulators are the dK ones' first half
-              fused_dq(*reinterpret_cast<float(*)[32]>(&t[0]), j, hh);
+            if constexpr (kFusedDq) {  // dQ before dK: fewer registers live than after (ptxas spills)
+              float g[32];
+              fused_dq(g, j, hh);
               if (j == n_q - 1 && hh == 1) sm90::mbar_arrive(&s.kv_empty);  // K, V, Kᵀ' read for the last time
             }
             issue_grad(t, st.qt, da, hh);
