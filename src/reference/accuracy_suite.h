@@ -92,9 +92,10 @@ Verdict judge(Tensor t, const ErrorStats& s, const Thresholds& th);
 // Methods compared to the FP64 reference. kGpu is reserved for our GPU path.
 // Opt-in variants of exact MX: kMx16 dQ accumulated in fp16 at a static scale (dq_accum = fp16),
 // kMxDynP P for dV in 1x32 blocks with their own scales (p_scale = dynamic), kMxHopper the backward's
-// Hopper execution form (ref::AttnOptions::hopper_exec: re-expressed operands, coarser dS blocks).
-enum class Method : int { kBf16 = 0, kFp8, kMx, kGpu, kMx16, kMxDynP, kMxHopper };
-const char* to_string(Method m);  // "bf16", "fp8", "mx", "gpu", "mx16", "mxdp", "mxhx"
+// Hopper execution form (ref::AttnOptions::hopper_exec: re-expressed operands, coarser dS blocks),
+// kMxHopperFusedDq that form with dQ's dS in 64 x 128 blocks (the fused-dQ experiment's numerics).
+enum class Method : int { kBf16 = 0, kFp8, kMx, kGpu, kMx16, kMxDynP, kMxHopper, kMxHopperFusedDq };
+const char* to_string(Method m);  // "bf16", "fp8", "mx", "gpu", "mx16", "mxdp", "mxhx", "mxhf"
 bool parse_method(const std::string& name, Method* m);
 bool has_verdict(Method m);  // the MX methods (mx, gpu) are judged against the floors
 inline constexpr const char* kGpuNotBuilt = "n/a (not built yet)";

@@ -534,8 +534,9 @@ Status backward_core(const AttnProblem& p, const Geometry& g, AttnMethod m, cons
   std::vector<double> ds_descale(size_t(g.H), 0.0);
   std::vector<float> ds_inv(size_t(g.H), 0.f);
 
-  // Hopper execution form: dS for dK in blocks of a 64-row Q tile per key, for dQ per row over
-  // 128-key tiles (the operands re-expressed by the caller: hopper_exec_operands).
+  // Hopper execution form: dS for dK in blocks of a 64-row Q tile per key, for dQ per row (or per
+  // opt.hopper_dq_rows rows) over 128-key tiles (the operands re-expressed by the caller:
+  // hopper_exec_operands).
   const bool hopper = m == AttnMethod::kMx && opt.hopper_exec;
   const int kRowsBlk = hopper ? 64 : kBlockSize;
   const double* do_dv = ops.do_dv ? ops.do_dv : ops.do_g;
@@ -599,10 +600,12 @@ Status backward_core(const AttnProblem& p, const Geometry& g, AttnMethod m, cons
         case AttnMethod::kMx:
           dsq = dsk;
           for (int64_t j = 0; j < lk; ++j) mx_block_inplace(dsk.data() + j, n, 1, lk);  // 1x32 along Q
-          if (hopper) {  // per row over 128-key tiles
-            for (int r = 0; r < n; ++r)
+          if (hopper) {  // per hopper_dq_rows rows (1: per row) over 128-key tiles
+            const int rows = std::max(1, opt.hopper_dq_rows);
+            for (int r0 = 0; r0 < n; r0 += rows)
               for (int64_t j0 = 0; j0 < lk; j0 += 128)
-                mx_block_inplace(dsq.data() + r * lk + j0, 1, int(std::min<int64_t>(128, lk - j0)), lk);
+                mx_block_inplace(dsq.data() + r0 * lk + j0, std::min(rows, n - r0), int(std::min<int64_t>(128, lk - j0)),
+                                 lk);
           } else {  // 32x32
             for (int64_t j0 = 0; j0 < lk; j0 += kBlockSize)
               mx_block_inplace(dsq.data() + j0, n, int(std::min<int64_t>(kBlockSize, lk - j0)), lk);

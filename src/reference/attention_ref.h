@@ -100,6 +100,10 @@ struct AttnOptions {
   // 128-key tile, the token-contracted Q, K, dO per (sequence, channel)), dS quantized per key over a
   // 64-row Q tile (dK) and per row over a 128-key tile (dQ), 64-row Q blocks.
   bool hopper_exec = false;
+  // hopper_exec only: query rows per dS block of dQ's operand (one scale per rows x 128 keys): 1 =
+  // per row (the default kernel); 64 = the fused-dQ experiment (MXFLASH_BWD_VARIANT bit 3), one scale
+  // per 64-query half and the CTA's 128 keys.
+  int hopper_dq_rows = 1;
 };
 
 struct AttnForwardResult {

@@ -552,5 +552,32 @@ TEST(AttentionRef, HopperExecutionBackwardTracksExactMx) {
   EXPECT_GT(differ, 100u) << "hopper_exec should change some roundings";
 }
 
+// hopper_dq_rows = 64 (the fused-dQ experiment's numerics): one dS scale per 64 queries x 128 keys
+// for dQ. dK and dV do not move; dQ does, and stays close to the per-row form on normal inputs.
+TEST(AttentionRef, HopperFusedDqBlocksChangeOnlyDq) {
+  const Case c = make_case({300, 77}, {500, 130}, 2, false, 43);
+  const Result mx = run(c, AttnMethod::kMx);
+  ref::AttnOptions opt;
+  opt.hopper_exec = true;
+  ref::AttnBackwardResult hx, hf;
+  ASSERT_TRUE(ref::attention_backward(c.problem(), AttnMethod::kMx, mx.f, c.dout.data(), &hx, opt).ok());
+  opt.hopper_dq_rows = 64;
+  ASSERT_TRUE(ref::attention_backward(c.problem(), AttnMethod::kMx, mx.f, c.dout.data(), &hf, opt).ok());
+  EXPECT_EQ(hx.dk, hf.dk);
+  EXPECT_EQ(hx.dv, hf.dv);
+  size_t differ = 0;
+  for (size_t i = 0; i < hx.dq.size(); ++i) differ += hx.dq[i] != hf.dq[i];
+  EXPECT_GT(differ, 0u) << "64-row blocks should change some dQ roundings";
+  const Result f64 = run(c, AttnMethod::kFp64);
+  auto sqnr = [](const std::vector<double>& ref, const std::vector<double>& x) {
+    double sig = 0, err = 0;
+    for (size_t i = 0; i < ref.size(); ++i) sig += ref[i] * ref[i], err += (x[i] - ref[i]) * (x[i] - ref[i]);
+    return 10 * std::log10(sig / err);
+  };
+  const double per_row = sqnr(f64.g.dq, hx.dq), per_block = sqnr(f64.g.dq, hf.dq);
+  std::printf("    dQ SQNR vs fp64: per row %.2f dB, 64-row blocks %.2f dB\n", per_row, per_block);
+  EXPECT_GT(per_block, per_row - 1.0);
+}
+
 }  // namespace
 }  // namespace mxflash
