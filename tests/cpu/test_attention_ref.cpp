@@ -569,12 +569,8 @@ TEST(AttentionRef, HopperFusedDqBlocksChangeOnlyDq) {
   for (size_t i = 0; i < hx.dq.size(); ++i) differ += hx.dq[i] != hf.dq[i];
   EXPECT_GT(differ, 0u) << "64-row blocks should change some dQ roundings";
   const Result f64 = run(c, AttnMethod::kFp64);
-  auto sqnr = [](const std::vector<double>& ref, const std::vector<double>& x) {
-    double sig = 0, err = 0;
-    for (size_t i = 0; i < ref.size(); ++i) sig += ref[i] * ref[i], err += (x[i] - ref[i]) * (x[i] - ref[i]);
-    return 10 * std::log10(sig / err);
-  };
-  const double per_row = sqnr(f64.g.dq, hx.dq), per_block = sqnr(f64.g.dq, hf.dq);
+  const double per_row = accuracy::compare(f64.g.dq, hx.dq).sqnr_db;
+  const double per_block = accuracy::compare(f64.g.dq, hf.dq).sqnr_db;
   std::printf("    dQ SQNR vs fp64: per row %.2f dB, 64-row blocks %.2f dB\n", per_row, per_block);
   EXPECT_GT(per_block, per_row - 1.0);
 }

@@ -319,12 +319,6 @@ inline constexpr size_t kKvSmemBytesFused = kKvSmemOffsetFused + sizeof(FusedDqS
 inline constexpr int kBarDsMax = 1, kBarDsReady = 2;  // named barriers of the two consumer warpgroups
 static_assert(kKvSmemBytesFused <= 227 * 1024, "fused dK/dV/dQ shared memory");
 
-// Two e4m3 bytes of (lo, hi): lo in bits 0-7.
-__device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
-  uint16_t r;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-  return r;
-}
 __device__ __forceinline__ void sts_u8(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.u8 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
 }
@@ -500,7 +494,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
 #pragma unroll
           for (int jn = 0; jn < 8; ++jn) {
-            const uint32_t pair = e4m3x2(dp[4 * jn + 2 * r] * inv, dp[4 * jn + 2 * r + 1] * inv);
+            const uint32_t pair = e4m3x2_satfinite(dp[4 * jn + 2 * r] * inv, dp[4 * jn + 2 * r + 1] * inv);
             sts_u8(at[0] + 1024 * jn, pair & 0xFFu);
             sts_u8(at[1] + 1024 * jn, pair >> 8);
           }
