@@ -572,6 +572,14 @@ def _mx_view(t, arrays, name):
             _code(_C.PAYLOAD_LAYOUTS, t.payload_layout))
 
 
+def _torch_workspace(nbytes, device):
+    """(tensor, pointer, bytes) of an attention call's device workspace, from torch's caching
+    allocator on the current stream of `device`: the call itself then allocates nothing, and torch
+    accounts for the memory. Drop the tensor after the call (stream-ordered behind the kernels)."""
+    workspace = _torch().empty(max(int(nbytes), 1), dtype=_torch().uint8, device=device)
+    return workspace, workspace.data_ptr(), int(workspace.numel())
+
+
 def attention_forward(q, k, v, q_meta, k_meta, softmax_scale=None, broadcast_q=False, out=None):
     """MXFP8 attention forward on packed jagged sequences, head dim 128, non-causal.
 
@@ -603,10 +611,8 @@ def attention_forward(q, k, v, q_meta, k_meta, softmax_scale=None, broadcast_q=F
         o, lse = _as_array(outs[0], "out"), _as_array(outs[1], "lse")
     workspace = ws_ptr = ws_bytes = 0
     if _is_cuda(qp):
-        # Allocated here, on the current stream of q's device, so the call itself allocates nothing.
         n = _C.attention_forward_workspace_size(q_meta._host, k_meta._host, heads, broadcast_q)
-        workspace = _torch().empty(max(int(n), 1), dtype=_torch().uint8, device=qp.device)
-        ws_ptr, ws_bytes = workspace.data_ptr(), int(workspace.numel())
+        workspace, ws_ptr, ws_bytes = _torch_workspace(n, qp.device)
     scale = float("nan") if softmax_scale is None else float(softmax_scale)
     _C.attention_forward(q_meta._cpp_for(qp), k_meta._cpp_for(qp),
                          *(_mx_view(t, a, n) for t, a, n in zip((q, k, v), arrays, ("q", "k", "v"))),
@@ -665,11 +671,8 @@ def attention_backward(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, so
     scale_views = [_view(x, n, True) for x, n in zip(outs[3:], names_out[3:])] + [None] * (5 - len(outs))
     workspace = ws_ptr = ws_bytes = 0
     if _is_cuda(qp) and not exact_mx:
-        # From torch's caching allocator on the current stream (as the forward's): the call itself
-        # then allocates nothing, and torch accounts for the memory.
         n = _C.attention_backward_workspace_size(q_meta._host, k_meta._host, heads, bool(broadcast_q), mx_out)
-        workspace = _torch().empty(max(int(n), 1), dtype=_torch().uint8, device=qp.device)
-        ws_ptr, ws_bytes = workspace.data_ptr(), int(workspace.numel())
+        workspace, ws_ptr, ws_bytes = _torch_workspace(n, qp.device)
     scale = float("nan") if softmax_scale is None else float(softmax_scale)
     _C.attention_backward(q_meta._cpp_for(qp), k_meta._cpp_for(qp),
                           *(_mx_view(t, a, n) for t, a, n in zip(operands, arrays, names)),

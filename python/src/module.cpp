@@ -359,14 +359,11 @@ NB_MODULE(_mxflash, m) {
       nb::call_guard<nb::gil_scoped_release>());
 
   // ------------------------------------------------------------------ attention
-  // Bytes of device workspace attention_forward needs on CUDA tensors (0 in a build without CUDA).
-  // Metadata the launcher would reject (batch mismatch) gives 0 rather than an out-of-range read:
-  // the launcher reports it before the workspace is looked at.
+  // Bytes of device workspace attention_forward needs on CUDA tensors (0 in a build without CUDA,
+  // and for metadata the launcher would reject, which it reports before looking at the workspace).
   m.def(
       "attention_forward_workspace_size",
       [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, bool broadcast_q) -> size_t {
-        const bool consistent = broadcast_q ? q_meta.batch() == 1 : q_meta.batch() == k_meta.batch();
-        if (!consistent || heads < 1) return 0;
         return attention_forward_workspace_size(q_meta, k_meta, heads, attention_options(NAN, broadcast_q));
       },
       "q_meta"_a, "k_meta"_a, "heads"_a, "broadcast_q"_a);
@@ -385,14 +382,11 @@ NB_MODULE(_mxflash, m) {
       "q_meta"_a, "k_meta"_a, "q"_a, "k"_a, "v"_a, "softmax_scale"_a, "broadcast_q"_a, "out"_a, "lse"_a,
       "workspace"_a, "workspace_bytes"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>());
 
-  // Bytes of device workspace the fast CUDA backward needs (0 without CUDA, and for metadata the
-  // launcher would reject, as for the forward).
+  // Bytes of device workspace the fast CUDA backward needs (0 as for the forward).
   m.def(
       "attention_backward_workspace_size",
       [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, bool broadcast_q,
          bool output_mxfp8_dkv) -> size_t {
-        const bool consistent = broadcast_q ? q_meta.batch() == 1 : q_meta.batch() == k_meta.batch();
-        if (!consistent || heads < 1) return 0;
         AttentionBackwardOptions opt;
         opt.broadcast_q = broadcast_q;
         opt.output_mxfp8_dkv = output_mxfp8_dkv;
