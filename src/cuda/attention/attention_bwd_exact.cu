@@ -15,6 +15,7 @@
 
 #include "cuda/attention/attention_bwd.h"
 #include "cuda/common/launch_utils.cuh"
+#include "cuda/common/upload.h"
 #include "cuda/attention/attention_exact_common.cuh"
 
 namespace mxflash::cuda {
@@ -239,8 +240,7 @@ Status attention_backward_exact(const AttentionBwdProblem& p, void* stream_ptr) 
     int4* list = reinterpret_cast<int4*>(static_cast<uint8_t*>(ws) + acc_bytes);
     MXFLASH_RETURN_IF_ERROR(cuda_error(cudaMemsetAsync(acc, 0, acc_bytes, stream), "cudaMemsetAsync"));
     if (!blocks.empty()) {
-      MXFLASH_RETURN_IF_ERROR(cuda_error(
-          cudaMemcpyAsync(list, blocks.data(), list_bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync"));
+      MXFLASH_RETURN_IF_ERROR(upload_to_device(list, blocks.data(), list_bytes, stream));
       BwdExactParams e;
       exact::copy_common(p, &e);
       e.q = p.q;

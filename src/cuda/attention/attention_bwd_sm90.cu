@@ -31,6 +31,7 @@
 
 #include "cuda/attention/attention_bwd.h"
 #include "cuda/common/launch_utils.cuh"
+#include "cuda/common/upload.h"
 #include "cuda/attention/attention_fwd_prepare.cuh"
 #include "cuda/attention/attention_sm90_common.cuh"
 #include "cuda/attention/tma_map.h"
@@ -1062,15 +1063,12 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "backward: prepare dO launch"));
     }
     for (const auto& [list, off] : {std::pair{&kv_items, w.kv_items}, std::pair{&q_items, w.q_items}})
-      if (!list->empty())
-        MXFLASH_RETURN_IF_ERROR(cuda_error(
-            cudaMemcpyAsync(ws + off, list->data(), list->size() * sizeof(int2), cudaMemcpyHostToDevice, stream),
-            "cudaMemcpyAsync(backward work list)"));
+      MXFLASH_RETURN_IF_ERROR(upload_to_device(ws + off, list->data(), list->size() * sizeof(int2), stream));
     // Maps need at least one tile of rows even when a side is empty (then unused).
     const uint64_t q_rows = uint64_t(std::max<int64_t>(H * p.Pq, bwd::kTile));
     const uint64_t k_rows = uint64_t(std::max<int64_t>(H * p.Pk, bwd::kTile));
     const uint64_t o_rows = uint64_t(std::max<int64_t>(H * Po, bwd::kTile));
-    CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_qt, tm_kt, tm_dot;
+    CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_qt, tm_kt, tm_dot, tm_dq{};
     MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_q, ws + w.q, kHeadDim, q_rows));
     MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_k, ws + w.k, kHeadDim, k_rows));
     MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_v, ws + w.v, kHeadDim, k_rows));

@@ -23,6 +23,7 @@
 #include "cuda/attention/attention_sm90_common.cuh"
 #include "cuda/attention/tma_map.h"
 #include "cuda/common/sm90_primitives.cuh"
+#include "cuda/common/upload.h"
 
 namespace mxflash::cuda {
 namespace attn {
@@ -754,9 +755,7 @@ Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t w
       MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "prepare V launch"));
     }
     if (tiles.empty()) return Status::Ok();
-    MXFLASH_RETURN_IF_ERROR(cuda_error(
-        cudaMemcpyAsync(ws + w.tiles, tiles.data(), tiles.size() * sizeof(int2), cudaMemcpyHostToDevice, stream),
-        "cudaMemcpyAsync(tile list)"));
+    MXFLASH_RETURN_IF_ERROR(upload_to_device(ws + w.tiles, tiles.data(), tiles.size() * sizeof(int2), stream));
     CUtensorMap tm_q, tm_k, tm_v;
     MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_q, ws + w.q, kHeadDim, uint64_t(H * p.Pq)));
     // A batch whose K/V sequences are all empty still needs valid (unused) maps.
