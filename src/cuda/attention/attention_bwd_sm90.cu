@@ -314,6 +314,9 @@ struct FusedDqSmem {
   alignas(1024) uint8_t ds[kHalf * kTile];  // dS of one query half, 64 queries x 128 keys, 128B-swizzled rows
   alignas(16) float kts[kHeadDim];        // the item's K channel scales (K along tokens)
   alignas(16) float bmax[2][kConsumers * 4];  // |dS| maxima of the 8 consumer warps, per half parity
+  // kBulkDq: each consumer warp's dQ of one half (16 queries x 64 channels) in two boxes of 16 x 32
+  // fp32 (128-byte swizzled rows), reduced into dq_acc by the tensor memory accelerator.
+  alignas(1024) float dqs[kConsumers][4][2][16 * 32];
 };
 inline constexpr size_t kKvSmemOffsetFused = (sizeof(KvSmem) + 1023) / 1024 * 1024;
 inline constexpr size_t kKvSmemBytesFused = kKvSmemOffsetFused + sizeof(FusedDqSmem) + 1024;
@@ -359,12 +362,19 @@ __device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
 // B and the K channel scales, reduced into p.dq_acc with red.global.add.v2.f32 (not deterministic:
 // the order of the additions varies). Keys past the sequence's end get dS = 0 first. The
 // workspace's dQ accumulator is zeroed before and turned into bf16 after (dq_from_acc_kernel).
-template <bool kPersistent, bool kDvPerHalf = false, bool kFusedDq = false>
+// kDiag (diagnostics of the fused form, experiment builds; dQ is wrong under them): bit 0 no
+// reduction into dq_acc, bit 1 no dQ GEMM either, bit 2 no dS tile (no named barriers) either.
+// kBulkDq (experiment, with kFusedDq; MXFLASH_BWD_VARIANT bit 8): dQ reduced into dq_acc from
+// shared memory by bulk tensor reductions (cp.reduce.async.bulk.tensor, one per warp and 16 x 32
+// box) instead of red.global.add.v2.f32 from registers.
+template <bool kPersistent, bool kDvPerHalf = false, bool kFusedDq = false, int kDiag = 0, bool kBulkDq = false>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_bwd_dkdv_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                               const __grid_constant__ CUtensorMap tm_qt, const __grid_constant__ CUtensorMap tm_dot,
-                              const __grid_constant__ CUtensorMap tm_kt, const BwdParams p) {
+                              const __grid_constant__ CUtensorMap tm_kt, const __grid_constant__ CUtensorMap tm_dq,
+                              const BwdParams p) {
+  static_assert(!kBulkDq || kFusedDq, "the bulk reduction is of the fused form's dQ");
   static_assert(!kFusedDq || kPersistent, "the fused form is built on the persistent schedule");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* const smem_base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -379,6 +389,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
   }
+
+  // kBulkDq: the Q tile of step j, rotated by the key block so that the CTAs of one sequence and
+  // head reduce into different dQ rows at a time (the same rows at once contend at L2).
+  auto q_tile_at = [](const Item& w, int j, int n_q) { return kBulkDq ? (j + w.blk) % n_q : j; };
 
   if (wg == 0) {  // ---------------------------------------------------------------- producer
     sm90::setmaxnreg_dec<kProducerRegs>();
@@ -401,7 +415,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         KvStage& st = s.st[stage];
         sm90::mbar_wait(&s.empty[stage], (((it + j) / kKvStages) & 1) ^ 1);
         sm90::mbar_arrive_expect_tx(&s.full[stage], kKvStageTx);
-        const int64_t qr = q_pad0 + int64_t(j) * kTile, orow = w.o_pad0 + int64_t(j) * kTile;
+        const int jq = q_tile_at(w, j, n_q);
+        const int64_t qr = q_pad0 + int64_t(jq) * kTile, orow = w.o_pad0 + int64_t(jq) * kTile;
         sm90::tma_load_2d(st.q, &tm_q, &s.full[stage], 0, int(w.h * p.Pq + qr));
         sm90::tma_load_2d(st.dout, &tm_do, &s.full[stage], 0, int(w.h * p.Po + orow));
         sm90::tma_load_2d(st.qt, &tm_qt, &s.full[stage], int(qr), w.h * kHeadDim);
@@ -518,16 +533,50 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float scale_b = scale_of(ds_scale_byte(hh));
         sm90::wgmma_wait<0>();
         attn::fence_all(g);
+        if constexpr (kBulkDq) {
+          // This warp's 16 queries x 64 channels into its two boxes (zero past the sequence's end:
+          // those rows are the next sequence's, and adding +0 leaves them unchanged), then lane 0
+          // reduces them into dq_acc. The boxes are free again once the previous half's reductions
+          // have read them.
+          if (me.lane == 0) sm90::bulk_wait_read<0>();
+          __syncwarp();
+          const uint32_t box0 = sm90::smem_u32(&f.dqs[me.cw][me.warp][0][0]);
+          const int q0 = j * kTile + hh * kHalf + me.warp * 16;  // the warp's first query
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int qi = j * kTile + hh * kHalf + me.warp * 16 + me.lane / 4 + 8 * r;  // query of the sequence
-          if (qi >= w.Lq) continue;
-          float* row = p.dq_acc + ((int64_t(p.cu_q[w.qb]) + qi) * p.heads + w.h) * kHeadDim + me.cw * kHalf;
+          for (int r = 0; r < 2; ++r) {
+            const int lr = me.lane / 4 + 8 * r;
+            const bool valid = q0 + lr < w.Lq;
 #pragma unroll
-          for (int jn = 0; jn < 8; ++jn) {
-            const int col = 8 * jn + 2 * me.quad;
-            const float2 k2 = lds_f2(&f.kts[me.cw * kHalf + col]);
-            red_add_f32x2(row + col, g[4 * jn + 2 * r] * (scale_b * k2.x), g[4 * jn + 2 * r + 1] * (scale_b * k2.y));
+            for (int jn = 0; jn < 8; ++jn) {
+              const int col = 8 * jn + 2 * me.quad, chunk = 2 * (jn % 4) + me.quad / 2;
+              const float2 k2 = lds_f2(&f.kts[me.cw * kHalf + col]);
+              const float a = valid ? g[4 * jn + 2 * r] * (scale_b * k2.x) : 0.f;
+              const float c = valid ? g[4 * jn + 2 * r + 1] * (scale_b * k2.y) : 0.f;
+              const uint32_t at = box0 + (jn / 4) * 2048 + lr * 128 + ((chunk ^ (lr % 8)) << 4) + 8 * (me.quad % 2);
+              asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(at), "f"(a), "f"(c) : "memory");
+            }
+          }
+          sm90::fence_proxy_async_smem();
+          __syncwarp();
+          if (me.lane == 0 && q0 < w.Lq) {
+            const int tok0 = int(p.cu_q[w.qb]) + q0;
+#pragma unroll
+            for (int bx = 0; bx < 2; ++bx)
+              sm90::tma_reduce_add_3d(&tm_dq, &f.dqs[me.cw][me.warp][bx][0], me.cw * kHalf + 32 * bx, w.h, tok0);
+            sm90::bulk_commit();
+          }
+        } else if constexpr ((kDiag & 1) == 0) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int qi = j * kTile + hh * kHalf + me.warp * 16 + me.lane / 4 + 8 * r;  // query of the sequence
+            if (qi >= w.Lq) continue;
+            float* row = p.dq_acc + ((int64_t(p.cu_q[w.qb]) + qi) * p.heads + w.h) * kHeadDim + me.cw * kHalf;
+#pragma unroll
+            for (int jn = 0; jn < 8; ++jn) {
+              const int col = 8 * jn + 2 * me.quad;
+              const float2 k2 = lds_f2(&f.kts[me.cw * kHalf + col]);
+              red_add_f32x2(row + col, g[4 * jn + 2 * r] * (scale_b * k2.x), g[4 * jn + 2 * r + 1] * (scale_b * k2.y));
+            }
           }
         }
       };
@@ -557,7 +606,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (kFusedDq) {  // Pᵀ packed first: its fp32 registers are free for the dS tile's work
 #pragma unroll
           for (int c = 0; c < 2; ++c) attn::pack_chunk(sc + 16 * c, c, pa);
-          fused_ds(dp, amax, hh);
+          if constexpr ((kDiag & 4) == 0) fused_ds(dp, amax, hh);
         }
         float inv[2];
         row_scales(amax, inv, rs);  // of 256 dS: rs carries the factor 256
@@ -636,7 +685,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
             if constexpr (kFusedDq) {  // dQ before dK: fewer registers live than after (ptxas spills)
               float g[32];
-              fused_dq(g, j, hh);
+              if constexpr ((kDiag & 2) == 0) fused_dq(g, q_tile_at(w, j, n_q), hh);
               if (j == n_q - 1 && hh == 1) sm90::mbar_arrive(&s.kv_empty);  // K, V, Kᵀ' read for the last time
             }
             issue_grad(t, st.qt, da, hh);
@@ -693,6 +742,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     const Item w = item_of(p, blockIdx.x);
     consume(w, (w.Lq + kTile - 1) / kTile, 0, 0);
+  }
+  if constexpr (kBulkDq) {
+    if (lane == 0) sm90::bulk_wait<0>();  // the reductions done before the shared memory goes
   }
 }
 
@@ -1103,9 +1155,11 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     bp.dv_f32 = mx ? f32(w.dv_f32) : nullptr;
     const bool fused = fused_dq_variant();
     bp.dq_acc = f32(w.dq_acc);
-    if (fused && p.Tq > 0)
+    if (fused && p.Tq > 0) {
       MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaMemsetAsync(bp.dq_acc, 0, size_t(p.Tq) * H * kHeadDim * sizeof(float), stream), "cudaMemsetAsync(dQ accumulator)"));
+      MXFLASH_RETURN_IF_ERROR(make_f32_rows_map(&tm_dq, bp.dq_acc, uint64_t(p.Tq), uint64_t(H), 16));
+    }
     if (!kv_items.empty()) {
       bp.items = reinterpret_cast<const int2*>(ws + w.kv_items);
       const int64_t n_items = int64_t(kv_items.size()) * H;
@@ -1119,8 +1173,18 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
         kernel = persistent ? bwd::attention_bwd_dkdv_kernel<true, true> : bwd::attention_bwd_dkdv_kernel<false, true>;
       if (fused) {
         if ((variant & 3) != 0) return Status::Unsupported("MXFLASH_BWD_VARIANT: bit 3 (fused dQ) with bit 4 only");
-        kernel = bwd::attention_bwd_dkdv_kernel<true, false, true>;
-        if ((variant & 16) != 0) kernel = bwd::attention_bwd_dkdv_kernel<true, true, true>;
+        // Bit 8: dQ by bulk tensor reductions (kBulkDq).
+        if ((variant & 256) != 0)
+          kernel = (variant & 16) != 0 ? bwd::attention_bwd_dkdv_kernel<true, true, true, 0, true>
+                                       : bwd::attention_bwd_dkdv_kernel<true, false, true, 0, true>;
+        else if ((variant & 16) != 0)
+          kernel = bwd::attention_bwd_dkdv_kernel<true, true, true>;
+        else
+          kernel = bwd::attention_bwd_dkdv_kernel<true, false, true>;
+        // Diagnostics (bits 5..7 over bit 4; dQ wrong): no reduction / no dQ GEMM / no dS tile.
+        if ((variant & (16 | 32)) == (16 | 32)) kernel = bwd::attention_bwd_dkdv_kernel<true, true, true, 1>;
+        if ((variant & (16 | 64)) == (16 | 64)) kernel = bwd::attention_bwd_dkdv_kernel<true, true, true, 3>;
+        if ((variant & (16 | 128)) == (16 | 128)) kernel = bwd::attention_bwd_dkdv_kernel<true, true, true, 7>;
         smem = bwd::kKvSmemBytesFused;
       }
 #endif
@@ -1135,7 +1199,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
             cuda_error(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute"));
         grid = std::min<int64_t>(n_items, sms);
       }
-      kernel<<<unsigned(grid), bwd::kThreads, smem, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_kt, bp);
+      kernel<<<unsigned(grid), bwd::kThreads, smem, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_kt, tm_dq, bp);
       MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_bwd_dkdv_kernel launch"));
     }
     if (fused) {

@@ -686,8 +686,9 @@ std::vector<int2> schedule(const std::vector<int32_t>& cu_q, const std::vector<i
 
 }  // namespace
 
-// A 2-D uint8 tensor map (rows of `inner` bytes) loading 128 x 128 tiles with the 128-byte swizzle.
-Status make_tile_map(CUtensorMap* map, void* base, uint64_t inner, uint64_t rows) {
+namespace {
+// The driver's cuTensorMapEncodeTiled, looked up once.
+Status tensor_map_encoder(PFN_cuTensorMapEncodeTiled_v12000* out) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   if (!encode) {
     cudaDriverEntryPointQueryResult q;
@@ -698,6 +699,19 @@ Status make_tile_map(CUtensorMap* map, void* base, uint64_t inner, uint64_t rows
     if (q != cudaDriverEntryPointSuccess || !fn) return Status::Cuda("cuTensorMapEncodeTiled not found in the driver");
     encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }
+  *out = encode;
+  return Status::Ok();
+}
+Status encode_result(CUresult r) {
+  if (r != CUDA_SUCCESS) return Status::Cuda("cuTensorMapEncodeTiled failed with CUresult " + std::to_string(int(r)));
+  return Status::Ok();
+}
+}  // namespace
+
+// A 2-D uint8 tensor map (rows of `inner` bytes) loading 128 x 128 tiles with the 128-byte swizzle.
+Status make_tile_map(CUtensorMap* map, void* base, uint64_t inner, uint64_t rows) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  MXFLASH_RETURN_IF_ERROR(tensor_map_encoder(&encode));
   const cuuint64_t dims[2] = {inner, rows};
   const cuuint64_t strides[1] = {inner};
   const cuuint32_t box[2] = {attn::kTile, attn::kTile};
@@ -705,8 +719,20 @@ Status make_tile_map(CUtensorMap* map, void* base, uint64_t inner, uint64_t rows
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, base, dims, strides, box, elem,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) return Status::Cuda("cuTensorMapEncodeTiled failed with CUresult " + std::to_string(int(r)));
-  return Status::Ok();
+  return encode_result(r);
+}
+
+Status make_f32_rows_map(CUtensorMap* map, float* base, uint64_t rows, uint64_t heads, uint32_t box_rows) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  MXFLASH_RETURN_IF_ERROR(tensor_map_encoder(&encode));
+  const cuuint64_t dims[3] = {kHeadDim, heads, rows};
+  const cuuint64_t strides[2] = {kHeadDim * sizeof(float), heads * kHeadDim * sizeof(float)};
+  const cuuint32_t box[3] = {32, 1, box_rows};
+  const cuuint32_t elem[3] = {1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, base, dims, strides, box, elem,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return encode_result(r);
 }
 
 int64_t attention_fwd_num_q_tiles(const std::vector<int32_t>& cu_q, int batch, bool broadcast_q) {
