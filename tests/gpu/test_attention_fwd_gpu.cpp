@@ -40,6 +40,10 @@ struct Case {
   PayloadLayout v_layout;
   ScaleLayout scale_layout;
   float q_gain = 1.f;  // > 1 sharpens the softmax
+  // V of tokens 0..31 of each sequence times 2^60 and of tokens 32..63 times 2^-70: their MX scales
+  // lie ~130 binades apart in each channel (the prepare pass shifts the small block by more than
+  // an int8 holds; it must become zeros, not wrap).
+  bool v_extreme_blocks = false;
 };
 
 void run_case(const Case& c, uint64_t seed) {
@@ -55,6 +59,11 @@ void run_case(const Case& c, uint64_t seed) {
   for (auto& x : q) x = nd(rng) * c.q_gain;
   for (auto& x : k) x = nd(rng);
   for (auto& x : v) x = nd(rng);
+  if (c.v_extreme_blocks)
+    for (int b = 0; b < int(km.batch()); ++b)
+      for (int64_t t = 0; t < std::min<int64_t>(km.length(b), 64); ++t)
+        for (int64_t i = 0; i < H * kHeadDim; ++i)
+          v[size_t((km.cu_seqlens()[size_t(b)] + t) * H * kHeadDim + i)] *= std::ldexp(1.f, t < 32 ? 60 : -70);
 
   const HostMx hq = quantize_host(q, qm, H, Orientation::kHdim, PayloadLayout::kTokenMajor, c.scale_layout);
   const HostMx hk = quantize_host(k, km, H, Orientation::kHdim, PayloadLayout::kTokenMajor, c.scale_layout);
@@ -137,6 +146,13 @@ TEST_F(AttentionFwdGpu, BroadcastQ) {
 
 TEST_F(AttentionFwdGpu, PeakedSoftmaxLongKeys) {
   run_case({{128}, {4096}, 1, false, PayloadLayout::kTokenMajor, ScaleLayout::kPlain, 8.f}, 5);
+}
+
+// V blocks ~130 binades apart in one channel, both payload layouts (the prepare pass's shift of the
+// small block saturates to zeros instead of wrapping around).
+TEST_F(AttentionFwdGpu, ExtremeVScaleRange) {
+  for (PayloadLayout vl : {PayloadLayout::kTokenMajor, PayloadLayout::kTokenContiguous})
+    run_case({{70, 100}, {200, 64}, 2, false, vl, ScaleLayout::kBlocked128x4, 1.f, true}, 6);
 }
 
 // Runs the forward on device copies of host MX operands; returns out (as doubles) and lse.
