@@ -361,7 +361,7 @@ __device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
 // after kBarDsReady each warpgroup computes its 64 channels of dQ = dS Kᵀ' (4 m64n64k32 SS), times
 // B and the K channel scales, reduced into p.dq_acc with red.global.add.v2.f32 (not deterministic:
 // the order of the additions varies). Keys past the sequence's end get dS = 0 first. The
-// workspace's dQ accumulator is zeroed before and turned into bf16 after (dq_from_acc_kernel).
+// workspace's dQ accumulator is zeroed before and turned into bf16 after (sum_dq_kernel).
 // kDiag (diagnostics of the fused form, experiment builds; dQ is wrong under them): bit 0 no
 // reduction into dq_acc, bit 1 no dQ GEMM either, bit 2 no dS tile (no named barriers) either.
 // kBulkDq (experiment, with kFusedDq; MXFLASH_BWD_VARIANT bit 8): dQ reduced into dq_acc from
@@ -895,19 +895,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// broadcast_q: dQ of the shared Q sequence = the sum over the batch of each output sequence's dQ.
-__global__ void sum_dq_kernel(const float* __restrict__ part, int batch, int64_t n, __nv_bfloat16* __restrict__ dq) {
+// dQ in bf16 = scale x the sum over `batch` fp32 parts of n values each: broadcast_q's batch sum of
+// each output sequence's dQ (scale 1), or kFusedDq's accumulator (one part, times softmax_scale / 256).
+__global__ void sum_dq_kernel(const float* __restrict__ part, int batch, int64_t n, float scale,
+                              __nv_bfloat16* __restrict__ dq) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
     float s = 0.f;
     for (int b = 0; b < batch; ++b) s += part[int64_t(b) * n + e];
-    dq[e] = __float2bfloat16_rn(s);
+    dq[e] = __float2bfloat16_rn(s * scale);
   }
-}
-
-// kFusedDq: dQ = the fp32 accumulator (256 dQ, K channel scales applied) times softmax_scale / 256.
-__global__ void dq_from_acc_kernel(const float* __restrict__ acc, int64_t n, float scale, __nv_bfloat16* __restrict__ dq) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x)
-    dq[e] = __float2bfloat16_rn(acc[e] * scale);
 }
 
 // output_mxfp8_dkv: the (Tk, H, 4) per-token-row view of square32 plain scales (P / 32, H, 4).
@@ -1193,10 +1189,8 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
           "cudaFuncSetAttribute(attention_bwd_dkdv_kernel)"));
       int64_t grid = n_items;
       if (persistent) {  // one CTA per SM: shared memory and registers allow no second
-        int device = 0, sms = 0;
-        MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetDevice(&device), "cudaGetDevice"));
-        MXFLASH_RETURN_IF_ERROR(
-            cuda_error(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute"));
+        int sms = 0;
+        MXFLASH_RETURN_IF_ERROR(sm_count(&sms));
         grid = std::min<int64_t>(n_items, sms);
       }
       kernel<<<unsigned(grid), bwd::kThreads, smem, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_kt, tm_dq, bp);
@@ -1206,7 +1200,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       if (p.Tq > 0) {
         const int64_t n = p.Tq * H * kHeadDim;
         const unsigned grid = unsigned(std::min<int64_t>((n + 255) / 256, 8192));
-        bwd::dq_from_acc_kernel<<<grid, 256, 0, stream>>>(bp.dq_acc, n, p.softmax_scale / bwd::kPScale, bp.dq);
+        bwd::sum_dq_kernel<<<grid, 256, 0, stream>>>(bp.dq_acc, 1, n, p.softmax_scale / bwd::kPScale, bp.dq);
         MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "backward: dQ from its accumulator launch"));
       }
     } else if (!q_items.empty()) {
@@ -1222,7 +1216,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     if (p.broadcast_q && !fused && p.Tq > 0) {
       const int64_t n = p.Tq * H * kHeadDim;
       const unsigned grid = unsigned(std::min<int64_t>((n + 255) / 256, 8192));
-      bwd::sum_dq_kernel<<<grid, 256, 0, stream>>>(bp.dq_part, p.batch, n, bp.dq);
+      bwd::sum_dq_kernel<<<grid, 256, 0, stream>>>(bp.dq_part, p.batch, n, 1.f, bp.dq);
       MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "backward: dQ batch sum launch"));
     }
     if (mx && p.Tk > 0) {

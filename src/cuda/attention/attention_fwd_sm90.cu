@@ -829,10 +829,8 @@ Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t w
     fp.num_items = int(ctas);
     int64_t grid = ctas;
     if (persistent) {  // one CTA per SM: shared memory and registers allow no second
-      int device = 0, sms = 0;
-      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetDevice(&device), "cudaGetDevice"));
-      MXFLASH_RETURN_IF_ERROR(
-          cuda_error(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute"));
+      int sms = 0;
+      MXFLASH_RETURN_IF_ERROR(sm_count(&sms));
       grid = std::min<int64_t>(ctas, sms);
     }
     kernel<<<unsigned(grid), attn::kThreads, attn::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, fp);

@@ -27,6 +27,13 @@ inline Status check_aligned(const void* p, int bytes, const char* name) {
                          "-byte aligned data pointer");
 }
 
+// The current device's SM count.
+inline Status sm_count(int* sms) {
+  int dev = 0;
+  MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetDevice(&dev), "cudaGetDevice"));
+  return cuda_error(cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+}
+
 // Grid for a grid-stride kernel: every CTA resident at once (a second wave of CTAs would each
 // carry a full share of the work and double the run time), capped by the work available.
 // Occupancy is cached per kernel: it depends only on the kernel and the architecture.
@@ -40,10 +47,8 @@ Status grid_size(int threads, int64_t work_items, int* grid) {
     }
     return n > 0 ? n : 1;
   }();
-  int dev = 0, sms = 0;
-  MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetDevice(&dev), "cudaGetDevice"));
-  MXFLASH_RETURN_IF_ERROR(
-      cuda_error(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute"));
+  int sms = 0;
+  MXFLASH_RETURN_IF_ERROR(sm_count(&sms));
   const int64_t resident = int64_t(sms) * blocks_per_sm;
   *grid = int(work_items < resident ? work_items : resident);
   if (*grid < 1) *grid = 1;
