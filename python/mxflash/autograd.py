@@ -42,9 +42,12 @@ def _make_function():
             q, k, v, out = ctx.saved_tensors
             lse = ctx.lse
             qm, km = ctx.q_meta, ctx.k_meta
-            ops = [mxflash.quantize_mx(x.detach().contiguous(), m, o)
-                   for x, m, o in ((q, qm, "hdim"), (q, qm, "seq"), (k, km, "hdim"), (k, km, "seq"),
-                                   (v, km, "hdim"))]
+            # Q and K in both orientations, each from one read of the input (quantize_hdim_seq)
+            ops = []
+            for x, m in ((q, qm), (k, km)):
+                ph, sh, ps, ss = mxflash.quantize_hdim_seq(x.detach().contiguous(), m)
+                ops += [mxflash.MxTensor(ph, sh, "hdim"), mxflash.MxTensor(ps, ss, "seq")]
+            ops.append(mxflash.quantize_mx(v.detach().contiguous(), km, "hdim"))
             dq, dk, dv = mxflash.attention_backward(*ops, out, dout.to(torch.bfloat16).contiguous(), lse, qm, km,
                                                     softmax_scale=ctx.softmax_scale, broadcast_q=ctx.broadcast_q)
             return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
