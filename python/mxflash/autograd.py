@@ -4,7 +4,7 @@
     out = mx_attention(q, k, v, q_meta, k_meta)          # q (Tq, H, 128), k and v (Tk, H, 128)
     out.float().sum().backward()                          # q.grad, k.grad, v.grad
 
-q, k, v are packed jagged torch tensors (bfloat16 or float32, CPU or CUDA) described by
+q, k, v are packed jagged torch tensors (bfloat16, float16 or float32, CPU or CUDA) described by
 mxflash.JaggedMeta objects; they are quantized to MXFP8 inside (Q and K along the head dim for the
 forward and along tokens for the backward, V along tokens for the forward and along the head dim
 for the backward, RCEIL), so callers hand over the same tensors they would give any attention.
@@ -20,21 +20,35 @@ def _torch():
     return torch
 
 
+def _quantizable(x):
+    """x as the quantizer takes it: bfloat16 and float32 as they are; float16 (exactly) and float64
+    through float32."""
+    torch = _torch()
+    x = x.detach()
+    if x.dtype in (torch.float16, torch.float64):
+        x = x.float()
+    return x.contiguous()
+
+
 def _make_function():
     torch = _torch()
 
     class MxAttentionFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v, q_meta, k_meta, softmax_scale, broadcast_q):
-            mq = mxflash.quantize_mx(q.detach().contiguous(), q_meta, "hdim")
-            mk = mxflash.quantize_mx(k.detach().contiguous(), k_meta, "hdim")
-            mv = mxflash.quantize_mx(v.detach().contiguous(), k_meta, "seq")
+            mq = mxflash.quantize_mx(_quantizable(q), q_meta, "hdim")
+            mk = mxflash.quantize_mx(_quantizable(k), k_meta, "hdim")
+            mv = mxflash.quantize_mx(_quantizable(v), k_meta, "seq")
             out, lse = mxflash.attention_forward(mq, mk, mv, q_meta, k_meta, softmax_scale=softmax_scale,
                                                  broadcast_q=broadcast_q)
             ctx.save_for_backward(q, k, v, out)
             ctx.lse = lse  # an intermediate: kept on ctx rather than through save_for_backward
             ctx.q_meta, ctx.k_meta = q_meta, k_meta
             ctx.softmax_scale, ctx.broadcast_q = softmax_scale, broadcast_q
+            if q.dtype == k.dtype == v.dtype == torch.float16:
+                # bf16 -> fp16 keeps every bit for |out| in [2^-14, 65504] (|out| <= max |v|): fp16
+                # models get fp16 activations
+                return out.to(torch.float16)
             return out
 
         @staticmethod
@@ -45,9 +59,9 @@ def _make_function():
             # Q and K in both orientations, each from one read of the input (quantize_hdim_seq)
             ops = []
             for x, m in ((q, qm), (k, km)):
-                ph, sh, ps, ss = mxflash.quantize_hdim_seq(x.detach().contiguous(), m)
+                ph, sh, ps, ss = mxflash.quantize_hdim_seq(_quantizable(x), m)
                 ops += [mxflash.MxTensor(ph, sh, "hdim"), mxflash.MxTensor(ps, ss, "seq")]
-            ops.append(mxflash.quantize_mx(v.detach().contiguous(), km, "hdim"))
+            ops.append(mxflash.quantize_mx(_quantizable(v), km, "hdim"))
             dq, dk, dv = mxflash.attention_backward(*ops, out, dout.to(torch.bfloat16).contiguous(), lse, qm, km,
                                                     softmax_scale=ctx.softmax_scale, broadcast_q=ctx.broadcast_q)
             return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
@@ -61,7 +75,8 @@ _function = None
 def mx_attention(q, k, v, q_meta, k_meta, softmax_scale=None, broadcast_q=False):
     """out = MXFP8 attention of q, k, v (see the module docstring); differentiable in q, k and v.
 
-    Returns out (To, H, 128) bfloat16 (To = Tq, or B * Lq with broadcast_q). softmax_scale: None for
+    Returns out (To, H, 128) bfloat16, or float16 when q, k and v are all float16 (To = Tq, or
+    B * Lq with broadcast_q). softmax_scale: None for
     1/sqrt(128). broadcast_q: q_meta holds one Q sequence shared by the B K/V sequences; q.grad is the
     sum over the batch.
     """

@@ -124,3 +124,26 @@ def test_cuda_graph_capture_of_a_training_step(torch_cuda):
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16)), name + ": replay differs from the eager step"
     assert got[0].abs().sum() > 0, "the replayed step wrote no output"
+
+
+def test_float16_inputs_give_the_float32_results_in_float16():
+    """float16 q, k, v (fp16 training): quantized through float32 (exact), so out and the gradients are
+    the float32 inputs' results, returned in float16."""
+    import torch
+    from mxflash.autograd import mx_attention
+
+    qm, km = mxflash.JaggedMeta.from_lengths(Q_LENGTHS), mxflash.JaggedMeta.from_lengths(K_LENGTHS)
+    half = leaves("cpu", torch.float16, seed=5)
+    full = [x.detach().float().requires_grad_() for x in half]
+    # dout exactly representable in bf16 and fp16, so both runs' backward sees the same bf16 dout
+    dout = torch.randn(sum(Q_LENGTHS), H, 128, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16).float()
+    dout[dout.abs() < 2.0 ** -14] = 0
+    out16 = mx_attention(*half, qm, km)
+    (out16.float() * dout).sum().backward()
+    out32 = mx_attention(*full, qm, km)
+    (out32.float() * dout).sum().backward()
+    assert out16.dtype == torch.float16 and out32.dtype == torch.bfloat16
+    assert torch.equal(out16, out32.to(torch.float16))
+    for name, a, b in zip(("dq", "dk", "dv"), half, full):
+        assert a.grad.dtype == torch.float16, name
+        assert torch.equal(a.grad, b.grad.to(torch.float16)), name
