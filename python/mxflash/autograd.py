@@ -80,7 +80,30 @@ def mx_attention(q, k, v, q_meta, k_meta, softmax_scale=None, broadcast_q=False)
     1/sqrt(128). broadcast_q: q_meta holds one Q sequence shared by the B K/V sequences; q.grad is the
     sum over the batch.
     """
+    _check_inputs(q, k, v, q_meta, k_meta)
     global _function
     if _function is None:
         _function = _make_function()
     return _function.apply(q, k, v, q_meta, k_meta, softmax_scale, bool(broadcast_q))
+
+
+def _check_inputs(q, k, v, q_meta, k_meta):
+    """Rejects what the quantizers would reject, naming q, k, v (not the quantizer's x), before any work."""
+    torch = _torch()
+    for name, meta in (("q_meta", q_meta), ("k_meta", k_meta)):
+        if not isinstance(meta, mxflash.JaggedMeta):
+            raise TypeError(f"{name}: expected mxflash.JaggedMeta, got {type(meta).__name__}")
+    floats = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+    for name, x, meta, meta_name in (("q", q, q_meta, "q_meta"), ("k", k, k_meta, "k_meta"), ("v", v, k_meta, "k_meta")):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch tensor, got {type(x).__name__}")
+        if x.dtype not in floats:
+            raise ValueError(f"{name}: dtype must be bfloat16, float16, float32 or float64, got {x.dtype}")
+        if x.dim() != 3 or x.shape[2] != 128:
+            raise ValueError(f"{name}: must be (tokens, heads, 128), got shape {tuple(x.shape)}")
+        if x.shape[0] != meta.total_tokens:
+            raise ValueError(f"{name}: has {x.shape[0]} tokens but {meta_name} holds {meta.total_tokens}")
+        if x.shape[1] != q.shape[1]:
+            raise ValueError(f"{name}: has {x.shape[1]} heads, q has {q.shape[1]}")
+        if x.device != q.device:
+            raise ValueError(f"{name}: is on {x.device}, q on {q.device}")

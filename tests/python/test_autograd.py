@@ -147,3 +147,36 @@ def test_float16_inputs_give_the_float32_results_in_float16():
     for name, a, b in zip(("dq", "dk", "dv"), half, full):
         assert a.grad.dtype == torch.float16, name
         assert torch.equal(a.grad, b.grad.to(torch.float16)), name
+
+
+@pytest.mark.parametrize("case, match", [
+    ("hdim64", r"^q: must be \(tokens, heads, 128\), got shape \(127, 2, 64\)"),
+    ("k_heads", r"^k: has 3 heads, q has 2"),
+    ("q_tokens", r"^q: has 128 tokens but q_meta holds 127"),
+    ("v_tokens", r"^v: has 164 tokens but k_meta holds 163"),
+    ("int_q", r"^q: dtype must be bfloat16, float16, float32 or float64, got torch.int32"),
+    ("meta", r"^k_meta: expected mxflash.JaggedMeta"),
+])
+def test_bad_inputs_name_the_argument(case, match):
+    """mx_attention rejects bad q, k, v or metadata before any work, naming the argument (not the
+    quantizer's x)."""
+    import torch
+    from mxflash.autograd import mx_attention
+
+    qm, km = mxflash.JaggedMeta.from_lengths(Q_LENGTHS), mxflash.JaggedMeta.from_lengths(K_LENGTHS)
+    tq, tk = sum(Q_LENGTHS), sum(K_LENGTHS)
+    q, k, v = torch.randn(tq, H, 128), torch.randn(tk, H, 128), torch.randn(tk, H, 128)
+    if case == "hdim64":
+        q = torch.randn(tq, H, 64)
+    elif case == "k_heads":
+        k = torch.randn(tk, 3, 128)
+    elif case == "q_tokens":
+        q = torch.randn(tq + 1, H, 128)
+    elif case == "v_tokens":
+        v = torch.randn(tk + 1, H, 128)
+    elif case == "int_q":
+        q = torch.zeros(tq, H, 128, dtype=torch.int32)
+    elif case == "meta":
+        km = K_LENGTHS
+    with pytest.raises((ValueError, TypeError), match=match):
+        mx_attention(q, k, v, qm, km)
