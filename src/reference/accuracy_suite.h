@@ -94,8 +94,11 @@ Verdict judge(Tensor t, const ErrorStats& s, const Thresholds& th);
 // kMxDynP P for dV in 1x32 blocks with their own scales (p_scale = dynamic), kMxHopper the backward's
 // Hopper execution form (ref::AttnOptions::hopper_exec: re-expressed operands, coarser dS blocks),
 // kMxHopperFusedDq that form with dQ's dS in 64 x 128 blocks (the fused-dQ experiment's numerics).
-enum class Method : int { kBf16 = 0, kFp8, kMx, kGpu, kMx16, kMxDynP, kMxHopper, kMxHopperFusedDq };
-const char* to_string(Method m);  // "bf16", "fp8", "mx", "gpu", "mx16", "mxdp", "mxhx", "mxhf"
+// kMxFwdSeq / kMxFwdTile the forward's Hopper execution form with V per (sequence, channel) (the
+// fast kernel's prepare pass) or per (128-key tile, channel) (ref::HopperFwd; the backward of both
+// is exact MX's, so compare them with --forward-only).
+enum class Method : int { kBf16 = 0, kFp8, kMx, kGpu, kMx16, kMxDynP, kMxHopper, kMxHopperFusedDq, kMxFwdSeq, kMxFwdTile };
+const char* to_string(Method m);  // "bf16", "fp8", "mx", "gpu", "mx16", "mxdp", "mxhx", "mxhf", "mxfs", "mxft"
 bool parse_method(const std::string& name, Method* m);
 bool has_verdict(Method m);  // the MX methods (mx, gpu) are judged against the floors
 inline constexpr const char* kGpuNotBuilt = "n/a (not built yet)";

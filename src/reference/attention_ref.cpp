@@ -244,43 +244,75 @@ Vec regroup(const double* x, int64_t n, GroupOf group_of, int64_t groups) {
   return out;
 }
 
+// Groups of the Hopper execution form: element index -> group (-1: a padding element of no
+// sequence): per (token, head) row, per (head, sequence, 128-key tile), per (head, sequence, 128-key
+// tile, channel), and per (sequence, head, channel) of Q, K or output tokens.
+struct ExecGroups {
+  const Geometry& g;
+  std::vector<int64_t> q_seq, k_seq, k_first, o_seq;  // token -> sequence (-1: none), K: its first token
+  int64_t max_tiles = 1;                               // 128-key tiles of the longest K/V sequence
+  ExecGroups(const Geometry& geo, bool broadcast_q)
+      : g(geo), q_seq(size_t(geo.Tq), -1), k_seq(size_t(geo.Tk), -1), k_first(size_t(geo.Tk), 0), o_seq(size_t(geo.To), -1) {
+    for (int b = 0; b < g.B; ++b) {
+      if (!broadcast_q || b == 0)
+        for (int64_t t = g.q0[b]; t < g.q0[b] + g.lq[b]; ++t) q_seq[size_t(t)] = b;
+      for (int64_t t = g.k0[b]; t < g.k0[b] + g.lk[b]; ++t) k_seq[size_t(t)] = b, k_first[size_t(t)] = g.k0[b];
+      for (int64_t t = g.o0[b]; t < g.o0[b] + g.lq[b]; ++t) o_seq[size_t(t)] = b;
+    }
+    for (int64_t lk : g.lk) max_tiles = std::max(max_tiles, (lk + 127) / 128);
+  }
+  static int64_t row(int64_t i) { return i / kD; }
+  int64_t k_tile(int64_t i) const {
+    const int64_t t = i / (g.H * kD), h = (i / kD) % g.H;
+    if (k_seq[size_t(t)] < 0) return -1;
+    return (h * g.B + k_seq[size_t(t)]) * max_tiles + (t - k_first[size_t(t)]) / 128;
+  }
+  int64_t k_tiles() const { return g.H * g.B * max_tiles; }
+  int64_t k_tile_channel(int64_t i) const {
+    const int64_t tile = k_tile(i);
+    return tile < 0 ? -1 : tile * kD + i % kD;
+  }
+  static int64_t channel(const std::vector<int64_t>& seq, int64_t H, int64_t i) {
+    const int64_t t = i / (H * kD), hd = i % (H * kD);
+    return seq[size_t(t)] < 0 ? int64_t(-1) : seq[size_t(t)] * H * kD + hd;
+  }
+  int64_t channels() const { return int64_t(g.B) * g.H * kD; }
+};
+
 // The Hopper execution form of the MX backward operands (AttnOptions::hopper_exec): Q and dO (for
 // dP) per (token, head) row, K and V per (128-key tile, head), and the token-contracted operands
 // (Q for dK, K for dQ, dO for dV) per (sequence, head, channel).
 void hopper_exec_operands(const Geometry& g, bool broadcast_q, Operands* ops) {
   const int64_t H = g.H;
   const int64_t nq = g.Tq * H * kD, nk = g.Tk * H * kD, no = g.To * H * kD;
-  auto row = [&](int64_t i) { return i / kD; };  // (token, head)
-  // token -> (sequence, first token of the sequence) for Q, K and the output rows
-  std::vector<int64_t> q_seq(size_t(g.Tq), -1), k_seq(size_t(g.Tk), -1), k_first(size_t(g.Tk), 0), o_seq(size_t(g.To), -1);
-  for (int b = 0; b < g.B; ++b) {
-    if (!broadcast_q || b == 0)
-      for (int64_t t = g.q0[b]; t < g.q0[b] + g.lq[b]; ++t) q_seq[size_t(t)] = b;
-    for (int64_t t = g.k0[b]; t < g.k0[b] + g.lk[b]; ++t) k_seq[size_t(t)] = b, k_first[size_t(t)] = g.k0[b];
-    for (int64_t t = g.o0[b]; t < g.o0[b] + g.lq[b]; ++t) o_seq[size_t(t)] = b;
-  }
-  int64_t max_tiles = 1;  // 128-key tiles of the longest K/V sequence
-  for (int64_t lk : g.lk) max_tiles = std::max(max_tiles, (lk + 127) / 128);
-  auto k_tile = [&](int64_t i) -> int64_t {
-    const int64_t t = i / (H * kD), h = (i / kD) % H;
-    if (k_seq[size_t(t)] < 0) return -1;
-    return (h * g.B + k_seq[size_t(t)]) * max_tiles + (t - k_first[size_t(t)]) / 128;
-  };
+  const ExecGroups e(g, broadcast_q);
+  auto k_tile = [&](int64_t i) { return e.k_tile(i); };
   auto channel = [&](const std::vector<int64_t>& seq) {
-    return [&, H](int64_t i) {
-      const int64_t t = i / (H * kD), hd = i % (H * kD);
-      return seq[size_t(t)] < 0 ? int64_t(-1) : seq[size_t(t)] * H * kD + hd;
-    };
+    return [&seq, H](int64_t i) { return ExecGroups::channel(seq, H, i); };
   };
-  const int64_t k_groups = H * g.B * max_tiles;
-  ops->q_s = ops->add(regroup(ops->q_s, nq, row, g.Tq * H));
-  ops->k_s = ops->add(regroup(ops->k_s, nk, k_tile, k_groups));
-  ops->v_dp = ops->add(regroup(ops->v_dp, nk, k_tile, k_groups));
-  ops->q_dk = ops->add(regroup(ops->q_dk, nq, channel(q_seq), int64_t(g.B) * H * kD));
-  ops->k_dq = ops->add(regroup(ops->k_dq, nk, channel(k_seq), int64_t(g.B) * H * kD));
+  ops->q_s = ops->add(regroup(ops->q_s, nq, ExecGroups::row, g.Tq * H));
+  ops->k_s = ops->add(regroup(ops->k_s, nk, k_tile, e.k_tiles()));
+  ops->v_dp = ops->add(regroup(ops->v_dp, nk, k_tile, e.k_tiles()));
+  ops->q_dk = ops->add(regroup(ops->q_dk, nq, channel(e.q_seq), e.channels()));
+  ops->k_dq = ops->add(regroup(ops->k_dq, nk, channel(e.k_seq), e.channels()));
   const double* do_mx = ops->do_g;
-  ops->do_g = ops->add(regroup(do_mx, no, row, g.To * H));
-  ops->do_dv = ops->add(regroup(do_mx, no, channel(o_seq), int64_t(g.B) * H * kD));
+  ops->do_g = ops->add(regroup(do_mx, no, ExecGroups::row, g.To * H));
+  ops->do_dv = ops->add(regroup(do_mx, no, channel(e.o_seq), e.channels()));
+}
+
+// The Hopper execution form of the MX forward operands (AttnOptions::hopper_fwd): Q per (token,
+// head) row, K per (128-key tile, head) and V per (sequence, head, channel) as the forward kernel's
+// prepare pass does, or V per (128-key tile, head, channel) (the form a quantizer could write
+// without a pass over the whole sequence).
+void hopper_forward_operands(const Geometry& g, bool broadcast_q, HopperFwd form, Operands* ops) {
+  const int64_t H = g.H, nq = g.Tq * H * kD, nk = g.Tk * H * kD;
+  const ExecGroups e(g, broadcast_q);
+  ops->q_s = ops->add(regroup(ops->q_s, nq, ExecGroups::row, g.Tq * H));
+  ops->k_s = ops->add(regroup(ops->k_s, nk, [&](int64_t i) { return e.k_tile(i); }, e.k_tiles()));
+  if (form == HopperFwd::kVPerTileChannel)
+    ops->v_o = ops->add(regroup(ops->v_o, nk, [&](int64_t i) { return e.k_tile_channel(i); }, e.k_tiles() * kD));
+  else
+    ops->v_o = ops->add(regroup(ops->v_o, nk, [&](int64_t i) { return ExecGroups::channel(e.k_seq, H, i); }, e.channels()));
 }
 
 // backward=false prepares q_s, k_s, v_o; backward=true prepares everything but v_o.
@@ -412,6 +444,7 @@ Status attention_forward(const AttnProblem& p, AttnMethod m, AttnForwardResult* 
   const Geometry g = geometry_of(p);
   Operands ops;
   MXFLASH_RETURN_IF_ERROR(prepare(p, g, m, nullptr, *p.q_meta, /*backward=*/false, &ops));
+  if (m == AttnMethod::kMx && opt.hopper_fwd != HopperFwd::kNone) hopper_forward_operands(g, p.broadcast_q, opt.hopper_fwd, &ops);
   const bool exact = m == AttnMethod::kFp64;
   const bool round = !exact && opt.round_outputs;
   const PRound pr = p_round_of(m);

@@ -81,6 +81,9 @@ inline AttnProblem make_problem(const JaggedMeta& q_meta, const JaggedMeta& k_me
   return AttnProblem{&q_meta, &k_meta, heads, q, k, v, softmax_scale, broadcast_q};
 }
 
+// The forward's Hopper execution form (AttnOptions::hopper_fwd).
+enum class HopperFwd : int { kNone = 0, kVPerSequenceChannel, kVPerTileChannel };
+
 struct AttnOptions {
   // Non-FP64 methods: O, dQ, dK, dV rounded to bf16, as the kernels deliver them; false keeps
   // them at fp32 (for analysis of the output rounding itself). LSE is fp32 either way.
@@ -104,6 +107,10 @@ struct AttnOptions {
   // per row (the default kernel); 64 = the fused-dQ experiment (MXFLASH_BWD_VARIANT bit 3), one scale
   // per 64-query half and the CTA's 128 keys.
   int hopper_dq_rows = 1;
+  // MX forward only: its operands in the Hopper execution form (Q per row, K per 128-key tile, V
+  // per (sequence, channel) as the fast kernel's prepare pass writes them, or V per (128-key tile,
+  // channel): a form a quantizer could write from one 128-token strip).
+  HopperFwd hopper_fwd = HopperFwd::kNone;
 };
 
 struct AttnForwardResult {
