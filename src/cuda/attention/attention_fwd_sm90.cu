@@ -50,6 +50,15 @@ inline constexpr int kVariantSplit = 8;
 inline constexpr int kVariantOverlap = 16;
 // Bit 5 (experiment): the persistent kernel (attention_fwd_persistent_kernel).
 inline constexpr int kVariantPersistent = 32;
+// Bit 6 (experiment; with bit 4): V's channel scales applied at every tile's promotion
+// (o = o alpha + ot vs[channel]) from a per-tile table loaded with the tile, instead of once in the
+// epilogue: the main-kernel cost of V' with one scale per (128-key tile, channel), the form a
+// quantizer can write without the prepare pass (docs/attention.md). The table holds the sequence's
+// channel scales for every tile here, so the results equal the default's up to rounding.
+inline constexpr int kVariantVTile = 64;
+// Bit 7 (experiment, host only; diagnostic, garbage out): the prepare pass is not launched, so the
+// forward's time is the main kernel's (what remains once a quantizer writes the execution layout).
+inline constexpr int kVariantNoPrepare = 128;
 __host__ __device__ constexpr int variant_diag(int v) { return (v >> 1) & 3; }
 static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs * kWarpgroupThreads * kConsumerWarpgroups <= 65536,
               "register budget exceeds the register file");
@@ -65,6 +74,12 @@ struct SharedStorage {
   uint64_t q_empty;  // persistent kernel: the consumers are done with Q
 };
 inline constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
+// kVariantVTile: each stage's V channel scales, past SharedStorage (launched with kSmemBytesVTile).
+inline constexpr size_t kVTileOffset = (sizeof(SharedStorage) + 15) / 16 * 16;
+inline constexpr size_t kSmemBytesVTile = kVTileOffset + kStages * kHeadDim * sizeof(float) + 1024;
+__device__ __forceinline__ float* vtile_scales(SharedStorage& s, int stage) {
+  return reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(&s) + kVTileOffset) + stage * kHeadDim;
+}
 
 struct FwdParams {
   const int32_t* cu_q;
@@ -269,9 +284,30 @@ __device__ __forceinline__ void produce_item(SharedStorage& s, const CUtensorMap
     const int stage = (it + j) % kStages;
     const uint32_t phase = ((it + j) / kStages) & 1;
     sm90::mbar_wait(&s.empty[stage], phase ^ 1);
-    sm90::mbar_arrive_expect_tx(&s.full[stage], 2 * kTileBytes);
+    constexpr bool kVTile = (kVariant & kVariantVTile) != 0;
+    sm90::mbar_arrive_expect_tx(&s.full[stage], 2 * kTileBytes + (kVTile ? kHeadDim * sizeof(float) : 0));
     sm90::tma_load_2d(s.k[stage], tm_k, &s.full[stage], 0, k_row + j * kTile);
     sm90::tma_load_2d(s.v[stage], tm_v, &s.full[stage], v_col + j * kTile, h * kHeadDim);
+    if constexpr (kVTile)
+      sm90::bulk_load(vtile_scales(s, stage), p.v_scale + (int64_t(b) * p.heads + h) * kHeadDim, kHeadDim * sizeof(float),
+                      &s.full[stage]);
+  }
+}
+
+// kVariantVTile: o = o alpha + ot vs, vs the tile's V channel scale of each accumulator's column
+// (8 jn + 2 quad + {0, 1}).
+__device__ __forceinline__ void promote_vtile(float (&o)[64], const float (&ot)[64], const float (&alpha)[2],
+                                              const float* vs, int quad) {
+  const uint32_t base = sm90::smem_u32(vs) + 8 * quad;
+#pragma unroll
+  for (int jn = 0; jn < 16; ++jn) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(base + 32 * jn));
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      o[4 * jn + 2 * r] = fmaf(ot[4 * jn + 2 * r], v.x, o[4 * jn + 2 * r] * alpha[r]);
+      o[4 * jn + 2 * r + 1] = fmaf(ot[4 * jn + 2 * r + 1], v.y, o[4 * jn + 2 * r + 1] * alpha[r]);
+    }
   }
 }
 
@@ -280,6 +316,8 @@ __device__ __forceinline__ void produce_item(SharedStorage& s, const CUtensorMap
 template <int kVariant, bool kPersistent>
 __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& p, const WorkItem& w, int cw, int warp,
                                              int lane, int quad, const int (&rows)[2], int it, int qi) {
+  static_assert((kVariant & kVariantVTile) == 0 || (kVariant & kVariantOverlap) != 0,
+                "per-tile V scales are applied by the overlapped schedule's promotion only");
   const int h = w.h, b = w.b, m_block = w.m_block, qb = w.qb, Lq = w.Lq, Lk = w.Lk, n_tiles = w.n_tiles;
   const int64_t q_row = w.q_row;
   const int64_t tok_base = p.broadcast_q ? int64_t(b) * Lq : p.cu_q[qb];
@@ -392,9 +430,14 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
       fence_all(sc);
 #pragma unroll
       for (int i = 0; i < 16; ++i) sm90::fence_regs(pa[i]);  // P of tile j-1 was read until here
-      sm90::mbar_arrive(&s.empty[prev]);
+      if constexpr ((kVariant & kVariantVTile) != 0) {
+        promote_vtile(o, ot, alpha, vtile_scales(s, prev), quad);
+        sm90::mbar_arrive(&s.empty[prev]);  // after the stage's V scales were read
+      } else {
+        sm90::mbar_arrive(&s.empty[prev]);
 #pragma unroll
-      for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i % 4) / 2], ot[i]);
+        for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i % 4) / 2], ot[i]);
+      }
       sm.pack(sc, pa);
       alpha[0] = alpha_new[0];
       alpha[1] = alpha_new[1];
@@ -414,9 +457,14 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   gemm_pv(ot, pa, last);
   sm90::wgmma_wait<0>();
   fence_all(ot);
-  sm90::mbar_arrive(&s.empty[last]);
+  if constexpr ((kVariant & kVariantVTile) != 0) {
+    promote_vtile(o, ot, alpha, vtile_scales(s, last), quad);
+    sm90::mbar_arrive(&s.empty[last]);
+  } else {
+    sm90::mbar_arrive(&s.empty[last]);
 #pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i % 4) / 2], ot[i]);
+    for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i % 4) / 2], ot[i]);
+  }
   } else {
     // Split-S schedule (experiment, docs/attention.md): S in 64-key halves with Q as the register A
     // operand; the softmax of half n runs while P.V of half n-1 (same warpgroup) is in flight, P.V
@@ -527,8 +575,9 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
 #pragma unroll
     for (int jn = 0; jn < 16; ++jn) {
       const int col = 8 * jn + 2 * quad;
-      const float a = o[4 * jn + 2 * r] * inv * v_scale[col];
-      const float c = o[4 * jn + 2 * r + 1] * inv * v_scale[col + 1];
+      constexpr bool kVTile = (kVariant & kVariantVTile) != 0;  // V scales applied at every promotion
+      const float a = o[4 * jn + 2 * r] * inv * (kVTile ? 1.f : v_scale[col]);
+      const float c = o[4 * jn + 2 * r + 1] * inv * (kVTile ? 1.f : v_scale[col + 1]);
       *reinterpret_cast<__nv_bfloat162*>(orow + col) = __floats2bfloat162_rn(a, c);
     }
     const float log2_l = log2f(lsum) - kPScaleLog2;
@@ -760,25 +809,31 @@ Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t w
   uint8_t* ws = static_cast<uint8_t*>(workspace);
   auto run = [&]() -> Status {
     const int64_t H = p.heads;
-    if (p.Pq > 0)
-      attn::prepare_rows_kernel<true><<<dim3(unsigned(p.Pq / attn::kTile), unsigned(H)), attn::kRowThreads, 0, stream>>>(
-          p.q.payload, p.q.scales, p.q.scale_layout, p.cu_q, p.cu_q_sf, p.broadcast_q ? 1 : p.batch, H, p.Pq, ws + w.q,
-          reinterpret_cast<float*>(ws + w.q_scale));
-    MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "prepare Q launch"));
-    if (p.Pk > 0) {
-      attn::prepare_rows_kernel<false><<<dim3(unsigned(p.Pk / attn::kTile), unsigned(H)), attn::kRowThreads, 0, stream>>>(
-          p.k.payload, p.k.scales, p.k.scale_layout, p.cu_k, p.cu_k_sf, p.batch, H, p.Pk, ws + w.k,
-          reinterpret_cast<float*>(ws + w.k_scale));
-      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "prepare K launch"));
-    }
-    attn::prepare_v_scale_kernel<<<unsigned(int64_t(p.batch) * H), attn::kVScaleSlices * kHeadDim, 0, stream>>>(
-        p.v.scales, p.v.scale_layout, p.cu_k, p.cu_k_sf, H, p.Pk, ws + w.v_byte, reinterpret_cast<float*>(ws + w.v_scale));
-    MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "prepare V scales launch"));
-    if (p.Pk > 0) {
-      attn::prepare_v_kernel<<<dim3(unsigned(p.Pk / attn::kTile), unsigned(H)), attn::kVThreads, 0, stream>>>(
-          p.v.payload, p.v.payload_layout, p.v.scales, p.v.scale_layout, p.cu_k, p.cu_k_sf, p.batch, H, p.Pk,
-          ws + w.v_byte, ws + w.v);
-      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "prepare V launch"));
+    bool prepare = true;
+#if MXFLASH_FWD_EXPERIMENTS
+    prepare = experiment_variant() < 0 || (experiment_variant() & attn::kVariantNoPrepare) == 0;
+#endif
+    if (prepare) {
+      if (p.Pq > 0)
+        attn::prepare_rows_kernel<true><<<dim3(unsigned(p.Pq / attn::kTile), unsigned(H)), attn::kRowThreads, 0, stream>>>(
+            p.q.payload, p.q.scales, p.q.scale_layout, p.cu_q, p.cu_q_sf, p.broadcast_q ? 1 : p.batch, H, p.Pq, ws + w.q,
+            reinterpret_cast<float*>(ws + w.q_scale));
+      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "prepare Q launch"));
+      if (p.Pk > 0) {
+        attn::prepare_rows_kernel<false><<<dim3(unsigned(p.Pk / attn::kTile), unsigned(H)), attn::kRowThreads, 0, stream>>>(
+            p.k.payload, p.k.scales, p.k.scale_layout, p.cu_k, p.cu_k_sf, p.batch, H, p.Pk, ws + w.k,
+            reinterpret_cast<float*>(ws + w.k_scale));
+        MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "prepare K launch"));
+      }
+      attn::prepare_v_scale_kernel<<<unsigned(int64_t(p.batch) * H), attn::kVScaleSlices * kHeadDim, 0, stream>>>(
+          p.v.scales, p.v.scale_layout, p.cu_k, p.cu_k_sf, H, p.Pk, ws + w.v_byte, reinterpret_cast<float*>(ws + w.v_scale));
+      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "prepare V scales launch"));
+      if (p.Pk > 0) {
+        attn::prepare_v_kernel<<<dim3(unsigned(p.Pk / attn::kTile), unsigned(H)), attn::kVThreads, 0, stream>>>(
+            p.v.payload, p.v.payload_layout, p.v.scales, p.v.scale_layout, p.cu_k, p.cu_k_sf, p.batch, H, p.Pk,
+            ws + w.v_byte, ws + w.v);
+        MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "prepare V launch"));
+      }
     }
     if (tiles.empty()) return Status::Ok();
     MXFLASH_RETURN_IF_ERROR(upload_to_device(ws + w.tiles, tiles.data(), tiles.size() * sizeof(int2), stream));
@@ -806,6 +861,7 @@ Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t w
     fp.lse = p.lse;
     auto kernel = attn::attention_fwd_kernel<kDefaultVariant>;
     bool persistent = false;
+    size_t smem = attn::kSmemBytes;
 #if MXFLASH_FWD_EXPERIMENTS
     switch (experiment_variant()) {
       case 0: kernel = attn::attention_fwd_kernel<0>; break;
@@ -817,13 +873,15 @@ Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t w
       case 17: kernel = attn::attention_fwd_kernel<17>; break;
       case 33: kernel = attn::attention_fwd_persistent_kernel<1>; break;
       case 49: kernel = attn::attention_fwd_persistent_kernel<17>; break;
+      case 81: case 209: kernel = attn::attention_fwd_kernel<81>, smem = attn::kSmemBytesVTile; break;
+      case 145: kernel = attn::attention_fwd_kernel<17>; break;
       default: break;
     }
     persistent = experiment_variant() >= 0 && (experiment_variant() & attn::kVariantPersistent) != 0;
 #endif
     MXFLASH_RETURN_IF_ERROR(cuda_error(cudaFuncSetAttribute(kernel,
                                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                            int(attn::kSmemBytes)),
+                                                            int(smem)),
                                        "cudaFuncSetAttribute(smem)"));
     const int64_t ctas = int64_t(tiles.size()) * p.heads;
     fp.num_items = int(ctas);
@@ -833,7 +891,7 @@ Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t w
       MXFLASH_RETURN_IF_ERROR(sm_count(&sms));
       grid = std::min<int64_t>(ctas, sms);
     }
-    kernel<<<unsigned(grid), attn::kThreads, attn::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, fp);
+    kernel<<<unsigned(grid), attn::kThreads, smem, stream>>>(tm_q, tm_k, tm_v, fp);
     return cuda_error(cudaGetLastError(), "attention_fwd_kernel launch");
   };
   Status st = run();
