@@ -174,9 +174,9 @@ def _code(table, value) -> int:
     return table.get(value, -1) if isinstance(value, str) else -1
 
 
-def _check_meta(meta):
+def _check_meta(meta, name="meta"):
     if not isinstance(meta, JaggedMeta):
-        raise TypeError(f"meta: expected mxflash.JaggedMeta, got {type(meta).__name__}")
+        raise TypeError(f"{name}: expected mxflash.JaggedMeta, got {type(meta).__name__}")
 
 
 def _outputs(out, n, what):
@@ -553,11 +553,6 @@ def scales_to_plain(scales, meta, orientation, heads=None, out=None):
 
 
 # ---------------------------------------------------------------------------- attention
-def _check_meta_arg(meta, name):
-    if not isinstance(meta, JaggedMeta):
-        raise TypeError(f"{name}: expected mxflash.JaggedMeta, got {type(meta).__name__}")
-
-
 def _mx_arrays(t, name):
     """(payload, scales) of an MxTensor argument as arrays (DLPack objects wrapped, no copy)."""
     if not isinstance(t, MxTensor):
@@ -593,8 +588,8 @@ def attention_forward(q, k, v, q_meta, k_meta, softmax_scale=None, broadcast_q=F
     given tensors. numpy operands run the exact-MX CPU reference; CUDA torch tensors run the sm_90a
     kernel on the current stream (workspace from torch's allocator, no synchronization).
     """
-    _check_meta_arg(q_meta, "q_meta")
-    _check_meta_arg(k_meta, "k_meta")
+    _check_meta(q_meta, "q_meta")
+    _check_meta(k_meta, "k_meta")
     arrays = [_mx_arrays(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v"))]
     qp = arrays[0][0]
     broadcast_q = bool(broadcast_q)
@@ -646,8 +641,8 @@ def attention_backward(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, so
     allocator, no synchronization), or with exact_mx=True the exact-MX GPU path (slow; the oracle;
     default options only).
     """
-    _check_meta_arg(q_meta, "q_meta")
-    _check_meta_arg(k_meta, "k_meta")
+    _check_meta(q_meta, "q_meta")
+    _check_meta(k_meta, "k_meta")
     names = ("q", "q_seq", "k", "k_seq", "v")
     operands = (q, q_seq, k, k_seq, v)
     arrays = [_mx_arrays(t, n) for t, n in zip(operands, names)]

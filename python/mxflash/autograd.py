@@ -90,9 +90,8 @@ def mx_attention(q, k, v, q_meta, k_meta, softmax_scale=None, broadcast_q=False)
 def _check_inputs(q, k, v, q_meta, k_meta):
     """Rejects what the quantizers would reject, naming q, k, v (not the quantizer's x), before any work."""
     torch = _torch()
-    for name, meta in (("q_meta", q_meta), ("k_meta", k_meta)):
-        if not isinstance(meta, mxflash.JaggedMeta):
-            raise TypeError(f"{name}: expected mxflash.JaggedMeta, got {type(meta).__name__}")
+    mxflash._check_meta(q_meta, "q_meta")
+    mxflash._check_meta(k_meta, "k_meta")
     floats = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
     for name, x, meta, meta_name in (("q", q, q_meta, "q_meta"), ("k", k, k_meta, "k_meta"), ("v", v, k_meta, "k_meta")):
         if not isinstance(x, torch.Tensor):
