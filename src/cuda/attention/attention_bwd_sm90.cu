@@ -515,7 +515,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             sts_u8(at[1] + 1024 * jn, pair >> 8);
           }
         }
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // st.shared before wgmma reads
+        sm90::fence_proxy_async_smem();  // st.shared before wgmma reads
         sm90::named_barrier_sync(kBarDsReady, kConsumers * kWarpgroupThreads);
       };
       // kFusedDq: dQ of the half's 64 queries, this warpgroup's 64 channels: dS Kᵀ' (SS), times the
