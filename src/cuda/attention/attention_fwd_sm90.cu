@@ -387,6 +387,19 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   if constexpr ((kVariant & kVariantSplit) == 0) {
   uint32_t pa[16];
   float alpha[2];
+  float ot[64];  // P.V accumulators of one tile (each P.V starts them from zero)
+  // O = O alpha + the P.V of the tile in `stage`, and the stage released (kVariantVTile, overlapped
+  // schedule only: V's channel scales from the stage, read before its release).
+  auto promote = [&](int stage) {
+    if constexpr ((kVariant & kVariantVTile) != 0) {
+      promote_vtile(o, ot, alpha, vtile_scales(s, stage), quad);
+      sm90::mbar_arrive(&s.empty[stage]);
+    } else {
+      sm90::mbar_arrive(&s.empty[stage]);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i % 4) / 2], ot[i]);
+    }
+  };
   {
     wait_full(0);
     float sc[64];
@@ -397,7 +410,6 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
     fence_all(sc);
     softmax(sc, 0, alpha, pa);
   }
-  float ot[64];  // P.V accumulators of one tile (each P.V starts them from zero)
 #pragma unroll
   for (int i = 0; i < 64; ++i) ot[i] = 0.f;
   for (int j = 1; j < n_tiles; ++j) {
@@ -430,14 +442,7 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
       fence_all(sc);
 #pragma unroll
       for (int i = 0; i < 16; ++i) sm90::fence_regs(pa[i]);  // P of tile j-1 was read until here
-      if constexpr ((kVariant & kVariantVTile) != 0) {
-        promote_vtile(o, ot, alpha, vtile_scales(s, prev), quad);
-        sm90::mbar_arrive(&s.empty[prev]);  // after the stage's V scales were read
-      } else {
-        sm90::mbar_arrive(&s.empty[prev]);
-#pragma unroll
-        for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i % 4) / 2], ot[i]);
-      }
+      promote(prev);
       sm.pack(sc, pa);
       alpha[0] = alpha_new[0];
       alpha[1] = alpha_new[1];
@@ -446,9 +451,7 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
       sm90::wgmma_wait<0>();
       fence_all(sc);
       fence_all(ot);
-      sm90::mbar_arrive(&s.empty[prev]);
-#pragma unroll
-      for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i % 4) / 2], ot[i]);
+      promote(prev);
       softmax(sc, j, alpha, pa);
     }
   }
@@ -457,14 +460,7 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   gemm_pv(ot, pa, last);
   sm90::wgmma_wait<0>();
   fence_all(ot);
-  if constexpr ((kVariant & kVariantVTile) != 0) {
-    promote_vtile(o, ot, alpha, vtile_scales(s, last), quad);
-    sm90::mbar_arrive(&s.empty[last]);
-  } else {
-    sm90::mbar_arrive(&s.empty[last]);
-#pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i % 4) / 2], ot[i]);
-  }
+  promote(last);
   } else {
     // Split-S schedule (experiment, docs/attention.md): S in 64-key halves with Q as the register A
     // operand; the softmax of half n runs while P.V of half n-1 (same warpgroup) is in flight, P.V
