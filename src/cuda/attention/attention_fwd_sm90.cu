@@ -581,18 +581,17 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   }
 }
 
-template <int kVariant>
-__global__ void __launch_bounds__(kThreads, 1)
-    attention_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                         const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
-  extern __shared__ uint8_t smem_raw[];
-  SharedStorage& s = *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  const int wg = threadIdx.x / kWarpgroupThreads;
-  const int tid = threadIdx.x % kWarpgroupThreads;
-  const WorkItem w = work_item(p, blockIdx.x);
+// The kernels' shared storage: the dynamic shared memory rounded up to 1024 bytes.
+__device__ __forceinline__ SharedStorage& shared_storage(uint8_t* raw) {
+  return *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+}
 
+// Thread 0 initializes the mbarriers (q_empty only for the persistent kernel), then a CTA barrier.
+template <bool kPersistent>
+__device__ __forceinline__ void init_barriers(SharedStorage& s) {
   if (threadIdx.x == 0) {
     sm90::mbar_init(&s.q_full, 1);
+    if (kPersistent) sm90::mbar_init(&s.q_empty, kConsumerWarpgroups * kWarpgroupThreads);
     for (int i = 0; i < kStages; ++i) {
       sm90::mbar_init(&s.full[i], 1);
       sm90::mbar_init(&s.empty[i], kConsumerWarpgroups * kWarpgroupThreads);
@@ -600,6 +599,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::fence_barrier_init();
   }
   __syncthreads();
+}
+
+template <int kVariant>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                         const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  SharedStorage& s = shared_storage(smem_raw);
+  const int wg = threadIdx.x / kWarpgroupThreads;
+  const int tid = threadIdx.x % kWarpgroupThreads;
+  const WorkItem w = work_item(p, blockIdx.x);
+  init_barriers<false>(s);
 
   if (wg == 0) {  // ------------------------------------------------------------ producer
     sm90::setmaxnreg_dec<kProducerRegs>();
@@ -625,19 +636,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     attention_fwd_persistent_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                                     const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
   extern __shared__ uint8_t smem_raw[];
-  SharedStorage& s = *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  SharedStorage& s = shared_storage(smem_raw);
   const int wg = threadIdx.x / kWarpgroupThreads;
   const int tid = threadIdx.x % kWarpgroupThreads;
-  if (threadIdx.x == 0) {
-    sm90::mbar_init(&s.q_full, 1);
-    sm90::mbar_init(&s.q_empty, kConsumerWarpgroups * kWarpgroupThreads);
-    for (int i = 0; i < kStages; ++i) {
-      sm90::mbar_init(&s.full[i], 1);
-      sm90::mbar_init(&s.empty[i], kConsumerWarpgroups * kWarpgroupThreads);
-    }
-    sm90::fence_barrier_init();
-  }
-  __syncthreads();
+  init_barriers<true>(s);
   // Both roles count the K/V tiles (it) and Q tiles (qi) of the items before, alike.
   int it = 0, qi = 0;
   if (wg == 0) {  // ------------------------------------------------------------ producer
