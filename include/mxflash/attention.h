@@ -46,6 +46,50 @@ Status attention_forward(const MxTensor& q, const MxTensor& k, const MxTensor& v
                          const JaggedMeta& k_meta, const AttentionOptions& opt, TensorView out, TensorView lse,
                          void* workspace = nullptr, size_t workspace_bytes = 0, void* stream = nullptr);
 
+// ------------------------------------------------------ forward operands in the execution layout
+// The fast kernel's operands as its main loop reads them (docs/attention.md): MX values (RCEIL,
+// 32-blocks; Q, K along the head dim, V along tokens) re-expressed to coarser power-of-two scales,
+// Q per (head, token), K per (head, 128-key tile), V per (head, 128-key tile, channel). Written by
+// quantize_attention_forward in one pass over Q, K, V, they spare attention_forward its prepare pass
+// (the pass that re-expresses MX tensors; 15-40% of the forward's time on the H200,
+// docs/performance.md). Shapes (Pq, Pk: the metadata's padded token counts):
+//   q (H, Pq, 128) e4m3, q_scale (H, Pq) fp32;  k (H, Pk, 128) e4m3, k_scale (H, Pk/128) fp32;
+//   v (H, 128, Pk) e4m3 (tokens of each 32-group in the kernel's fragment order), v_scale
+//   (H, Pk/128, 128) fp32. Padding tokens hold zero bytes (and q_scale 1).
+// The bytes are exactly the MX quantizer's, shifted to the group scale and rounded to nearest even
+// (exact unless a value falls below e4m3's subnormal floor of its group). For the backward, quantize
+// MX tensors as before (attention_backward takes those).
+struct AttentionFwdOperands {
+  TensorView q, q_scale, k, k_scale, v, v_scale;
+};
+struct AttentionFwdOperandShapes {
+  int64_t q[3], q_scale[2], k[3], k_scale[2], v[3], v_scale[3];
+};
+AttentionFwdOperandShapes attention_fwd_operand_shapes(const JaggedMeta& q_meta, const JaggedMeta& k_meta,
+                                                       int64_t heads);
+// The six tensors in the order q, k, v, q_scale, k_scale, v_scale: their byte sizes, and views of
+// them over caller buffers (e4m3 payloads, fp32 scales) on `device`.
+inline constexpr int kAttentionFwdOperandCount = 6;
+void attention_fwd_operand_bytes(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
+                                 size_t bytes[kAttentionFwdOperandCount]);
+AttentionFwdOperands attention_fwd_operand_views(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
+                                                 void* const data[kAttentionFwdOperandCount], Device device,
+                                                 int device_id = 0);
+
+// q (Tq, H, 128), k and v (Tk, H, 128): bf16 or fp32 (all three alike), contiguous. Every byte of
+// `ops` is written (padding included). CPU tensors: the CPU reference (ref::attention_fwd_operands);
+// CUDA: three kernels, bit-identical to it.
+Status quantize_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const JaggedMeta& q_meta, const JaggedMeta& k_meta, const AttentionFwdOperands& ops,
+                                  void* stream = nullptr);
+
+// The forward on operands from quantize_attention_forward (same q_meta, k_meta). Outputs, options
+// and workspace as above (attention_forward_workspace_size suffices; this form needs only its
+// work list). opt.exact_mx is not supported here (the exact path takes MX tensors).
+Status attention_forward(const AttentionFwdOperands& ops, const JaggedMeta& q_meta, const JaggedMeta& k_meta,
+                         const AttentionOptions& opt, TensorView out, TensorView lse, void* workspace = nullptr,
+                         size_t workspace_bytes = 0, void* stream = nullptr);
+
 // ---------------------------------------------------------------------------------- backward
 // Kernel options of the MXFP8 backward (issue 5). The exact-MX CPU reference implements the
 // defaults and models dq_accum = fp16 (docs/accuracy.md: no static scale serves the whole suite),

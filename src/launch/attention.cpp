@@ -111,12 +111,9 @@ int64_t out_tokens(const JaggedMeta& q_meta, const JaggedMeta& k_meta, bool broa
 
 // CPU: dequantize the operands (exact) and run the exact-MX reference, whose quantizers return
 // already-representable MX values unchanged.
-Status forward_cpu(const MxTensor& q, const MxTensor& k, const MxTensor& v, const JaggedMeta& qm, const JaggedMeta& km,
-                   int64_t H, float scale, bool broadcast_q, TensorView out, TensorView lse) {
-  std::vector<float> qf, kf, vf;
-  MXFLASH_RETURN_IF_ERROR(dequantized(q, qm, H, &qf));
-  MXFLASH_RETURN_IF_ERROR(dequantized(k, km, H, &kf));
-  MXFLASH_RETURN_IF_ERROR(dequantized(v, km, H, &vf));
+Status forward_cpu_values(const std::vector<float>& qf, const std::vector<float>& kf, const std::vector<float>& vf,
+                          const JaggedMeta& qm, const JaggedMeta& km, int64_t H, float scale, bool broadcast_q,
+                          TensorView out, TensorView lse) {
   const ref::AttnProblem p = ref::make_problem(qm, km, H, qf.data(), kf.data(), vf.data(), scale, broadcast_q);
   ref::AttnForwardResult r;
   MXFLASH_RETURN_IF_ERROR(ref::attention_forward(p, ref::AttnMethod::kMx, &r));
@@ -125,6 +122,14 @@ Status forward_cpu(const MxTensor& q, const MxTensor& k, const MxTensor& v, cons
   float* l = lse.ptr<float>();
   for (size_t i = 0; i < r.lse.size(); ++i) l[i] = float(r.lse[i]);
   return Status::Ok();
+}
+Status forward_cpu(const MxTensor& q, const MxTensor& k, const MxTensor& v, const JaggedMeta& qm, const JaggedMeta& km,
+                   int64_t H, float scale, bool broadcast_q, TensorView out, TensorView lse) {
+  std::vector<float> qf, kf, vf;
+  MXFLASH_RETURN_IF_ERROR(dequantized(q, qm, H, &qf));
+  MXFLASH_RETURN_IF_ERROR(dequantized(k, km, H, &kf));
+  MXFLASH_RETURN_IF_ERROR(dequantized(v, km, H, &vf));
+  return forward_cpu_values(qf, kf, vf, qm, km, H, scale, broadcast_q, out, lse);
 }
 
 // The workspace-size queries answer 0 for metadata the calls would reject (and then read nothing
@@ -191,6 +196,213 @@ Status attention_forward(const MxTensor& q, const MxTensor& k, const MxTensor& v
   p.lse = lse.ptr<float>();
   if (opt.exact_mx) return cuda::attention_forward_exact(p, stream);
   return cuda::attention_forward(p, workspace, workspace_bytes, stream);
+}
+
+// ------------------------------------------------------ forward operands in the execution layout
+namespace {
+
+constexpr int64_t kTileTokens = 128;
+
+// The operands' checks: dtypes, shapes for the metadata, contiguity, alignment (TMA and bulk copies
+// read them), one device. Heads from ops.q.
+Status check_operands(const AttentionFwdOperands& ops, const JaggedMeta& q_meta, const JaggedMeta& k_meta,
+                      int64_t* heads, Device* dev) {
+  if (ops.q.ndim != 3) return Status::Invalid("ops.q: must be 3-D (H, Pq, 128), got " + ops.q.shape_string());
+  const int64_t H = ops.q.shape[0];
+  if (H < 1) return Status::Invalid("ops.q: head count must be >= 1");
+  const AttentionFwdOperandShapes sh = attention_fwd_operand_shapes(q_meta, k_meta, H);
+  const struct {
+    const TensorView* t;
+    const char* name;
+    bool bytes;
+    int ndim;
+    const int64_t* shape;
+    int align;
+  } items[] = {{&ops.q, "ops.q", true, 3, sh.q, 16},           {&ops.q_scale, "ops.q_scale", false, 2, sh.q_scale, 4},
+               {&ops.k, "ops.k", true, 3, sh.k, 16},           {&ops.k_scale, "ops.k_scale", false, 2, sh.k_scale, 4},
+               {&ops.v, "ops.v", true, 3, sh.v, 16},           {&ops.v_scale, "ops.v_scale", false, 3, sh.v_scale, 16}};
+  for (const auto& it : items) {
+    if (it.bytes)
+      MXFLASH_RETURN_IF_ERROR(check_dense(*it.t, it.name, {DType::kE4M3, DType::kUInt8}, it.ndim, it.shape));
+    else
+      MXFLASH_RETURN_IF_ERROR(check_dense(*it.t, it.name, {DType::kFloat32}, it.ndim, it.shape));
+    MXFLASH_RETURN_IF_ERROR(check_not_null(*it.t, it.name));
+    MXFLASH_RETURN_IF_ERROR(check_alignment(*it.t, it.name, it.align));
+  }
+  *heads = H;
+  return check_same_device({{&ops.q, "ops.q"},
+                            {&ops.q_scale, "ops.q_scale"},
+                            {&ops.k, "ops.k"},
+                            {&ops.k_scale, "ops.k_scale"},
+                            {&ops.v, "ops.v"},
+                            {&ops.v_scale, "ops.v_scale"}},
+                           dev);
+}
+
+cuda::FwdExecOperands exec_operands(const AttentionFwdOperands& ops) {
+  return {static_cast<uint8_t*>(ops.q.data),       static_cast<uint8_t*>(ops.k.data),
+          static_cast<uint8_t*>(ops.v.data),       static_cast<float*>(ops.q_scale.data),
+          static_cast<float*>(ops.k_scale.data),   static_cast<float*>(ops.v_scale.data),
+          /*v_per_tile=*/true};
+}
+
+// The values of CPU operands, (T, H, 128) fp32 each (exact: e4m3 times a power of two).
+void dequantized_operands(const AttentionFwdOperands& ops, const JaggedMeta& qm, const JaggedMeta& km, int64_t H,
+                          std::vector<float>* q, std::vector<float>* k, std::vector<float>* v) {
+  int at_pos[32];  // V' position of token i of a 32-group: the inverse of ref's fragment order
+  for (int pos = 0; pos < 32; ++pos) {
+    const int i = 16 * (pos / 16) + 2 * ((pos % 16) / 4) + 8 * ((pos % 4) / 2) + pos % 2;
+    at_pos[i] = pos;
+  }
+  const int64_t Pq = qm.padded_tokens(), Pk = km.padded_tokens();
+  const uint8_t *q8 = ops.q.ptr<const uint8_t>(), *k8 = ops.k.ptr<const uint8_t>(), *v8 = ops.v.ptr<const uint8_t>();
+  const float *qs = ops.q_scale.ptr<const float>(), *ks = ops.k_scale.ptr<const float>(),
+              *vs = ops.v_scale.ptr<const float>();
+  q->assign(size_t(qm.total_tokens() * H * kHeadDim), 0.f);
+  k->assign(size_t(km.total_tokens() * H * kHeadDim), 0.f);
+  v->assign(k->size(), 0.f);
+  for (int b = 0; b < qm.batch(); ++b)
+    for (int64_t t = qm.cu_seqlens()[b]; t < qm.cu_seqlens()[b + 1]; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t row = h * Pq + qm.cu_seqlens_sf()[b] + t - qm.cu_seqlens()[b];
+        for (int d = 0; d < kHeadDim; ++d)
+          (*q)[size_t((t * H + h) * kHeadDim + d)] = e4m3_to_float(q8[row * kHeadDim + d]) * qs[row];
+      }
+  for (int b = 0; b < km.batch(); ++b)
+    for (int64_t t = km.cu_seqlens()[b]; t < km.cu_seqlens()[b + 1]; ++t) {
+      const int64_t tp = km.cu_seqlens_sf()[b] + t - km.cu_seqlens()[b], tile = tp / kTileTokens;
+      const int64_t col = tile * kTileTokens + 32 * ((tp % kTileTokens) / 32) + at_pos[tp % 32];
+      for (int64_t h = 0; h < H; ++h)
+        for (int d = 0; d < kHeadDim; ++d) {
+          const size_t o = size_t((t * H + h) * kHeadDim + d);
+          (*k)[o] = e4m3_to_float(k8[(h * Pk + tp) * kHeadDim + d]) * ks[h * (Pk / kTileTokens) + tile];
+          (*v)[o] = e4m3_to_float(v8[(h * kHeadDim + d) * Pk + col]) *
+                    vs[(h * (Pk / kTileTokens) + tile) * kHeadDim + d];
+        }
+    }
+}
+
+}  // namespace
+
+AttentionFwdOperandShapes attention_fwd_operand_shapes(const JaggedMeta& q_meta, const JaggedMeta& k_meta,
+                                                       int64_t heads) {
+  const int64_t Pq = q_meta.padded_tokens(), Pk = k_meta.padded_tokens();
+  return {{heads, Pq, kHeadDim}, {heads, Pq}, {heads, Pk, kHeadDim}, {heads, Pk / kTileTokens},
+          {heads, kHeadDim, Pk}, {heads, Pk / kTileTokens, kHeadDim}};
+}
+
+void attention_fwd_operand_bytes(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
+                                 size_t bytes[kAttentionFwdOperandCount]) {
+  void* none[kAttentionFwdOperandCount] = {};
+  const AttentionFwdOperands v = attention_fwd_operand_views(q_meta, k_meta, heads, none, Device::kCPU);
+  const TensorView* parts[kAttentionFwdOperandCount] = {&v.q, &v.k, &v.v, &v.q_scale, &v.k_scale, &v.v_scale};
+  for (int i = 0; i < kAttentionFwdOperandCount; ++i) bytes[i] = size_t(parts[i]->nbytes());
+}
+
+AttentionFwdOperands attention_fwd_operand_views(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
+                                                 void* const data[kAttentionFwdOperandCount], Device device,
+                                                 int device_id) {
+  const AttentionFwdOperandShapes sh = attention_fwd_operand_shapes(q_meta, k_meta, heads);
+  AttentionFwdOperands o;
+  o.q = make_view(data[0], DType::kE4M3, device, 3, sh.q, device_id);
+  o.k = make_view(data[1], DType::kE4M3, device, 3, sh.k, device_id);
+  o.v = make_view(data[2], DType::kE4M3, device, 3, sh.v, device_id);
+  o.q_scale = make_view(data[3], DType::kFloat32, device, 2, sh.q_scale, device_id);
+  o.k_scale = make_view(data[4], DType::kFloat32, device, 2, sh.k_scale, device_id);
+  o.v_scale = make_view(data[5], DType::kFloat32, device, 3, sh.v_scale, device_id);
+  return o;
+}
+
+Status quantize_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const JaggedMeta& q_meta, const JaggedMeta& k_meta, const AttentionFwdOperands& ops,
+                                  void* stream) {
+  if (q_meta.batch() < 1) return Status::Invalid("q_meta: empty metadata");
+  if (k_meta.batch() < 1) return Status::Invalid("k_meta: empty metadata");
+  if (q.ndim != 3) return Status::Invalid("q: must be 3-D (Tq, H, 128), got " + q.shape_string());
+  const int64_t H = q.shape[1];
+  const int64_t qs[3] = {q_meta.total_tokens(), H, kHeadDim}, ks[3] = {k_meta.total_tokens(), H, kHeadDim};
+  MXFLASH_RETURN_IF_ERROR(check_dense(q, "q", {DType::kBFloat16, DType::kFloat32}, 3, qs));
+  MXFLASH_RETURN_IF_ERROR(check_dense(k, "k", {q.dtype}, 3, ks));
+  MXFLASH_RETURN_IF_ERROR(check_dense(v, "v", {q.dtype}, 3, ks));
+  for (const auto& [t, n] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}}) {
+    MXFLASH_RETURN_IF_ERROR(check_not_null(*t, n));
+    MXFLASH_RETURN_IF_ERROR(check_alignment(*t, n, 16));
+  }
+  int64_t oh = 0;
+  Device od = Device::kCPU, xd = Device::kCPU;
+  MXFLASH_RETURN_IF_ERROR(check_operands(ops, q_meta, k_meta, &oh, &od));
+  if (oh != H) return Status::Invalid("ops.q: has " + std::to_string(oh) + " heads, q has " + std::to_string(H));
+  MXFLASH_RETURN_IF_ERROR(check_same_device({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&ops.q, "ops.q"}}, &xd));
+  if (xd == Device::kCPU) {
+    auto as_f32 = [](const TensorView& x) {
+      std::vector<float> f(size_t(x.numel()));
+      for (size_t i = 0; i < f.size(); ++i)
+        f[i] = x.dtype == DType::kFloat32 ? x.ptr<const float>()[i] : bf16_to_float(x.ptr<const uint16_t>()[i]);
+      return f;
+    };
+    ref::AttnFwdOperands r;
+    const std::vector<float> qf = as_f32(q), kf = as_f32(k), vf = as_f32(v);
+    MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(q_meta, k_meta, H, qf.data(), kf.data(), vf.data(), &r));
+    std::copy(r.q.begin(), r.q.end(), ops.q.ptr<uint8_t>());
+    std::copy(r.k.begin(), r.k.end(), ops.k.ptr<uint8_t>());
+    std::copy(r.v.begin(), r.v.end(), ops.v.ptr<uint8_t>());
+    std::copy(r.q_scale.begin(), r.q_scale.end(), ops.q_scale.ptr<float>());
+    std::copy(r.k_scale.begin(), r.k_scale.end(), ops.k_scale.ptr<float>());
+    std::copy(r.v_scale.begin(), r.v_scale.end(), ops.v_scale.ptr<float>());
+    return Status::Ok();
+  }
+  MXFLASH_RETURN_IF_ERROR(detail::check_cuda_ready(q.device_id, "q"));
+  if (!q_meta.on_device()) return Status::Invalid("q_meta: has no device copy; call q_meta.upload() first");
+  if (!k_meta.on_device()) return Status::Invalid("k_meta: has no device copy; call k_meta.upload() first");
+  cuda::AttentionFwdProblem p;
+  fill_problem(q_meta, k_meta, H, q_meta.total_tokens(), false, 1.f, &p);
+  p.batch = k_meta.batch();
+  // Q is quantized over its own sequences (one with broadcast_q): the kernels take q_meta's batch
+  // from p.broadcast_q, so describe Q's batch through it.
+  p.broadcast_q = q_meta.batch() != k_meta.batch();
+  if (p.broadcast_q && q_meta.batch() != 1)
+    return Status::Invalid("q_meta: has " + std::to_string(q_meta.batch()) + " sequences but k_meta has " +
+                           std::to_string(k_meta.batch()) + " (only one shared Q sequence may differ)");
+  return cuda::quantize_attention_fwd_operands(p, q.data, k.data, v.data, q.dtype == DType::kFloat32,
+                                               exec_operands(ops), stream);
+}
+
+Status attention_forward(const AttentionFwdOperands& ops, const JaggedMeta& q_meta, const JaggedMeta& k_meta,
+                         const AttentionOptions& opt, TensorView out, TensorView lse, void* workspace,
+                         size_t workspace_bytes, void* stream) {
+  MXFLASH_RETURN_IF_ERROR(check_metas(q_meta, k_meta, opt.broadcast_q));
+  const float scale = resolved_scale(opt.softmax_scale);
+  MXFLASH_RETURN_IF_ERROR(check_scale(scale));
+  if (opt.exact_mx)
+    return Status::Unsupported("opt.exact_mx: the exact-MX path takes MX tensors, not execution-layout operands");
+  int64_t H = 0;
+  Device dev = Device::kCPU;
+  MXFLASH_RETURN_IF_ERROR(check_operands(ops, q_meta, k_meta, &H, &dev));
+  const int64_t To = out_tokens(q_meta, k_meta, opt.broadcast_q);
+  const int64_t out_shape[3] = {To, H, kHeadDim}, lse_shape[2] = {H, To};
+  MXFLASH_RETURN_IF_ERROR(check_dense(out, "out", {DType::kBFloat16}, 3, out_shape));
+  MXFLASH_RETURN_IF_ERROR(check_alignment(out, "out", 4));
+  MXFLASH_RETURN_IF_ERROR(check_dense(lse, "lse", {DType::kFloat32}, 2, lse_shape));
+  MXFLASH_RETURN_IF_ERROR(check_same_device({{&ops.q, "ops.q"}, {&out, "out"}, {&lse, "lse"}}, &dev));
+  if (To == 0) return Status::Ok();
+  if (dev == Device::kCPU) {
+    std::vector<float> qf, kf, vf;
+    dequantized_operands(ops, q_meta, k_meta, H, &qf, &kf, &vf);
+    return forward_cpu_values(qf, kf, vf, q_meta, k_meta, H, scale, opt.broadcast_q, out, lse);
+  }
+  MXFLASH_RETURN_IF_ERROR(detail::check_cuda_ready(ops.q.device_id, "ops.q"));
+  if (!q_meta.on_device()) return Status::Invalid("q_meta: has no device copy; call q_meta.upload() first");
+  if (!k_meta.on_device()) return Status::Invalid("k_meta: has no device copy; call k_meta.upload() first");
+  constexpr int64_t kMaxCoord = (int64_t(1) << 31) - 1;
+  if (H * q_meta.padded_tokens() > kMaxCoord || H * k_meta.padded_tokens() > kMaxCoord)
+    return Status::Unsupported("ops.q: heads x 128-padded tokens must stay below 2^31 for the fast kernel");
+  if (workspace && workspace_bytes < attention_forward_workspace_size(q_meta, k_meta, H, opt))
+    return Status::Invalid("workspace: smaller than attention_forward_workspace_size()");
+  cuda::AttentionFwdProblem p;
+  fill_problem(q_meta, k_meta, H, To, opt.broadcast_q, scale, &p);
+  p.out = out.data;
+  p.lse = lse.ptr<float>();
+  return cuda::attention_forward_exec(p, exec_operands(ops), workspace, workspace_bytes, stream);
 }
 
 // ------------------------------------------------------------------------------- backward

@@ -11,6 +11,14 @@ Status attention_forward_exact(const AttentionFwdProblem&, void*) {
 Status attention_forward(const AttentionFwdProblem&, void*, size_t, void*) {
   return Status::Unsupported("mxflash was built without CUDA");
 }
+Status quantize_attention_fwd_operands(const AttentionFwdProblem&, const void*, const void*, const void*, bool,
+                                       const FwdExecOperands&, void*) {
+  return Status::Unsupported("mxflash was built without CUDA");
+}
+size_t attention_fwd_exec_workspace_bytes(int64_t) { return 0; }
+Status attention_forward_exec(const AttentionFwdProblem&, const FwdExecOperands&, void*, size_t, void*) {
+  return Status::Unsupported("mxflash was built without CUDA");
+}
 Status attention_backward_exact(const AttentionBwdProblem&, void*) {
   return Status::Unsupported("mxflash was built without CUDA");
 }

@@ -155,4 +155,18 @@ Status attention_backward_mx_operands(const AttnProblem& p, const AttnOperands& 
 Status attention_backward(const AttnProblem& p, AttnMethod m, const AttnForwardResult& fwd, const float* dout,
                           AttnBackwardResult* grads, const AttnOptions& opt = {});
 
+// The forward's operands in the fast kernel's execution layout (mxflash::AttentionFwdOperands,
+// attention.h): q, k, v (T, H, 128) fp32 quantized to MX by the library quantizer (RCEIL; Q, K
+// along hdim, V along tokens), each block's bytes then re-expressed to the largest block scale of
+// its group (Q: row; K: (head, 128-key tile); V: (head, 128-key tile, channel)) with
+// shift_e4m3_byte. Padding tokens hold zero bytes, their Q scale is 1.
+struct AttnFwdOperands {
+  std::vector<uint8_t> q, k, v;                // (H, Pq, 128), (H, Pk, 128), (H, 128, Pk) (fragment order)
+  std::vector<float> q_scale, k_scale, v_scale;  // (H, Pq), (H, Pk / 128), (H, Pk / 128, 128)
+};
+Status attention_fwd_operands(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, const float* q,
+                              const float* k, const float* v, AttnFwdOperands* out);
+// An e4m3 byte's value times 2^-shift, rounded to nearest even (NaN kept; a zero keeps the sign).
+uint8_t shift_e4m3_byte(uint8_t b, int shift);
+
 }  // namespace mxflash::ref

@@ -43,4 +43,24 @@ inline HostMx quantize_host(const std::vector<float>& x, const JaggedMeta& m, in
   return r;
 }
 
+// Forward operands in the execution layout (AttentionFwdOperands) over owned host buffers, every
+// byte set to `fill`.
+struct HostOperands {
+  std::vector<uint8_t> parts[kAttentionFwdOperandCount];  // q, k, v, q_scale, k_scale, v_scale
+  std::vector<uint8_t>&q = parts[0], &k = parts[1], &v = parts[2], &q_scale = parts[3], &k_scale = parts[4],
+                      &v_scale = parts[5];
+  AttentionFwdOperands ops;
+  HostOperands(const JaggedMeta& qm, const JaggedMeta& km, int64_t H, uint8_t fill = kPoison) {
+    size_t bytes[kAttentionFwdOperandCount];
+    void* ptr[kAttentionFwdOperandCount];
+    attention_fwd_operand_bytes(qm, km, H, bytes);
+    for (int i = 0; i < kAttentionFwdOperandCount; ++i) {
+      parts[i].assign(bytes[i] + 16, fill);  // + 16: room for misaligned views
+      ptr[i] = parts[i].data();
+    }
+    ops = attention_fwd_operand_views(qm, km, H, ptr, Device::kCPU);
+  }
+  HostOperands(const HostOperands&) = delete;
+};
+
 }  // namespace mxflash::test

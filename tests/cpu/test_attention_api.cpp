@@ -189,6 +189,122 @@ TEST_F(AttentionApi, RejectsMixedDevicesAndCudaWithoutUpload) {
   EXPECT_TRUE(untouched());
 }
 
+// ---------------------------------------------------- forward operands in the execution layout
+using test::HostOperands;
+
+TEST_F(AttentionApi, OperandsForwardMatchesMxForwardAndWritesEveryByte) {
+  HostOperands ho(qm, km, H);
+  auto x = [](std::vector<float>& f, const JaggedMeta& m) {
+    return make_view(f.data(), DType::kFloat32, Device::kCPU, {m.total_tokens(), H, kHeadDim});
+  };
+  Status st = quantize_attention_forward(x(qf, qm), x(kf, km), x(vf, km), qm, km, ho.ops);
+  ASSERT_TRUE(st.ok()) << st.message();
+  // Every byte written: padding rows zero, q_scale 1 there (rows 40..127 of sequence 0's tile).
+  const int64_t Pq = qm.padded_tokens();
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t r = 40; r < 128; ++r) {
+      float sc;
+      std::memcpy(&sc, ho.q_scale.data() + 4 * (h * Pq + r), 4);
+      EXPECT_EQ(sc, 1.f);
+      for (int d = 0; d < kHeadDim; ++d) ASSERT_EQ(ho.q[size_t((h * Pq + r) * kHeadDim + d)], 0) << "row " << r;
+    }
+  // The forward on the operands against the forward on MX tensors (the same values up to the
+  // re-expression's rounding below e4m3's subnormal floor).
+  ASSERT_TRUE(call(q.t, k.t, v.t).ok());
+  const std::vector<uint8_t> out_mx = out, lse_mx = lse;
+  std::fill(out.begin(), out.end(), test::kPoison);
+  std::fill(lse.begin(), lse.end(), test::kPoison);
+  st = attention_forward(ho.ops, qm, km, {}, out_view(), lse_view());
+  ASSERT_TRUE(st.ok()) << st.message();
+  double s = 0, n = 0;
+  for (size_t i = 0; i < out.size() / 2; ++i) {
+    uint16_t a, b;
+    std::memcpy(&a, out_mx.data() + 2 * i, 2);
+    std::memcpy(&b, out.data() + 2 * i, 2);
+    const double r = bf16_to_float(a), o = bf16_to_float(b);
+    ASSERT_TRUE(std::isfinite(o)) << "out[" << i << "]";
+    s += r * r;
+    n += (o - r) * (o - r);
+  }
+  EXPECT_GT(10 * std::log10(s / std::max(n, 1e-300)), 40.0);
+  for (size_t i = 0; i < lse.size() / 4; ++i) {
+    float a, b;
+    std::memcpy(&a, lse_mx.data() + 4 * i, 4);
+    std::memcpy(&b, lse.data() + 4 * i, 4);
+    if (std::isinf(a)) EXPECT_EQ(a, b) << "lse[" << i << "]";
+    else EXPECT_NEAR(a, b, 1e-3f * std::max(1.f, std::fabs(a))) << "lse[" << i << "]";
+  }
+  // bf16 inputs give the bytes fp32 inputs of the same values give.
+  auto bf = [](const std::vector<float>& f) {
+    std::vector<uint16_t> b(f.size());
+    for (size_t i = 0; i < f.size(); ++i) b[i] = float_to_bf16(f[i]);
+    return b;
+  };
+  auto widen = [](const std::vector<uint16_t>& b) {
+    std::vector<float> f(b.size());
+    for (size_t i = 0; i < b.size(); ++i) f[i] = bf16_to_float(b[i]);
+    return f;
+  };
+  std::vector<uint16_t> qb = bf(qf), kb = bf(kf), vb = bf(vf);
+  std::vector<float> qw = widen(qb), kw = widen(kb), vw = widen(vb);
+  HostOperands from_bf16(qm, km, H), from_f32(qm, km, H, 0x5A);
+  auto xb = [](std::vector<uint16_t>& b, const JaggedMeta& m) {
+    return make_view(b.data(), DType::kBFloat16, Device::kCPU, {m.total_tokens(), H, kHeadDim});
+  };
+  ASSERT_TRUE(quantize_attention_forward(xb(qb, qm), xb(kb, km), xb(vb, km), qm, km, from_bf16.ops).ok());
+  ASSERT_TRUE(quantize_attention_forward(x(qw, qm), x(kw, km), x(vw, km), qm, km, from_f32.ops).ok());
+  for (const auto& [a, b] : {std::pair{&from_bf16.q, &from_f32.q}, std::pair{&from_bf16.k, &from_f32.k},
+                             std::pair{&from_bf16.v, &from_f32.v}, std::pair{&from_bf16.q_scale, &from_f32.q_scale},
+                             std::pair{&from_bf16.k_scale, &from_f32.k_scale},
+                             std::pair{&from_bf16.v_scale, &from_f32.v_scale}})
+    EXPECT_TRUE(std::equal(a->begin(), a->end() - 16, b->begin()));
+}
+
+TEST_F(AttentionApi, OperandsRejectBadInput) {
+  HostOperands ho(qm, km, H);
+  auto x = [](std::vector<float>& f, const JaggedMeta& m) {
+    return make_view(f.data(), DType::kFloat32, Device::kCPU, {m.total_tokens(), H, kHeadDim});
+  };
+  ASSERT_TRUE(quantize_attention_forward(x(qf, qm), x(kf, km), x(vf, km), qm, km, ho.ops).ok());
+  auto fwd = [&](const AttentionFwdOperands& o, AttentionOptions opt = {}) {
+    return attention_forward(o, qm, km, opt, out_view(), lse_view());
+  };
+  AttentionFwdOperands bad = ho.ops;
+  bad.v_scale.shape[1] += 1;
+  expect_rejected(fwd(bad), "ops.v_scale", "shape");
+  bad = ho.ops;
+  bad.k.dtype = DType::kFloat32;
+  expect_rejected(fwd(bad), "ops.k", "dtype");
+  bad = ho.ops;
+  bad.v.data = static_cast<uint8_t*>(bad.v.data) + 1;
+  expect_rejected(fwd(bad), "ops.v", "align");
+  bad = ho.ops;
+  bad.q_scale.device = Device::kCUDA;
+  bad.q_scale.data = kDummyDevicePtr;
+  expect_rejected(fwd(bad), "ops.q_scale", "same device");
+  AttentionOptions exact;
+  exact.exact_mx = true;
+  expect_rejected(fwd(ho.ops, exact), "opt.exact_mx", "MX tensors");
+  // Operands of another head count than the outputs.
+  HostOperands three(qm, km, 3);
+  expect_rejected(fwd(three.ops), "out", "shape");
+  // The quantizer's inputs: mixed dtypes, head counts, devices.
+  HostOperands dst(qm, km, H);
+  std::vector<uint16_t> kb(kf.size());
+  const TensorView kbf = make_view(kb.data(), DType::kBFloat16, Device::kCPU, {km.total_tokens(), H, kHeadDim});
+  Status st = quantize_attention_forward(x(qf, qm), kbf, x(vf, km), qm, km, dst.ops);
+  EXPECT_EQ(st.message().rfind("k:", 0), 0u) << st.message();
+  st = quantize_attention_forward(x(qf, qm), x(kf, km), x(vf, km), qm, km, three.ops);
+  EXPECT_EQ(st.message().rfind("ops.q", 0), 0u) << st.message();
+  TensorView vc = x(vf, km);
+  vc.device = Device::kCUDA;
+  vc.data = kDummyDevicePtr;
+  st = quantize_attention_forward(x(qf, qm), x(kf, km), vc, qm, km, dst.ops);
+  EXPECT_EQ(st.message().rfind("v", 0), 0u) << st.message();
+  EXPECT_TRUE(std::all_of(dst.q.begin(), dst.q.end(), [](uint8_t b) { return b == test::kPoison; }))
+      << "a rejected quantize wrote its output";
+}
+
 }  // namespace
 }  // namespace mxflash
 

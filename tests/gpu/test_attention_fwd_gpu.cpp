@@ -18,20 +18,12 @@
 namespace mxflash {
 namespace {
 using gputest::DeviceBuffer;
+using gputest::sqnr_db;
 
 using test::HostMx;
 using test::quantize_host;
 
 using gputest::DeviceMx;
-
-double sqnr_db(const std::vector<double>& ref, const std::vector<double>& out) {
-  double s = 0, n = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    s += ref[i] * ref[i];
-    n += (out[i] - ref[i]) * (out[i] - ref[i]);
-  }
-  return n == 0 ? 300.0 : 10 * std::log10(s / n);
-}
 
 struct Case {
   std::vector<int64_t> q_lengths, k_lengths;
@@ -90,25 +82,10 @@ void run_case(const Case& c, uint64_t seed) {
                          make_view(lse_gpu.get(), DType::kFloat32, Device::kCUDA, {H, To}));
   ASSERT_TRUE(st.ok()) << st.message();
   ASSERT_TRUE(gputest::device_ok());
-  const std::vector<uint8_t> ob = out_gpu.download(), lb = lse_gpu.download();
-  std::vector<double> og(out_cpu.size()), oc(out_cpu.size());
-  for (size_t i = 0; i < og.size(); ++i) {
-    uint16_t h16;
-    std::memcpy(&h16, ob.data() + 2 * i, 2);
-    og[i] = bf16_to_float(h16);
-    oc[i] = bf16_to_float(out_cpu[i]);
-    ASSERT_TRUE(std::isfinite(og[i])) << "out[" << i << "] = " << og[i] << " (unwritten or NaN)";
-  }
-  // LSE: finite rows to 1e-3 relative, rows without keys -inf on both.
-  for (size_t i = 0; i < lse_cpu.size(); ++i) {
-    float g;
-    std::memcpy(&g, lb.data() + 4 * i, 4);
-    if (std::isinf(lse_cpu[i])) {
-      ASSERT_TRUE(std::isinf(g) && g < 0) << "lse[" << i << "] = " << g << ", want -inf";
-    } else {
-      ASSERT_NEAR(g, lse_cpu[i], 1e-3 * std::max(1.f, std::fabs(lse_cpu[i]))) << "lse[" << i << "]";
-    }
-  }
+  const std::vector<double> og = gputest::checked_forward_out(out_gpu, lse_gpu, lse_cpu);
+  ASSERT_FALSE(og.empty());
+  std::vector<double> oc(out_cpu.size());
+  for (size_t i = 0; i < oc.size(); ++i) oc[i] = bf16_to_float(out_cpu[i]);
   // FP64 ground truth on the unquantized inputs.
   const ref::AttnProblem p = ref::make_problem(qm, km, H, q.data(), k.data(), v.data(), ref::kDefaultSoftmaxScale,
                                                c.broadcast_q);

@@ -1057,13 +1057,15 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     // K along tokens per (sequence, channel).
     if (p.Pq > 0) {
       attn::prepare_rows_kernel<true><<<dim3(unsigned(p.Pq / bwd::kTile), unsigned(H)), attn::kRowThreads, 0, stream>>>(
-          p.q.payload, p.q.scales, p.q.scale_layout, p.cu_q, p.cu_q_sf, Bq, H, p.Pq, ws + w.q, f32(w.q_scale));
+          attn::MxRowSource{p.q.payload, p.q.scales, p.q.scale_layout, H, p.Pq}, p.cu_q, p.cu_q_sf, Bq, p.Pq, ws + w.q,
+          f32(w.q_scale));
       MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "backward: prepare Q launch"));
     }
     if (p.Pk > 0) {
       for (const auto& [op, dst, sc] : {std::tuple{&p.k, w.k, w.k_scale}, std::tuple{&p.v, w.v, w.v_scale}}) {
         attn::prepare_rows_kernel<false><<<dim3(unsigned(p.Pk / bwd::kTile), unsigned(H)), attn::kRowThreads, 0, stream>>>(
-            op->payload, op->scales, op->scale_layout, p.cu_k, p.cu_k_sf, p.batch, H, p.Pk, ws + dst, f32(sc));
+            attn::MxRowSource{op->payload, op->scales, op->scale_layout, H, p.Pk}, p.cu_k, p.cu_k_sf, p.batch, p.Pk,
+            ws + dst, f32(sc));
         MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "backward: prepare K/V launch"));
       }
     }

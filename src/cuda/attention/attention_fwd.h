@@ -35,6 +35,29 @@ struct AttentionFwdProblem {
   float* lse = nullptr;  // (H, To)
 };
 
+// The main kernel's operands (the execution layout, attention_fwd_prepare.cuh): Q' (H, Pq, 128)
+// with per-row scales (H, Pq), K' (H, Pk, 128) with per-128-key-tile scales (H, Pk / 128), V'
+// (H, 128, Pk) with channel scales per (sequence, head), (B, H, 128), as the prepare pass writes
+// them, or per (head, 128-key tile), (H, Pk / 128, 128) (v_per_tile), as
+// quantize_attention_fwd_operands writes them.
+struct FwdExecOperands {
+  uint8_t *q = nullptr, *k = nullptr, *v = nullptr;
+  float *q_scale = nullptr, *k_scale = nullptr, *v_scale = nullptr;
+  bool v_per_tile = false;
+};
+
+// Q, K, V (T, H, 128) bf16 (fp32: x_fp32) quantized to MX (RCEIL; Q, K along the head dim, V along
+// tokens) and re-expressed into the execution layout with V per tile, in one pass per tensor.
+// Bit-identical to the CPU's ref::attention_fwd_operands. Needs p's metadata, heads, Pq, Pk, batch.
+Status quantize_attention_fwd_operands(const AttentionFwdProblem& p, const void* q, const void* k, const void* v,
+                                       bool x_fp32, const FwdExecOperands& out, void* stream);
+
+// The forward from operands in the execution layout (no prepare pass); workspace: at least
+// attention_fwd_exec_workspace_bytes(attention_fwd_num_q_tiles(...)), or nullptr.
+size_t attention_fwd_exec_workspace_bytes(int64_t num_q_tiles);
+Status attention_forward_exec(const AttentionFwdProblem& p, const FwdExecOperands& ops, void* workspace,
+                              size_t workspace_bytes, void* stream);
+
 size_t attention_fwd_workspace_bytes(int batch, int heads, int64_t Pq, int64_t Pk, int64_t num_q_tiles);
 int64_t attention_fwd_num_q_tiles(const std::vector<int32_t>& cu_q, int batch, bool broadcast_q);
 

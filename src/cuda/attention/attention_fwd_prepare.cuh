@@ -68,16 +68,31 @@ __device__ __forceinline__ int64_t hdim_scale_index(ScaleLayout l, int64_t t, in
   return l == ScaleLayout::kPlain ? hdim_plain_offset(t, h, k, H) : hdim_blocked_offset(h, tp, k, P);
 }
 
+// Source of prepare_rows_kernel: 16 bytes of a row (half of its 32-block `chunk / 2`) and that
+// block's scale byte, here from an MX payload and its scales. Called by every thread of the CTA
+// (a source may shuffle); invalid rows give zeros.
+struct MxRowSource {
+  const uint8_t* payload;
+  const uint8_t* scales;
+  ScaleLayout layout;
+  int64_t H, P;
+  __device__ __forceinline__ void operator()(bool valid, int64_t t, int64_t tp, int64_t h, int chunk, uint4* words,
+                                             int* s) const {
+    *words = valid ? *reinterpret_cast<const uint4*>(payload + (t * H + h) * kHeadDim + chunk * 16) : make_uint4(0, 0, 0, 0);
+    *s = valid ? int(scales[hdim_scale_index(layout, t, tp, h, chunk / 2, H, P)]) : 0;
+  }
+};
+
 // Q and K: one CTA of 256 threads per (128-token tile, head). Eight threads per token row, 16 bytes
 // (half a 32-block) each, four passes of 32 rows: every warp load and store covers whole 128-byte
-// rows. kPerRow: group = row (Q), else group = the whole tile (K).
+// rows. kPerRow: group = row (Q), else group = the whole tile (K). Source: MxRowSource (the prepare
+// pass) or a quantizer of the unquantized input (attention_fwd_operands.cu).
 inline constexpr int kRowThreads = 256;
-template <bool kPerRow>
-__global__ void __launch_bounds__(kRowThreads) prepare_rows_kernel(const uint8_t* __restrict__ payload,
-                                                                   const uint8_t* __restrict__ scales, ScaleLayout layout,
-                                                                   const int32_t* __restrict__ cu, const int32_t* __restrict__ cu_sf,
-                                                                   int batch, int64_t H, int64_t P,
-                                                                   uint8_t* __restrict__ out, float* __restrict__ group_scale) {
+template <bool kPerRow, typename Source>
+__global__ void __launch_bounds__(kRowThreads) prepare_rows_kernel(Source source, const int32_t* __restrict__ cu,
+                                                                   const int32_t* __restrict__ cu_sf, int batch,
+                                                                   int64_t P, uint8_t* __restrict__ out,
+                                                                   float* __restrict__ group_scale) {
   constexpr int kPasses = kTile * 8 / kRowThreads;
   __shared__ int warp_max[kRowThreads / 32];
   const int64_t tile = blockIdx.x, h = blockIdx.y;
@@ -93,10 +108,7 @@ __global__ void __launch_bounds__(kRowThreads) prepare_rows_kernel(const uint8_t
   for (int pass = 0; pass < kPasses; ++pass) {
     const int r = row0 + pass * (kRowThreads / 8);
     valid[pass] = first + r < len;
-    const int64_t t = cu[b] + first + r;
-    words[pass] = valid[pass] ? *reinterpret_cast<const uint4*>(payload + (t * H + h) * kHeadDim + chunk * 16)
-                              : make_uint4(0, 0, 0, 0);
-    s[pass] = valid[pass] ? int(scales[hdim_scale_index(layout, t, tile * kTile + r, h, chunk / 2, H, P)]) : 0;
+    source(valid[pass], cu[b] + first + r, tile * kTile + r, h, chunk, &words[pass], &s[pass]);
     int m = s[pass];  // the row's largest block scale: over its 8 consecutive lanes
     m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
     m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
