@@ -53,7 +53,7 @@ fi
 if want sanitizer; then
   # The exhaustive codec sweeps are pure arithmetic (and slow under the tools); every kernel that
   # touches memory or barriers runs here: quantize, dequantize, converters, attention forward.
-  SANITIZER_FILTER=${SANITIZER_FILTER:-"QuantizeGpu.HostileLengthsThreeHeads:QuantizeGpu.RandomBatches:DequantizeGpu.*:LayoutGpu.*:AttentionFwdGpu.JaggedHostileLengths:AttentionFwdGpu.CrossLengthsAndEmptyKeys:AttentionFwdGpu.BroadcastQ:AttentionBwdGpu.ExactPathMatchesCpuReferenceOnJaggedBatch:AttentionBwdGpu.ExactPathBroadcastQBlockedTokenContiguous:AttentionBwdGpu.JaggedMultiTileBothSides:AttentionBwdGpu.BroadcastQMultiTile"}
+  SANITIZER_FILTER=${SANITIZER_FILTER:-"QuantizeGpu.HostileLengthsThreeHeads:QuantizeGpu.RandomBatches:DequantizeGpu.*:LayoutGpu.*:AttentionFwdGpu.JaggedHostileLengths:AttentionFwdGpu.CrossLengthsAndEmptyKeys:AttentionFwdGpu.BroadcastQ:AttentionBwdGpu.ExactPathMatchesCpuReferenceOnJaggedBatch:AttentionBwdGpu.ExactPathBroadcastQBlockedTokenContiguous:AttentionBwdGpu.JaggedMultiTileBothSides:AttentionBwdGpu.BroadcastQMultiTile:AttentionFwdOperandsGpu.QuantizerMatchesCpuOnHostileLengthsBf16AndFp32:AttentionFwdOperandsGpu.ForwardJaggedHostileLengths"}
   for tool in memcheck racecheck synccheck; do
     note "compute-sanitizer $tool ($SANITIZER_FILTER)"
     compute-sanitizer --tool "$tool" --error-exitcode 9 "$BIN/mxflash_tests_gpu" --gtest_brief=1 \
@@ -153,12 +153,17 @@ if want accuracy && [ -x "$BIN/mxflash-accuracy" ]; then
   "$BIN/mxflash-accuracy" --dist normal,k_outlier --lengths 1000,4096 --lq 512 --broadcast-q --heads 3 \
     --json "$OUT/accuracy_bcast.json" > "$OUT/accuracy_bcast.log" 2>&1
   for f in lengths h16 bcast; do grep -E "^[a-z_]+:|  O |  LSE|summary" "$OUT/accuracy_$f.log"; done
+  note "mxflash-accuracy: quick suite, forward on execution-layout operands (--gpu-exec)"
+  "$BIN/mxflash-accuracy" --quick --forward-only --gpu-exec --json "$OUT/accuracy_quick_exec.json" > "$OUT/accuracy_quick_exec.log" 2>&1
+  grep -E "^[a-z_]+:|  O |  LSE|summary" "$OUT/accuracy_quick_exec.log"
 fi
 if want accuracy_full && [ -x "$BIN/mxflash-accuracy" ]; then
   # Issue 4's forward accuracy matrix: every distribution, lengths {1 ... 16384}, H in {1, 3, 16},
   # with and without broadcast Q; the gpu column's O must stay within 0.3 dB of exact MX's (a fail
   # otherwise). Forward only (the CPU backward of 16384-key shapes would take too long).
+  # ACC_GPU_EXEC=1: the gpu column's forward on execution-layout operands (quantize_attention_forward).
   A=("$BIN/mxflash-accuracy" --forward-only --methods mx,gpu --gpu-within-db 0.3)
+  [ "${ACC_GPU_EXEC:-0}" = 1 ] && A+=(--gpu-exec)
   runs=("--lengths 1,17,127,128,129,1000,4096 --heads 1"
         "--lengths 1,17,127,128,129,1000,4096 --heads 3"
         "--dist normal,k_outlier,peaked --lengths 127,128,129,1000 --heads 16"

@@ -393,6 +393,8 @@ against floors (pass / borderline / fail). Runs on the CPU; no GPU needed.
   --gpu-within-db X    the gpu column's O fails when its SQNR is more than X dB under mx's
   --gpu-bwd-within-db X  the gpu column's dQ, dK, dV fail when more than X dB under mx's
   --threads N          CPU worker threads (default: all cores)
+  --gpu-exec           (mxflash-accuracy on a GPU) the gpu column's forward on execution-layout
+                       operands: quantize_attention_forward, then attention_forward on them
 Exit status: 0 no fail, 1 a judged tensor failed, 2 bad arguments.
 )";
 }

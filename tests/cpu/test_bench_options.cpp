@@ -36,7 +36,7 @@ TEST(BenchOptions, DefaultIsAllPresetsBothDirections) {
   EXPECT_TRUE(opt.run_fwd);
   EXPECT_TRUE(opt.run_bwd);
   EXPECT_FALSE(opt.run_quantize);
-  EXPECT_EQ(opt.impls, (std::vector<std::string>{"cudnn-bf16", "cudnn-fp8", "mxfp8"}));
+  EXPECT_EQ(opt.impls, (std::vector<std::string>{"cudnn-bf16", "cudnn-fp8", "mxfp8", "mxfp8-exec"}));
   EXPECT_DOUBLE_EQ(opt.warmup_s, 1.0);
   EXPECT_DOUBLE_EQ(opt.window_s, 5.0);
   EXPECT_EQ(opt.launches, 5);

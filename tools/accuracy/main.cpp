@@ -3,7 +3,9 @@
 // build with a GPU this front end adds the gpu column: the sm_90a forward on the same inputs,
 // quantized by the library's quantizer (RCEIL, Q and K along hdim, V along seq), and the sm_90a
 // backward on the GPU forward's out and lse (Q and K in both orientations, V along hdim, dout in
-// bf16).
+// bf16). With --gpu-exec the gpu column's forward takes its operands in the execution layout
+// instead (quantize_attention_forward on the GPU, then attention_forward on the operands).
+#include <algorithm>
 #include <iostream>
 #include <string>
 #include <tuple>
@@ -54,25 +56,20 @@ Status upload_mx(const std::vector<float>& x, const JaggedMeta& m, int64_t H, Or
   return Status::Ok();
 }
 
-Status gpu_forward(const accuracy::Inputs& in, std::vector<double>* out, std::vector<double>* lse) {
-  JaggedMeta qm = in.q_meta, km = in.k_meta;
-  MXFLASH_RETURN_IF_ERROR(qm.upload());
-  MXFLASH_RETURN_IF_ERROR(km.upload());
+// Runs `fwd(options, out, lse)` into device outputs and brings out and lse back to the host.
+template <typename Fwd>
+Status run_forward(const accuracy::Inputs& in, const JaggedMeta& qm, const JaggedMeta& km, Fwd fwd,
+                   std::vector<double>* out, std::vector<double>* lse) {
   const int64_t H = in.heads;
   const int64_t To = in.broadcast_q ? km.batch() * qm.total_tokens() : qm.total_tokens();
-  DeviceBytes qp, qs, kp, ks, vp, vs, o, l;
-  MxTensor q, k, v;
-  MXFLASH_RETURN_IF_ERROR(upload_mx(in.q, qm, H, Orientation::kHdim, &qp, &qs, &q));
-  MXFLASH_RETURN_IF_ERROR(upload_mx(in.k, km, H, Orientation::kHdim, &kp, &ks, &k));
-  MXFLASH_RETURN_IF_ERROR(upload_mx(in.v, km, H, Orientation::kSeq, &vp, &vs, &v));
+  DeviceBytes o, l;
   MXFLASH_RETURN_IF_ERROR(o.alloc(size_t(To * H * kHeadDim * 2)));
   MXFLASH_RETURN_IF_ERROR(l.alloc(size_t(To * H * 4)));
   AttentionOptions opt;
   opt.broadcast_q = in.broadcast_q;
   opt.softmax_scale = float(in.softmax_scale);
-  MXFLASH_RETURN_IF_ERROR(attention_forward(q, k, v, qm, km, opt,
-                                            make_view(o.p, DType::kBFloat16, Device::kCUDA, {To, H, kHeadDim}),
-                                            make_view(l.p, DType::kFloat32, Device::kCUDA, {H, To})));
+  MXFLASH_RETURN_IF_ERROR(fwd(opt, make_view(o.p, DType::kBFloat16, Device::kCUDA, {To, H, kHeadDim}),
+                              make_view(l.p, DType::kFloat32, Device::kCUDA, {H, To})));
   MXFLASH_RETURN_IF_ERROR(check(cudaDeviceSynchronize(), "attention_forward"));
   std::vector<uint16_t> ho(size_t(To * H * kHeadDim));
   std::vector<float> hl(size_t(To * H));
@@ -82,6 +79,50 @@ Status gpu_forward(const accuracy::Inputs& in, std::vector<double>* out, std::ve
   for (size_t i = 0; i < ho.size(); ++i) (*out)[i] = bf16_to_float(ho[i]);
   lse->assign(hl.begin(), hl.end());
   return Status::Ok();
+}
+
+Status gpu_forward(const accuracy::Inputs& in, std::vector<double>* out, std::vector<double>* lse) {
+  JaggedMeta qm = in.q_meta, km = in.k_meta;
+  MXFLASH_RETURN_IF_ERROR(qm.upload());
+  MXFLASH_RETURN_IF_ERROR(km.upload());
+  const int64_t H = in.heads;
+  DeviceBytes qp, qs, kp, ks, vp, vs;
+  MxTensor q, k, v;
+  MXFLASH_RETURN_IF_ERROR(upload_mx(in.q, qm, H, Orientation::kHdim, &qp, &qs, &q));
+  MXFLASH_RETURN_IF_ERROR(upload_mx(in.k, km, H, Orientation::kHdim, &kp, &ks, &k));
+  MXFLASH_RETURN_IF_ERROR(upload_mx(in.v, km, H, Orientation::kSeq, &vp, &vs, &v));
+  return run_forward(in, qm, km, [&](const AttentionOptions& opt, TensorView o, TensorView l) {
+    return attention_forward(q, k, v, qm, km, opt, o, l);
+  }, out, lse);
+}
+
+// --gpu-exec: the gpu column from operands in the execution layout: the fp32 inputs uploaded, then
+// quantize_attention_forward and attention_forward on the GPU (what mx_attention runs).
+Status gpu_forward_exec(const accuracy::Inputs& in, std::vector<double>* out, std::vector<double>* lse) {
+  JaggedMeta qm = in.q_meta, km = in.k_meta;
+  MXFLASH_RETURN_IF_ERROR(qm.upload());
+  MXFLASH_RETURN_IF_ERROR(km.upload());
+  const int64_t H = in.heads, Tq = qm.total_tokens(), Tk = km.total_tokens();
+  DeviceBytes x[3], part[kAttentionFwdOperandCount];
+  const std::vector<float>* src[3] = {&in.q, &in.k, &in.v};
+  TensorView xv[3];
+  for (int i = 0; i < 3; ++i) {
+    MXFLASH_RETURN_IF_ERROR(x[i].alloc(src[i]->size() * 4));
+    MXFLASH_RETURN_IF_ERROR(check(cudaMemcpy(x[i].p, src[i]->data(), src[i]->size() * 4, cudaMemcpyHostToDevice), "upload"));
+    xv[i] = make_view(x[i].p, DType::kFloat32, Device::kCUDA, {i == 0 ? Tq : Tk, H, kHeadDim});
+  }
+  size_t bytes[kAttentionFwdOperandCount];
+  void* ptr[kAttentionFwdOperandCount];
+  attention_fwd_operand_bytes(qm, km, H, bytes);
+  for (int i = 0; i < kAttentionFwdOperandCount; ++i) {
+    MXFLASH_RETURN_IF_ERROR(part[i].alloc(bytes[i]));
+    ptr[i] = part[i].p;
+  }
+  const AttentionFwdOperands ops = attention_fwd_operand_views(qm, km, H, ptr, Device::kCUDA);
+  MXFLASH_RETURN_IF_ERROR(quantize_attention_forward(xv[0], xv[1], xv[2], qm, km, ops));
+  return run_forward(in, qm, km, [&](const AttentionOptions& opt, TensorView o, TensorView l) {
+    return attention_forward(ops, qm, km, opt, o, l);
+  }, out, lse);
 }
 
 std::vector<uint16_t> to_bf16(const std::vector<double>& x) {
@@ -152,12 +193,16 @@ bool hopper_present() {
 int main(int argc, char** argv) {
   mxflash::accuracy::GpuForward gpu;
   mxflash::accuracy::GpuBackward gpu_bwd;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  // --gpu-exec (this front end's flag): the gpu column's forward runs on execution-layout operands.
+  const auto exec_flag = std::find(args.begin(), args.end(), "--gpu-exec");
+  const bool exec = exec_flag != args.end();
+  if (exec) args.erase(exec_flag);
 #ifdef MXFLASH_WITH_CUDA
   if (hopper_present()) {
-    gpu = gpu_forward;
+    gpu = exec ? gpu_forward_exec : gpu_forward;
     gpu_bwd = gpu_backward;
   }
 #endif
-  return mxflash::accuracy::run_cli(std::vector<std::string>(argv + 1, argv + argc), std::cout, std::cerr, gpu,
-                                    gpu_bwd);
+  return mxflash::accuracy::run_cli(args, std::cout, std::cerr, gpu, gpu_bwd);
 }

@@ -64,7 +64,8 @@ class AttnImpl {
 
 // Factories. Each returns nullptr and sets *why when it cannot serve the problem in this build.
 std::unique_ptr<AttnImpl> make_cudnn_attention(const AttnProblem& p, bool fp8, std::string* why);
-std::unique_ptr<AttnImpl> make_mxfp8_attention(const AttnProblem& p, std::string* why);
+// exec: "mxfp8-exec", the forward on operands in the execution layout (quantize_attention_forward).
+std::unique_ptr<AttnImpl> make_mxfp8_attention(const AttnProblem& p, bool exec, std::string* why);
 // cuDNN version numbers for the report (0 when not built with cuDNN).
 int64_t cudnn_runtime_version();
 int64_t cudnn_compiled_version();

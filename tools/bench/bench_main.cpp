@@ -189,8 +189,8 @@ int run(const Options& opt) {
       Prepared pr;
       pr.name = name;
       std::string why;
-      if (name == "mxfp8") {
-        pr.impl = make_mxfp8_attention(p, &why);
+      if (name == "mxfp8" || name == "mxfp8-exec") {
+        pr.impl = make_mxfp8_attention(p, name == "mxfp8-exec", &why);
       } else {
         pr.impl = make_cudnn_attention(p, name == "cudnn-fp8", &why);
       }

@@ -259,12 +259,12 @@ const std::vector<std::string>& preset_names() {
 }
 
 const std::vector<std::string>& impl_names() {
-  static const std::vector<std::string> v = {"cudnn-bf16", "cudnn-fp8", "mxfp8"};
+  static const std::vector<std::string> v = {"cudnn-bf16", "cudnn-fp8", "mxfp8", "mxfp8-exec"};
   return v;
 }
 
 const std::vector<std::string>& quant_orientation_names() {
-  static const std::vector<std::string> v = {"hdim", "seq", "square32", "hdim+seq"};
+  static const std::vector<std::string> v = {"hdim", "seq", "square32", "hdim+seq", "fwd-operands"};
   return v;
 }
 
@@ -319,7 +319,7 @@ Workloads and shapes
   --no-broadcast-q
   --seed N             seed of jagged lengths and input data (default 1234)
 Implementations
-  --impl LIST          cudnn-bf16, cudnn-fp8, mxfp8 (default: all)
+  --impl LIST          cudnn-bf16, cudnn-fp8, mxfp8, mxfp8-exec (default: all)
   --cudnn-layout L     auto (default: dense for uniform lengths; jagged: BF16 ragged, FP8 padded),
                        padded, ragged
 Protocol
@@ -332,7 +332,8 @@ Quantize workload (ours, through include/mxflash/quantize.h)
   --quant-gib X        BF16 input size in GiB (default 1)
   --quant-heads N      heads (default 3)
   --quant-lengths SPEC token lengths (default jagged:0.5:16384; the batch is sized to --quant-gib)
-  --quant-orient LIST  hdim, seq, square32, hdim+seq (default: all)
+  --quant-orient LIST  hdim, seq, square32, hdim+seq, fwd-operands (default: all; fwd-operands:
+                       quantize_attention_forward with x as Q, K and V)
   --quant-scale-layout plain | blocked (default blocked)
   --quant-payload-layout token-major | token-contiguous (seq, square32; default token-major)
 Output

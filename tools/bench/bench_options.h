@@ -65,7 +65,7 @@ bool preset_cases(const std::string& name, std::vector<CaseSpec>* out);
 const std::vector<std::string>& preset_names();  // the four, in order
 
 // Implementations the binary knows.
-const std::vector<std::string>& impl_names();  // cudnn-bf16, cudnn-fp8, mxfp8
+const std::vector<std::string>& impl_names();  // cudnn-bf16, cudnn-fp8, mxfp8, mxfp8-exec
 // Quantize orientations: hdim, seq, square32, hdim+seq.
 const std::vector<std::string>& quant_orientation_names();
 

@@ -5,6 +5,7 @@
 
 #include "bench_cuda.h"
 #include "bench_env.h"
+#include "mxflash/attention.h"
 #include "mxflash/jagged.h"
 #include "mxflash/quantize.h"
 
@@ -106,7 +107,25 @@ Status run_quantize_case(const Options& opt, const Protocol& proto, int64_t l2_b
     Output p1, s1, p2, s2;
     Status st;
     LaunchFn launch;
-    if (o == "hdim+seq") {
+    AttentionFwdOperands ops;
+    DeviceBuffer fo[kAttentionFwdOperandCount];
+    if (o == "fwd-operands") {
+      // quantize_attention_forward with x as Q, K and V: three reads of x, the six operand tensors
+      // written (Q, K, V payloads; Q row, K tile, V (tile, channel) scales in fp32).
+      size_t bytes[kAttentionFwdOperandCount];
+      void* ptr[kAttentionFwdOperandCount];
+      attention_fwd_operand_bytes(meta, meta, H, bytes);
+      r.work = double(3 * x_bytes);
+      for (int i = 0; i < kAttentionFwdOperandCount && st.ok(); ++i) {
+        st = fo[i].alloc(bytes[i]);
+        ptr[i] = fo[i].get();
+        r.work += double(bytes[i]);
+      }
+      ops = attention_fwd_operand_views(meta, meta, H, ptr, Device::kCUDA, dev);
+      launch = [&](int set) {
+        return quantize_attention_forward(xv[size_t(set)], xv[size_t(set)], xv[size_t(set)], meta, meta, ops, stream);
+      };
+    } else if (o == "hdim+seq") {
       st = payload(meta, H, PayloadLayout::kTokenMajor, &p1);
       if (st.ok()) st = scales(meta, H, Orientation::kHdim, qo.scale_layout, &s1);
       if (st.ok()) st = payload(meta, H, tok_layout, &p2);

@@ -86,7 +86,7 @@ struct EnvInfo {
 };
 
 struct ImplResult {
-  std::string impl;       // cudnn-bf16, cudnn-fp8, mxfp8, copy
+  std::string impl;       // cudnn-bf16, cudnn-fp8, mxfp8, mxfp8-exec, copy
   std::string direction;  // fwd, bwd; for quantize: the orientation, or "copy"
   std::string status = "ok";  // ok | unsupported | error | skipped
   std::string message;

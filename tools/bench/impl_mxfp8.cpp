@@ -5,6 +5,9 @@
 // prepare pass included, on a preallocated workspace; a timed backward is one
 // mxflash::attention_backward call on the forward's O and LSE on a preallocated workspace, its
 // preprocess (operand scale re-expression, dO quantization, D = rowsum(O∘dO)) included.
+// "mxfp8-exec": the same, but the forward takes its operands in the execution layout, written by
+// quantize_attention_forward outside timing (no prepare pass); forward only (the backward takes MX
+// tensors: it is mxfp8's).
 #include <numeric>
 
 #include "bench_impl.h"
@@ -22,8 +25,8 @@ std::vector<int64_t> prefix_rows(const std::vector<int64_t>& len) {
 
 class Mxfp8Attention final : public AttnImpl {
  public:
-  explicit Mxfp8Attention(const AttnProblem& p) : p_(p) {}
-  std::string name() const override { return "mxfp8"; }
+  Mxfp8Attention(const AttnProblem& p, bool exec) : p_(p), exec_(exec) {}
+  std::string name() const override { return exec_ ? "mxfp8-exec" : "mxfp8"; }
 
   int64_t input_set_bytes(Direction d) const override {
     // e4m3 payloads + scales of Q, K, V (the bytes one launch reads); the backward reads Q and K
@@ -65,7 +68,7 @@ class Mxfp8Attention final : public AttnImpl {
       const uint64_t t0 = uint64_t(i) * 16;
       // Each input drawn once (generator tensor ids 1..3, as the peers), quantized in the forward's
       // orientation and, for the backward, in the other one.
-      const bool bwd = p_.need_bwd;
+      const bool bwd = p_.need_bwd && !exec_;
       const struct {
         DeviceBuffer* x;
         const SeqLayout* l;
@@ -75,12 +78,18 @@ class Mxfp8Attention final : public AttnImpl {
       } inputs[] = {{&xq, &lay_q_.layout(), &q_meta_, Orientation::kHdim, Orientation::kSeq, &st.q, &st.q_seq},
                     {&xk, &lay_k_.layout(), &k_meta_, Orientation::kHdim, Orientation::kSeq, &st.k, &st.k_seq},
                     {&xk, &lay_k_.layout(), &k_meta_, Orientation::kSeq, Orientation::kHdim, &st.v, &st.v_hdim}};
+      DeviceBuffer xv;
+      if (exec_) MXFLASH_RETURN_IF_ERROR(xv.alloc(size_t(Tk * H * kHeadDim * 2)));
       for (size_t n = 0; n < 3; ++n) {
         const auto& in = inputs[n];
         MXFLASH_RETURN_IF_ERROR(fill_normal(in.x->get(), Elem::kBF16, 1.f, *in.l, p_.seed, t0 + 1 + n, s));
         MXFLASH_RETURN_IF_ERROR(quantize_into(*in.x, *in.m, in.fwd_o, in.fwd, s));
         if (bwd) MXFLASH_RETURN_IF_ERROR(quantize_into(*in.x, *in.m, in.bwd_o, in.bwd, s));
+        if (exec_ && n == 1)  // K's input is reused for V: keep it
+          MXFLASH_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(xv.get(), xk.get(), xv.bytes(), cudaMemcpyDeviceToDevice, s),
+                                              "copy K input"));
       }
+      if (exec_) MXFLASH_RETURN_IF_ERROR(operands_into(xq, xv, xk, &st.ops, s));
       MXFLASH_RETURN_IF_ERROR(st.out.alloc(size_t(To * H * kHeadDim * 2)));
       MXFLASH_RETURN_IF_ERROR(st.lse.alloc(size_t(To * H * 4)));
       if (!bwd) continue;
@@ -89,7 +98,7 @@ class Mxfp8Attention final : public AttnImpl {
       MXFLASH_RETURN_IF_ERROR(fill_normal(st.dout.get(), Elem::kBF16, 1.f, lay_o_.layout(), p_.seed, t0 + 4, s));
       MXFLASH_RETURN_IF_ERROR(run(Direction::kFwd, i, s));
     }
-    if (p_.need_bwd) {
+    if (p_.need_bwd && !exec_) {
       AttentionBackwardOptions bo;
       bo.broadcast_q = p_.broadcast_q;
       MXFLASH_RETURN_IF_ERROR(ws_bwd_.alloc(attention_backward_workspace_size(q_meta_, k_meta_, H, bo)));
@@ -111,9 +120,12 @@ class Mxfp8Attention final : public AttnImpl {
       return make_view(b.get(), DType::kBFloat16, Device::kCUDA, {T, H, kHeadDim});
     };
     const TensorView lse = make_view(st.lse.get(), DType::kFloat32, Device::kCUDA, {H, To});
+    if (d == Direction::kFwd && exec_)
+      return attention_forward(st.ops.view, q_meta_, k_meta_, opt_, bf16(st.out, To), lse, ws_.get(), ws_.bytes(), s);
     if (d == Direction::kFwd)
       return attention_forward(st.q.view, st.k.view, st.v.view, q_meta_, k_meta_, opt_, bf16(st.out, To), lse,
                                ws_.get(), ws_.bytes(), s);
+    if (exec_) return Status::Unsupported("mxfp8-exec: forward only (its backward is mxfp8's)");
     AttentionBackwardOptions bo;
     bo.broadcast_q = p_.broadcast_q;
     bo.softmax_scale = p_.softmax_scale;
@@ -144,7 +156,13 @@ class Mxfp8Attention final : public AttnImpl {
     Notes n;
     n.push_back({"layout", "packed jagged (T, H, 128), no padding"});
     n.push_back({"operands", "Q, K MX along hdim, V MX along seq (RCEIL, plain scales), quantized outside timing"});
-    n.push_back({"kernel", "sm90 FP8 wgmma, prepare pass (scale re-expression) included in the timing"});
+    if (exec_) {
+      n.push_back({"forward operands", "execution layout from quantize_attention_forward (Q per row, K per 128-key "
+                                       "tile, V per (tile, channel) scales), written outside timing"});
+      n.push_back({"kernel", "sm90 FP8 wgmma, no prepare pass"});
+    } else {
+      n.push_back({"kernel", "sm90 FP8 wgmma, prepare pass (scale re-expression) included in the timing"});
+    }
     if (d == Direction::kBwd)
       n.push_back({"backward", "dK/dV kernel + dQ kernel (S, dP recomputed in each), no atomics; preprocess of dO "
                                "and the operands included in the timing"});
@@ -157,8 +175,13 @@ class Mxfp8Attention final : public AttnImpl {
     DeviceBuffer payload, scales;
     MxTensor view;
   };
+  struct Ops {
+    DeviceBuffer parts[kAttentionFwdOperandCount];
+    AttentionFwdOperands view;
+  };
   struct Set {
     Mx q, k, v;
+    Ops ops;  // mxfp8-exec's forward operands
     Mx q_seq, k_seq, v_hdim;  // backward operands
     DeviceBuffer out, lse, dout;
   };
@@ -183,7 +206,25 @@ class Mxfp8Attention final : public AttnImpl {
                     QuantizeOptions{}, dst->view.payload, dst->view.scales, s);
   }
 
+  // The forward operands of bf16 inputs xq (Q) and xk, xv (K, V) in the execution layout.
+  Status operands_into(const DeviceBuffer& xq, const DeviceBuffer& xk, const DeviceBuffer& xv, Ops* o, cudaStream_t s) {
+    const int64_t H = p_.heads;
+    size_t bytes[kAttentionFwdOperandCount];
+    void* ptr[kAttentionFwdOperandCount];
+    attention_fwd_operand_bytes(q_meta_, k_meta_, H, bytes);
+    for (int i = 0; i < kAttentionFwdOperandCount; ++i) {
+      MXFLASH_RETURN_IF_ERROR(o->parts[i].alloc(std::max<size_t>(bytes[i], 16)));
+      ptr[i] = o->parts[i].get();
+    }
+    o->view = attention_fwd_operand_views(q_meta_, k_meta_, H, ptr, Device::kCUDA);
+    auto x = [&](const DeviceBuffer& b, const JaggedMeta& m) {
+      return make_view(b.get(), DType::kBFloat16, Device::kCUDA, {m.total_tokens(), H, kHeadDim});
+    };
+    return quantize_attention_forward(x(xq, q_meta_), x(xk, k_meta_), x(xv, k_meta_), q_meta_, k_meta_, o->view, s);
+  }
+
   AttnProblem p_;
+  bool exec_ = false;
   JaggedMeta q_meta_, k_meta_;
   AttentionOptions opt_;
   SeqLayoutBuffer lay_q_, lay_k_, lay_o_;
@@ -194,12 +235,12 @@ class Mxfp8Attention final : public AttnImpl {
 
 }  // namespace
 
-std::unique_ptr<AttnImpl> make_mxfp8_attention(const AttnProblem& p, std::string* why) {
+std::unique_ptr<AttnImpl> make_mxfp8_attention(const AttnProblem& p, bool exec, std::string* why) {
   if (p.head_dim != kHeadDim) {
     *why = "mxfp8 supports head dim 128 only";
     return nullptr;
   }
-  auto impl = std::make_unique<Mxfp8Attention>(p);
+  auto impl = std::make_unique<Mxfp8Attention>(p, exec);
   const Status st = impl->init();
   if (!st.ok()) {
     *why = st.message();
