@@ -318,6 +318,10 @@ Status quantize_attention_forward(const TensorView& q, const TensorView& k, cons
                                   void* stream) {
   if (q_meta.batch() < 1) return Status::Invalid("q_meta: empty metadata");
   if (k_meta.batch() < 1) return Status::Invalid("k_meta: empty metadata");
+  // Q is quantized over its own sequences: one shared sequence (broadcast_q), or one per K/V sequence.
+  if (q_meta.batch() != 1 && q_meta.batch() != k_meta.batch())
+    return Status::Invalid("q_meta: has " + std::to_string(q_meta.batch()) + " sequences but k_meta has " +
+                           std::to_string(k_meta.batch()) + " (only one shared Q sequence may differ)");
   if (q.ndim != 3) return Status::Invalid("q: must be 3-D (Tq, H, 128), got " + q.shape_string());
   const int64_t H = q.shape[1];
   const int64_t qs[3] = {q_meta.total_tokens(), H, kHeadDim}, ks[3] = {k_meta.total_tokens(), H, kHeadDim};
@@ -357,12 +361,8 @@ Status quantize_attention_forward(const TensorView& q, const TensorView& k, cons
   cuda::AttentionFwdProblem p;
   fill_problem(q_meta, k_meta, H, q_meta.total_tokens(), false, 1.f, &p);
   p.batch = k_meta.batch();
-  // Q is quantized over its own sequences (one with broadcast_q): the kernels take q_meta's batch
-  // from p.broadcast_q, so describe Q's batch through it.
+  // The kernels take Q's sequence count from p.broadcast_q (1) or p.batch.
   p.broadcast_q = q_meta.batch() != k_meta.batch();
-  if (p.broadcast_q && q_meta.batch() != 1)
-    return Status::Invalid("q_meta: has " + std::to_string(q_meta.batch()) + " sequences but k_meta has " +
-                           std::to_string(k_meta.batch()) + " (only one shared Q sequence may differ)");
   return cuda::quantize_attention_fwd_operands(p, q.data, k.data, v.data, q.dtype == DType::kFloat32,
                                                exec_operands(ops), stream);
 }

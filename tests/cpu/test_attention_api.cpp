@@ -296,6 +296,11 @@ TEST_F(AttentionApi, OperandsRejectBadInput) {
   EXPECT_EQ(st.message().rfind("k:", 0), 0u) << st.message();
   st = quantize_attention_forward(x(qf, qm), x(kf, km), x(vf, km), qm, km, three.ops);
   EXPECT_EQ(st.message().rfind("ops.q", 0), 0u) << st.message();
+  JaggedMeta two;  // neither one shared Q sequence nor one per K/V sequence (km has 3)
+  ASSERT_TRUE(JaggedMeta::FromLengths({40, 70}, &two).ok());
+  std::vector<float> q2(size_t(110 * H * kHeadDim), 0.f);
+  st = quantize_attention_forward(x(q2, two), x(kf, km), x(vf, km), two, km, dst.ops);
+  EXPECT_EQ(st.message().rfind("q_meta", 0), 0u) << st.message();
   TensorView vc = x(vf, km);
   vc.device = Device::kCUDA;
   vc.data = kDummyDevicePtr;

@@ -88,43 +88,50 @@ __global__ void __launch_bounds__(kOperandVThreads) operand_v_kernel(const In* _
   const int g = int(threadIdx.x) / (kHeadDim / 2), dp = int(threadIdx.x) % (kHeadDim / 2);
   const int d0 = 2 * dp;
   const In* src = x + ((cu[b] + first + g * kBlockSize) * H + h) * kHeadDim + d0;
-  // fp32 bits of the two channels over the group's tokens (zeros past the end)
-  uint32_t xa[kBlockSize], xb[kBlockSize];
+  // The group's tokens of the two channels (zeros past the end): bf16 pairs as loaded (one
+  // register per token), fp32 as two registers.
+  constexpr bool kBf16 = sizeof(In) == 2;
+  uint32_t xa[kBlockSize], xb[kBf16 ? 1 : kBlockSize];
+  const int valid = min(max(valid_tokens - g * kBlockSize, 0), kBlockSize);  // tokens of the group
+  const uint32_t stride = uint32_t(H * kHeadDim * sizeof(In));               // bytes per token
+  const char* at = reinterpret_cast<const char*>(src);
 #pragma unroll
-  for (int i = 0; i < kBlockSize; ++i) {
-    const bool valid = g * kBlockSize + i < valid_tokens;
-    if constexpr (sizeof(In) == 2) {
-      const uint32_t w = valid ? *reinterpret_cast<const uint32_t*>(src + int64_t(i) * H * kHeadDim) : 0u;
-      xa[i] = w << 16;
-      xb[i] = w & 0xFFFF0000u;
+  for (int i = 0; i < kBlockSize; ++i, at += stride) {
+    if constexpr (kBf16) {
+      xa[i] = i < valid ? *reinterpret_cast<const uint32_t*>(at) : 0u;
     } else {
-      const float2 w = valid ? *reinterpret_cast<const float2*>(src + int64_t(i) * H * kHeadDim) : make_float2(0.f, 0.f);
+      const float2 w = i < valid ? *reinterpret_cast<const float2*>(at) : make_float2(0.f, 0.f);
       xa[i] = __float_as_uint(w.x);
       xb[i] = __float_as_uint(w.y);
     }
   }
+  // fp32 bits of token i of channel d0 + c
+  auto elem = [&](int c, int i) -> uint32_t {
+    if constexpr (kBf16) return c == 0 ? xa[i] << 16 : xa[i] & 0xFFFF0000u;
+    else return c == 0 ? xa[i] : xb[i];
+  };
   uint32_t sb[2];
   uint32_t q[2][kBlockSize / 4];  // per channel: 8 words, tokens 4w..4w+3 of the group
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
-    const uint32_t* xc = c == 0 ? xa : xb;
     uint32_t amax = 0;
 #pragma unroll
-    for (int i = 0; i < kBlockSize; ++i) amax = max(amax, xc[i] & kAbsMask);
+    for (int i = 0; i < kBlockSize; ++i) amax = max(amax, elem(c, i) & kAbsMask);
     sb[c] = scale_byte_from_amax_bits(amax, ScalingMode::kRceil);
     const float inv = e8m0_inv_scale(uint8_t(sb[c]));
 #pragma unroll
     for (int w = 0; w < kBlockSize / 4; ++w) {
-      const uint32_t lo = e4m3x2_satfinite(__uint_as_float(xc[4 * w]) * inv, __uint_as_float(xc[4 * w + 1]) * inv);
-      const uint32_t hi = e4m3x2_satfinite(__uint_as_float(xc[4 * w + 2]) * inv, __uint_as_float(xc[4 * w + 3]) * inv);
+      const uint32_t lo = e4m3x2_satfinite(__uint_as_float(elem(c, 4 * w)) * inv, __uint_as_float(elem(c, 4 * w + 1)) * inv);
+      const uint32_t hi =
+          e4m3x2_satfinite(__uint_as_float(elem(c, 4 * w + 2)) * inv, __uint_as_float(elem(c, 4 * w + 3)) * inv);
       q[c][w] = lo | (hi << 16);
     }
     if (sb[c] == kE8m0Nan) {  // rare: inf / NaN elements get the quantizer's bytes
 #pragma unroll
       for (int i = 0; i < kBlockSize; ++i)
-        if ((xc[i] & kExpAllOnes) == kExpAllOnes) {
+        if ((elem(c, i) & kExpAllOnes) == kExpAllOnes) {
           const int sh = 8 * (i % 4);
-          q[c][i / 4] = (q[c][i / 4] & ~(0xFFu << sh)) | (e4m3_nonfinite_byte(xc[i]) << sh);
+          q[c][i / 4] = (q[c][i / 4] & ~(0xFFu << sh)) | (e4m3_nonfinite_byte(elem(c, i)) << sh);
         }
     }
     scale_of[g][d0 + c] = uint8_t(sb[c]);
