@@ -17,6 +17,9 @@ Every function takes ``out=`` to write into preallocated tensors instead.
 
 Attention: :func:`attention_forward` takes MX operands (:class:`MxTensor`, e.g. from
 :func:`quantize_mx`): Q and K hdim-oriented, V seq-oriented; it returns out (bf16) and lse (fp32).
+:func:`quantize_attention_forward` writes the forward's operands in the kernel's execution layout
+(:class:`AttentionFwdOperands`) in one pass over Q, K, V, and :func:`attention_forward_operands`
+runs the forward on them (no prepare pass: faster on CUDA than the MX-operand forward).
 
 All argument checking is done by the C++ library: a broken rule raises ``ValueError`` whose
 message names the argument (nothing is written); other failures (no CUDA in this build, CUDA
@@ -34,7 +37,11 @@ from . import _mxflash as _C
 __all__ = [
     "JaggedMeta",
     "MxTensor",
+    "AttentionFwdOperands",
     "attention_forward",
+    "attention_forward_operands",
+    "quantize_attention_forward",
+    "attention_fwd_operand_shapes",
     "attention_backward",
     "quantize",
     "quantize_mx",
@@ -575,6 +582,23 @@ def _torch_workspace(nbytes, device):
     return workspace, workspace.data_ptr(), int(workspace.numel())
 
 
+def _forward_outputs(ref, heads, q_meta, k_meta, broadcast_q, out):
+    """A forward's (out, lse) (given through out=, or allocated like `ref`) and, for CUDA, its
+    workspace from torch's allocator: (out, lse, workspace, ptr, bytes)."""
+    outs = _outputs(out, 2, "out, lse")
+    if outs is None:
+        tokens = q_meta.total_tokens * (k_meta.batch if broadcast_q else 1)
+        o = _empty(ref, (tokens, heads, HEAD_DIM), "bfloat16")
+        lse = _empty(ref, (heads, tokens), "float32")
+    else:
+        o, lse = _as_array(outs[0], "out"), _as_array(outs[1], "lse")
+    workspace = ws_ptr = ws_bytes = 0
+    if _is_cuda(ref):
+        n = _C.attention_forward_workspace_size(q_meta._host, k_meta._host, heads, broadcast_q)
+        workspace, ws_ptr, ws_bytes = _torch_workspace(n, ref.device)
+    return o, lse, workspace, ws_ptr, ws_bytes
+
+
 def attention_forward(q, k, v, q_meta, k_meta, softmax_scale=None, broadcast_q=False, out=None):
     """MXFP8 attention forward on packed jagged sequences, head dim 128, non-causal.
 
@@ -597,22 +621,119 @@ def attention_forward(q, k, v, q_meta, k_meta, softmax_scale=None, broadcast_q=F
     heads = 1
     if qp.ndim == 3:
         heads = int(qp.shape[0] if q.payload_layout == "token_contiguous" else qp.shape[1]) or 1
-    outs = _outputs(out, 2, "out, lse")
-    if outs is None:
-        tokens = q_meta.total_tokens * (k_meta.batch if broadcast_q else 1)
-        o = _empty(qp, (tokens, heads, HEAD_DIM), "bfloat16")
-        lse = _empty(qp, (heads, tokens), "float32")
-    else:
-        o, lse = _as_array(outs[0], "out"), _as_array(outs[1], "lse")
-    workspace = ws_ptr = ws_bytes = 0
-    if _is_cuda(qp):
-        n = _C.attention_forward_workspace_size(q_meta._host, k_meta._host, heads, broadcast_q)
-        workspace, ws_ptr, ws_bytes = _torch_workspace(n, qp.device)
+    o, lse, workspace, ws_ptr, ws_bytes = _forward_outputs(qp, heads, q_meta, k_meta, broadcast_q, out)
     scale = float("nan") if softmax_scale is None else float(softmax_scale)
     _C.attention_forward(q_meta._cpp_for(qp), k_meta._cpp_for(qp),
                          *(_mx_view(t, a, n) for t, a, n in zip((q, k, v), arrays, ("q", "k", "v"))),
                          scale, broadcast_q, _view(o, "out", True), _view(lse, "lse", True), ws_ptr, ws_bytes,
                          _stream(qp))
+    del workspace  # freed to torch's caching allocator, stream-ordered behind the kernels
+    return o, lse
+
+
+# ---------------------------------------------------------------------------- forward operands
+_OPERAND_NAMES = ("q", "q_scale", "k", "k_scale", "v", "v_scale")
+
+
+class AttentionFwdOperands:
+    """The attention forward's operands in the kernel's execution layout, as
+    :func:`quantize_attention_forward` writes them and :func:`attention_forward_operands` reads them
+    (no copy, no checks: the functions that take one check it). Pq, Pk: the metadata's padded token
+    counts (JaggedMeta.padded_tokens); see :func:`attention_fwd_operand_shapes`.
+
+    q (H, Pq, 128) E4M3 (float8_e4m3fn or uint8), q_scale (H, Pq) float32: one scale per token;
+    k (H, Pk, 128) E4M3, k_scale (H, Pk/128) float32: one per 128-key tile;
+    v (H, 128, Pk) E4M3 (token-contiguous, tokens of each 32-group in the kernel's fragment
+    order), v_scale (H, Pk/128, 128) float32: one per 128-key tile and channel.
+    Padding tokens hold zero bytes (and q_scale 1). Iterating yields the six arrays in that order."""
+
+    __slots__ = _OPERAND_NAMES
+
+    def __init__(self, q, q_scale, k, k_scale, v, v_scale):
+        self.q, self.q_scale = q, q_scale
+        self.k, self.k_scale = k, k_scale
+        self.v, self.v_scale = v, v_scale
+
+    def __iter__(self):
+        return iter(tuple(getattr(self, n) for n in _OPERAND_NAMES))
+
+    def __repr__(self):
+        def desc(a):
+            return f"{type(a).__name__}{tuple(int(d) for d in a.shape)} {a.dtype}" if hasattr(a, "shape") else repr(a)
+        return "AttentionFwdOperands(" + ", ".join(f"{n}={desc(getattr(self, n))}" for n in _OPERAND_NAMES) + ")"
+
+
+def attention_fwd_operand_shapes(q_meta, k_meta, heads) -> dict:
+    """Shapes of the :class:`AttentionFwdOperands` for q_meta, k_meta and a head count, as a dict
+    {"q": (H, Pq, 128), "q_scale": (H, Pq), "k": (H, Pk, 128), "k_scale": (H, Pk/128),
+    "v": (H, 128, Pk), "v_scale": (H, Pk/128, 128)}."""
+    _check_meta(q_meta, "q_meta")
+    _check_meta(k_meta, "k_meta")
+    shapes = _C.attention_fwd_operand_shapes(q_meta._host, k_meta._host, int(heads))
+    return {n: tuple(s) for n, s in zip(_OPERAND_NAMES, shapes)}
+
+
+def _operand_arrays(ops, name):
+    """The six arrays of an AttentionFwdOperands argument (DLPack objects wrapped, no copy)."""
+    if not isinstance(ops, AttentionFwdOperands):
+        raise TypeError(f"{name}: expected mxflash.AttentionFwdOperands (see mxflash.quantize_attention_forward), "
+                        f"got {type(ops).__name__}")
+    return tuple(_as_array(getattr(ops, n), f"ops.{n}") for n in _OPERAND_NAMES)
+
+
+def _operand_views(arrays, writable=False):
+    return tuple(_view(a, f"ops.{n}", writable) for a, n in zip(arrays, _OPERAND_NAMES))
+
+
+def quantize_attention_forward(q, k, v, q_meta, k_meta, out=None) -> AttentionFwdOperands:
+    """Quantizes q (Tq, H, 128), k and v (Tk, H, 128), all bfloat16 or all float32, contiguous, into
+    the forward's operands in the execution layout (:class:`AttentionFwdOperands`), in one pass.
+
+    The values are the MX quantizer's (RCEIL, 32-blocks; Q and K along the head dim, V along
+    tokens) re-expressed to coarser power-of-two scales, so :func:`attention_forward_operands` on them
+    gives what :func:`attention_forward` gives on the :func:`quantize_mx` operands (bit for bit on
+    the CPU, unless a value falls below e4m3's subnormal floor of its group). bf16 inputs and their
+    float32 conversions give identical bytes. q_meta describes q; k_meta k and v (with one Q
+    sequence and B K/V sequences for broadcast_q). Payloads come back float8_e4m3fn, scales float32;
+    numpy inputs run the CPU reference, CUDA torch tensors three kernels on the current stream.
+    out= an AttentionFwdOperands to write into (every byte, padding included; its arrays are
+    named ops.q ... ops.v_scale in error messages). For the backward, quantize MX tensors as before.
+    """
+    _check_meta(q_meta, "q_meta")
+    _check_meta(k_meta, "k_meta")
+    q, k, v = _as_array(q, "q"), _as_array(k, "k"), _as_array(v, "v")
+    if out is None:
+        shapes = attention_fwd_operand_shapes(q_meta, k_meta, _heads_of_input(q, q_meta))
+        arrays = tuple(_empty(q, shapes[n], _PAYLOAD_DTYPE if n in ("q", "k", "v") else "float32")
+                       for n in _OPERAND_NAMES)
+        out = AttentionFwdOperands(*arrays)
+    else:
+        arrays = _operand_arrays(out, "out")
+    _C.quantize_attention_forward(q_meta._cpp_for(q), k_meta._cpp_for(q), _view(q, "q"), _view(k, "k"),
+                                  _view(v, "v"), _operand_views(arrays, True), _stream(q))
+    return out
+
+
+def attention_forward_operands(ops, q_meta, k_meta, softmax_scale=None, broadcast_q=False, out=None):
+    """:func:`attention_forward` on execution-layout operands (from :func:`quantize_attention_forward`
+    with the same q_meta and k_meta): same outputs, options and behaviour. Returns (out (To, H, 128)
+    bfloat16, lse (H, To) float32); out=(out, lse) writes into given tensors. numpy operands run the
+    CPU reference (exact attention of the dequantized operands' values); CUDA torch tensors the sm_90a
+    kernel without its prepare pass, on the current stream (workspace from torch's allocator, no
+    synchronization).
+    """
+    _check_meta(q_meta, "q_meta")
+    _check_meta(k_meta, "k_meta")
+    arrays = _operand_arrays(ops, "ops")
+    qp = arrays[0]
+    broadcast_q = bool(broadcast_q)
+    # Head count as the launcher reads it off ops.q; 1 when malformed (then ops.q is rejected).
+    heads = (int(qp.shape[0]) or 1) if qp.ndim == 3 else 1
+    o, lse, workspace, ws_ptr, ws_bytes = _forward_outputs(qp, heads, q_meta, k_meta, broadcast_q, out)
+    scale = float("nan") if softmax_scale is None else float(softmax_scale)
+    _C.attention_forward_operands(q_meta._cpp_for(qp), k_meta._cpp_for(qp), _operand_views(arrays), scale,
+                                  broadcast_q, _view(o, "out", True), _view(lse, "lse", True), ws_ptr, ws_bytes,
+                                  _stream(qp))
     del workspace  # freed to torch's caching allocator, stream-ordered behind the kernels
     return o, lse
 

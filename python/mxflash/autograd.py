@@ -4,12 +4,15 @@
     out = mx_attention(q, k, v, q_meta, k_meta)          # q (Tq, H, 128), k and v (Tk, H, 128)
     out.float().sum().backward()                          # q.grad, k.grad, v.grad
 
-q, k, v are packed jagged torch tensors (bfloat16, float16 or float32, CPU or CUDA) described by
-mxflash.JaggedMeta objects; they are quantized to MXFP8 inside (Q and K along the head dim for the
-forward and along tokens for the backward, V along tokens for the forward and along the head dim
-for the backward, RCEIL), so callers hand over the same tensors they would give any attention.
-The forward and the backward run the sm_90a kernels on CUDA tensors (the backward is deterministic:
-no atomics) and the exact-MX reference on CPU tensors. Gradients come back in the inputs' dtype.
+q, k, v are packed jagged torch tensors (bfloat16, float16, float32 or float64, CPU or CUDA)
+described by mxflash.JaggedMeta objects; they are quantized to MXFP8 inside, so callers hand over
+the same tensors they would give any attention. The forward quantizes Q, K, V in one pass straight
+into the kernel's execution layout (mxflash.quantize_attention_forward: the MX values, RCEIL, of Q
+and K along the head dim and V along tokens) and runs mxflash.attention_forward_operands on them
+(no prepare pass). The backward quantizes MX tensors (Q and K along the head dim and along tokens,
+V along the head dim, RCEIL) for mxflash.attention_backward. The forward and the backward run the
+sm_90a kernels on CUDA tensors (the backward is deterministic: no atomics) and the exact-MX CPU
+references on CPU tensors. Gradients come back in the inputs' dtype.
 """
 import mxflash
 
@@ -30,17 +33,25 @@ def _quantizable(x):
     return x.contiguous()
 
 
+def _quantizable_all(q, k, v):
+    """q, k, v as quantize_attention_forward takes them (one dtype for all three): bfloat16 when all
+    are bfloat16, else float32 (exact for bfloat16 and float16, so the bytes are the same)."""
+    xs = [_quantizable(x) for x in (q, k, v)]
+    if any(x.dtype != xs[0].dtype for x in xs):
+        xs = [x.float() for x in xs]
+    return xs
+
+
 def _make_function():
     torch = _torch()
 
     class MxAttentionFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v, q_meta, k_meta, softmax_scale, broadcast_q):
-            mq = mxflash.quantize_mx(_quantizable(q), q_meta, "hdim")
-            mk = mxflash.quantize_mx(_quantizable(k), k_meta, "hdim")
-            mv = mxflash.quantize_mx(_quantizable(v), k_meta, "seq")
-            out, lse = mxflash.attention_forward(mq, mk, mv, q_meta, k_meta, softmax_scale=softmax_scale,
-                                                 broadcast_q=broadcast_q)
+            ops = mxflash.quantize_attention_forward(*_quantizable_all(q, k, v), q_meta, k_meta)
+            out, lse = mxflash.attention_forward_operands(ops, q_meta, k_meta, softmax_scale=softmax_scale,
+                                                          broadcast_q=broadcast_q)
+            del ops  # the backward quantizes MX tensors of its own
             ctx.save_for_backward(q, k, v, out)
             ctx.lse = lse  # an intermediate: kept on ctx rather than through save_for_backward
             ctx.q_meta, ctx.k_meta = q_meta, k_meta

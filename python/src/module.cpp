@@ -134,6 +134,21 @@ MxTensor to_mx(const Mx& m, const char* name) {
   return t;
 }
 
+// The execution-layout forward operands: views of (q, q_scale, k, k_scale, v, v_scale), named
+// ops.q ... ops.v_scale as the library names them.
+using Ops = std::tuple<View, View, View, View, View, View>;
+
+AttentionFwdOperands to_ops(const Ops& o) {
+  AttentionFwdOperands t;
+  t.q = to_view(std::get<0>(o), "ops.q");
+  t.q_scale = to_view(std::get<1>(o), "ops.q_scale");
+  t.k = to_view(std::get<2>(o), "ops.k");
+  t.k_scale = to_view(std::get<3>(o), "ops.k_scale");
+  t.v = to_view(std::get<4>(o), "ops.v");
+  t.v_scale = to_view(std::get<5>(o), "ops.v_scale");
+  return t;
+}
+
 AttentionOptions attention_options(double softmax_scale, bool broadcast_q) {
   AttentionOptions opt;
   opt.softmax_scale = float(softmax_scale);  // NaN: the library default 1/sqrt(128)
@@ -381,6 +396,42 @@ NB_MODULE(_mxflash, m) {
       },
       "q_meta"_a, "k_meta"_a, "q"_a, "k"_a, "v"_a, "softmax_scale"_a, "broadcast_q"_a, "out"_a, "lse"_a,
       "workspace"_a, "workspace_bytes"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>());
+
+  // Forward operands in the execution layout (written by quantize_attention_forward, read by the
+  // forward without its prepare pass). Shapes as lists in the order q, q_scale, k, k_scale, v, v_scale.
+  m.def(
+      "attention_fwd_operand_shapes",
+      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads) {
+        if (heads < 1) throw nb::value_error("heads: must be >= 1");
+        const AttentionFwdOperandShapes s = attention_fwd_operand_shapes(q_meta, k_meta, heads);
+        using V = std::vector<int64_t>;
+        return std::make_tuple(V(s.q, s.q + 3), V(s.q_scale, s.q_scale + 2), V(s.k, s.k + 3),
+                               V(s.k_scale, s.k_scale + 2), V(s.v, s.v + 3), V(s.v_scale, s.v_scale + 3));
+      },
+      "q_meta"_a, "k_meta"_a, "heads"_a);
+  m.def(
+      "quantize_attention_forward",
+      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, const View& q, const View& k, const View& v,
+         const Ops& ops, uintptr_t stream) {
+        const TensorView tq = to_view(q, "q"), tk = to_view(k, "k"), tv = to_view(v, "v");
+        const AttentionFwdOperands to = to_ops(ops);
+        DeviceGuard guard(tq);
+        throw_if_error(quantize_attention_forward(tq, tk, tv, q_meta, k_meta, to, as_stream(stream)));
+      },
+      "q_meta"_a, "k_meta"_a, "q"_a, "k"_a, "v"_a, "ops"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>());
+  // attention_forward's overload on execution-layout operands (a name of its own: both forms take tuples).
+  m.def(
+      "attention_forward_operands",
+      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, const Ops& ops, double softmax_scale, bool broadcast_q,
+         const View& out, const View& lse, uintptr_t workspace, size_t workspace_bytes, uintptr_t stream) {
+        const AttentionFwdOperands to = to_ops(ops);
+        const TensorView tout = to_view(out, "out"), tl = to_view(lse, "lse");
+        DeviceGuard guard(to.q);
+        throw_if_error(attention_forward(to, q_meta, k_meta, attention_options(softmax_scale, broadcast_q), tout, tl,
+                                         reinterpret_cast<void*>(workspace), workspace_bytes, as_stream(stream)));
+      },
+      "q_meta"_a, "k_meta"_a, "ops"_a, "softmax_scale"_a, "broadcast_q"_a, "out"_a, "lse"_a, "workspace"_a,
+      "workspace_bytes"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>());
 
   // Bytes of device workspace the fast CUDA backward needs (0 as for the forward).
   m.def(

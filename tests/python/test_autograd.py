@@ -149,6 +149,23 @@ def test_float16_inputs_give_the_float32_results_in_float16():
         assert torch.equal(a.grad, b.grad.to(torch.float16)), name
 
 
+def test_forward_is_the_operands_forward_and_mixed_dtypes_go_through_float32():
+    """The forward is quantize_attention_forward + attention_forward_operands on the inputs; q, k, v
+    of different dtypes are quantized from float32 (exact for bfloat16 and float16): the same out as
+    all-float32 inputs."""
+    import torch
+    from mxflash.autograd import mx_attention
+
+    qm, km = mxflash.JaggedMeta.from_lengths(Q_LENGTHS), mxflash.JaggedMeta.from_lengths(K_LENGTHS)
+    q, k, v = (x.detach().to(torch.bfloat16).float() for x in leaves("cpu", torch.float32, seed=7))
+    want, _ = mxflash.attention_forward_operands(mxflash.quantize_attention_forward(q, k, v, qm, km), qm, km)
+    assert torch.equal(mx_attention(q, k, v, qm, km).view(torch.int16), want.view(torch.int16))
+    mixed = mx_attention(q.to(torch.bfloat16), k, v.to(torch.float16), qm, km)
+    assert mixed.dtype == torch.bfloat16 and torch.equal(mixed.view(torch.int16), want.view(torch.int16))
+    bf16 = mx_attention(*(x.to(torch.bfloat16) for x in (q, k, v)), qm, km)
+    assert torch.equal(bf16.view(torch.int16), want.view(torch.int16))
+
+
 @pytest.mark.parametrize("case, match", [
     ("hdim64", r"^q: must be \(tokens, heads, 128\), got shape \(127, 2, 64\)"),
     ("k_heads", r"^k: has 3 heads, q has 2"),
