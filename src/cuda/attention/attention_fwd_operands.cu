@@ -64,20 +64,25 @@ struct XRowSource {
   }
 };
 
-// V: one CTA of 256 threads per (128-token tile, head). Thread (g, dp) quantizes channels 2 dp and
-// 2 dp + 1 over the 32 tokens of group g (one MX block each; a warp reads 128 or 256 contiguous
-// bytes per token), the tile's channel scale is the largest of its 4 block scales (shared memory),
-// and each channel's 32 bytes leave re-expressed and permuted (permuted_token) as 32 contiguous
-// bytes of V' row d. Tokens past the sequence end are zeros; tile_scale gets e8m0 of the channel
-// scale.
+// V: one CTA of 256 threads per (128-token tile, head). The tile's token rows are staged in shared
+// memory, 32 KB at a time (all 128 tokens of bf16, two halves of fp32), loaded whole with 16-byte
+// lanes. Thread (gh, d) quantizes channel d over the 32 tokens of groups gh and gh + 2 (one MX block
+// each; a warp reads 32 consecutive channels of one row per step: conflict-free). The tile's channel
+// scale is the largest of its 4 block scales (shared memory), and each group's 32 bytes leave
+// re-expressed and permuted (permuted_token) as 32 contiguous bytes of V' row d. Tokens past the
+// sequence end are zeros; tile_scale gets e8m0 of the channel scale.
 inline constexpr int kOperandVThreads = 256;
 template <typename In>
-__global__ void __launch_bounds__(kOperandVThreads) operand_v_kernel(const In* __restrict__ x,
-                                                                     const int32_t* __restrict__ cu,
-                                                                     const int32_t* __restrict__ cu_sf, int batch,
-                                                                     int64_t H, int64_t P, uint8_t* __restrict__ out,
-                                                                     float* __restrict__ tile_scale) {
-  constexpr int kGroups = kTile / kBlockSize;  // 4
+__global__ void __launch_bounds__(kOperandVThreads, 3) operand_v_kernel(const In* __restrict__ x,
+                                                                        const int32_t* __restrict__ cu,
+                                                                        const int32_t* __restrict__ cu_sf, int batch,
+                                                                        int64_t H, int64_t P, uint8_t* __restrict__ out,
+                                                                        float* __restrict__ tile_scale) {
+  constexpr int kGroups = kTile / kBlockSize;                        // 4
+  constexpr int kStageTokens = 32768 / (kHeadDim * int(sizeof(In)));  // 128 (bf16) or 64 (fp32)
+  constexpr int kStages = kTile / kStageTokens;
+  constexpr int kChunks = kHeadDim * int(sizeof(In)) / 16;          // 16-byte chunks per token row
+  __shared__ alignas(16) In rows[kStageTokens][kHeadDim];
   __shared__ uint8_t scale_of[kGroups][kHeadDim];
   const int64_t tile = blockIdx.x, h = blockIdx.y;
   const int b = sequence_of_padded(cu_sf, batch, tile * kTile);
@@ -85,77 +90,91 @@ __global__ void __launch_bounds__(kOperandVThreads) operand_v_kernel(const In* _
   const int64_t first = tile * kTile - cu_sf[b];
   const int64_t rem = len - first;
   const int valid_tokens = rem <= 0 ? 0 : (rem >= kTile ? kTile : int(rem));
-  const int g = int(threadIdx.x) / (kHeadDim / 2), dp = int(threadIdx.x) % (kHeadDim / 2);
-  const int d0 = 2 * dp;
-  const In* src = x + ((cu[b] + first + g * kBlockSize) * H + h) * kHeadDim + d0;
-  // The group's tokens of the two channels (zeros past the end): bf16 pairs as loaded (one
-  // register per token), fp32 as two registers.
-  constexpr bool kBf16 = sizeof(In) == 2;
-  uint32_t xa[kBlockSize], xb[kBf16 ? 1 : kBlockSize];
-  const int valid = min(max(valid_tokens - g * kBlockSize, 0), kBlockSize);  // tokens of the group
-  const uint32_t stride = uint32_t(H * kHeadDim * sizeof(In));               // bytes per token
-  const char* at = reinterpret_cast<const char*>(src);
-#pragma unroll
-  for (int i = 0; i < kBlockSize; ++i, at += stride) {
-    if constexpr (kBf16) {
-      xa[i] = i < valid ? *reinterpret_cast<const uint32_t*>(at) : 0u;
-    } else {
-      const float2 w = i < valid ? *reinterpret_cast<const float2*>(at) : make_float2(0.f, 0.f);
-      xa[i] = __float_as_uint(w.x);
-      xb[i] = __float_as_uint(w.y);
-    }
-  }
-  // fp32 bits of token i of channel d0 + c
-  auto elem = [&](int c, int i) -> uint32_t {
-    if constexpr (kBf16) return c == 0 ? xa[i] << 16 : xa[i] & 0xFFFF0000u;
-    else return c == 0 ? xa[i] : xb[i];
-  };
+  const int d = int(threadIdx.x) % kHeadDim, gh = int(threadIdx.x) / kHeadDim;
+  uint32_t q[2][kBlockSize / 4];  // groups gh, gh + 2: 8 words each, tokens 4w..4w+3 of the group
   uint32_t sb[2];
-  uint32_t q[2][kBlockSize / 4];  // per channel: 8 words, tokens 4w..4w+3 of the group
 #pragma unroll
-  for (int c = 0; c < 2; ++c) {
-    uint32_t amax = 0;
+  for (int stage = 0; stage < kStages; ++stage) {
+    if (stage > 0) __syncthreads();  // the previous stage's rows are read
 #pragma unroll
-    for (int i = 0; i < kBlockSize; ++i) amax = max(amax, elem(c, i) & kAbsMask);
-    sb[c] = scale_byte_from_amax_bits(amax, ScalingMode::kRceil);
-    const float inv = e8m0_inv_scale(uint8_t(sb[c]));
-#pragma unroll
-    for (int w = 0; w < kBlockSize / 4; ++w) {
-      const uint32_t lo = e4m3x2_satfinite(__uint_as_float(elem(c, 4 * w)) * inv, __uint_as_float(elem(c, 4 * w + 1)) * inv);
-      const uint32_t hi =
-          e4m3x2_satfinite(__uint_as_float(elem(c, 4 * w + 2)) * inv, __uint_as_float(elem(c, 4 * w + 3)) * inv);
-      q[c][w] = lo | (hi << 16);
+    for (int i = int(threadIdx.x); i < kStageTokens * kChunks; i += kOperandVThreads) {
+      const int r = i / kChunks, c = i % kChunks, t = stage * kStageTokens + r;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (t < valid_tokens)
+        v = *reinterpret_cast<const uint4*>(x + ((cu[b] + first + t) * H + h) * kHeadDim + c * (16 / sizeof(In)));
+      *reinterpret_cast<uint4*>(&rows[r][c * (16 / sizeof(In))]) = v;
     }
-    if (sb[c] == kE8m0Nan) {  // rare: inf / NaN elements get the quantizer's bytes
+    __syncthreads();
 #pragma unroll
-      for (int i = 0; i < kBlockSize; ++i)
-        if ((elem(c, i) & kExpAllOnes) == kExpAllOnes) {
+    for (int k = 0; k < 2; ++k) {
+      const int g = 2 * k + gh;
+      if ((2 * k * kBlockSize) / kStageTokens != stage) continue;  // group g lies in another stage
+      const In* col = &rows[g * kBlockSize - stage * kStageTokens][d];
+      auto elem = [&](int i) -> uint32_t {  // fp32 bits of token i of the group
+        if constexpr (sizeof(In) == 2) return uint32_t(col[i * kHeadDim]) << 16;
+        else return __float_as_uint(col[i * kHeadDim]);
+      };
+      uint32_t amax = 0;
+#pragma unroll
+      for (int i = 0; i < kBlockSize; ++i) amax = max(amax, elem(i) & kAbsMask);
+      sb[k] = scale_byte_from_amax_bits(amax, ScalingMode::kRceil);
+      const float inv = e8m0_inv_scale(uint8_t(sb[k]));
+#pragma unroll
+      for (int w = 0; w < kBlockSize / 4; ++w) {
+        const uint32_t lo = e4m3x2_satfinite(__uint_as_float(elem(4 * w)) * inv, __uint_as_float(elem(4 * w + 1)) * inv);
+        const uint32_t hi =
+            e4m3x2_satfinite(__uint_as_float(elem(4 * w + 2)) * inv, __uint_as_float(elem(4 * w + 3)) * inv);
+        q[k][w] = lo | (hi << 16);
+      }
+      if (sb[k] == kE8m0Nan) {  // rare: inf / NaN elements get the quantizer's bytes
+#pragma unroll
+        for (int i = 0; i < kBlockSize; ++i) {  // unrolled: static indices keep q in registers
+          // re-read (volatile): keeping the 32 values live for this path would cost registers
+          const uint32_t addr = uint32_t(__cvta_generic_to_shared(col + i * kHeadDim));
+          uint32_t u;
+          if constexpr (sizeof(In) == 2) {
+            uint16_t v16;
+            asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v16) : "r"(addr));
+            u = uint32_t(v16) << 16;
+          } else {
+            asm volatile("ld.shared.b32 %0, [%1];" : "=r"(u) : "r"(addr));
+          }
           const int sh = 8 * (i % 4);
-          q[c][i / 4] = (q[c][i / 4] & ~(0xFFu << sh)) | (e4m3_nonfinite_byte(elem(c, i)) << sh);
+          if ((u & kExpAllOnes) == kExpAllOnes)
+            q[k][i / 4] = (q[k][i / 4] & ~(0xFFu << sh)) | (e4m3_nonfinite_byte(u) << sh);
         }
+      }
+      scale_of[g][d] = uint8_t(sb[k]);
     }
-    scale_of[g][d0 + c] = uint8_t(sb[c]);
   }
   __syncthreads();
-  uint8_t* dst = out + h * kHeadDim * P + tile * kTile + g * kBlockSize;  // + d * P: channel row d
+  int tile_max = 0;
 #pragma unroll
-  for (int c = 0; c < 2; ++c) {
-    const int d = d0 + c;
-    int tile_max = 0;
+  for (int k = 0; k < kGroups; ++k) tile_max = max(tile_max, int(scale_of[k][d]));
+  // The tile's V' rows go through shared memory (over the staged input, read by now), so that they
+  // leave as whole 128-byte rows: lanes storing 16 bytes each into 32 different rows would make
+  // every 32-byte sector two L2 writes.
+  constexpr int kPitch = kTile / 4 + 1;  // words per V' row in shared memory (bank spread)
+  static_assert(sizeof(rows) >= sizeof(uint32_t) * kHeadDim * kPitch, "the V' tile fits the staging rows");
+  uint32_t(*vrows)[kPitch] = reinterpret_cast<uint32_t(*)[kPitch]>(&rows[0][0]);
 #pragma unroll
-    for (int k = 0; k < kGroups; ++k) tile_max = max(tile_max, int(scale_of[k][d]));
-    const int shift = tile_max - int(sb[c]);
-    uint32_t o[8];
+  for (int k = 0; k < 2; ++k) {
+    const int shift = tile_max - int(sb[k]);
 #pragma unroll
     for (int w = 0; w < 8; ++w) {
       const int base = v_word_base(w);  // tokens base, base + 1 (word base / 4), base + 8, base + 9
-      o[w] = shift_e4m3x4(__byte_perm(q[c][base / 4], q[c][base / 4 + 2], base % 4 == 0 ? 0x5410 : 0x7632), shift);
+      vrows[d][(2 * k + gh) * 8 + w] =
+          shift_e4m3x4(__byte_perm(q[k][base / 4], q[k][base / 4 + 2], base % 4 == 0 ? 0x5410 : 0x7632), shift);
     }
-    uint4* d16 = reinterpret_cast<uint4*>(dst + int64_t(d) * P);
-    d16[0] = make_uint4(o[0], o[1], o[2], o[3]);
-    d16[1] = make_uint4(o[4], o[5], o[6], o[7]);
-    if (g == 0) tile_scale[(h * (P / kTile) + tile) * kHeadDim + d] = e8m0_to_float(uint8_t(tile_max));
   }
+  __syncthreads();
+  uint8_t* dst = out + h * kHeadDim * P + tile * kTile;  // + d * P: V' row d of the tile
+  for (int i = int(threadIdx.x); i < kHeadDim * 8; i += kOperandVThreads) {
+    const int r = i / 8, c16 = i % 8;
+    const uint32_t* w = &vrows[r][4 * c16];
+    *reinterpret_cast<uint4*>(dst + r * P + c16 * 16) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  if (gh == 0) tile_scale[(h * (P / kTile) + tile) * kHeadDim + d] = e8m0_to_float(uint8_t(tile_max));
 }
 
 template <typename In>
