@@ -83,9 +83,14 @@ Status quantize_attention_forward(const TensorView& q, const TensorView& k, cons
                                   const JaggedMeta& q_meta, const JaggedMeta& k_meta, const AttentionFwdOperands& ops,
                                   void* stream = nullptr);
 
-// The forward on operands from quantize_attention_forward (same q_meta, k_meta). Outputs, options
-// and workspace as above (attention_forward_workspace_size suffices; this form needs only its
-// work list). opt.exact_mx is not supported here (the exact path takes MX tensors).
+// Device workspace of the forward on operands (its work list only: 8 bytes per 128-row Q tile,
+// rounded up to 256); 0 on CPU-only builds and for metadata the call would reject.
+size_t attention_forward_operands_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta,
+                                                 const AttentionOptions& opt);
+
+// The forward on operands from quantize_attention_forward (same q_meta, k_meta). Outputs and
+// options as above; workspace: at least attention_forward_operands_workspace_size bytes, or
+// nullptr. opt.exact_mx is not supported here (the exact path takes MX tensors).
 Status attention_forward(const AttentionFwdOperands& ops, const JaggedMeta& q_meta, const JaggedMeta& k_meta,
                          const AttentionOptions& opt, TensorView out, TensorView lse, void* workspace = nullptr,
                          size_t workspace_bytes = 0, void* stream = nullptr);

@@ -582,9 +582,10 @@ def _torch_workspace(nbytes, device):
     return workspace, workspace.data_ptr(), int(workspace.numel())
 
 
-def _forward_outputs(ref, heads, q_meta, k_meta, broadcast_q, out):
+def _forward_outputs(ref, heads, q_meta, k_meta, broadcast_q, out, operands=False):
     """A forward's (out, lse) (given through out=, or allocated like `ref`) and, for CUDA, its
-    workspace from torch's allocator: (out, lse, workspace, ptr, bytes)."""
+    workspace from torch's allocator (operands: the execution-layout form's, its work list only):
+    (out, lse, workspace, ptr, bytes)."""
     outs = _outputs(out, 2, "out, lse")
     if outs is None:
         tokens = q_meta.total_tokens * (k_meta.batch if broadcast_q else 1)
@@ -594,7 +595,10 @@ def _forward_outputs(ref, heads, q_meta, k_meta, broadcast_q, out):
         o, lse = _as_array(outs[0], "out"), _as_array(outs[1], "lse")
     workspace = ws_ptr = ws_bytes = 0
     if _is_cuda(ref):
-        n = _C.attention_forward_workspace_size(q_meta._host, k_meta._host, heads, broadcast_q)
+        if operands:
+            n = _C.attention_forward_operands_workspace_size(q_meta._host, k_meta._host, broadcast_q)
+        else:
+            n = _C.attention_forward_workspace_size(q_meta._host, k_meta._host, heads, broadcast_q)
         workspace, ws_ptr, ws_bytes = _torch_workspace(n, ref.device)
     return o, lse, workspace, ws_ptr, ws_bytes
 
@@ -729,7 +733,7 @@ def attention_forward_operands(ops, q_meta, k_meta, softmax_scale=None, broadcas
     broadcast_q = bool(broadcast_q)
     # Head count as the launcher reads it off ops.q; 1 when malformed (then ops.q is rejected).
     heads = (int(qp.shape[0]) or 1) if qp.ndim == 3 else 1
-    o, lse, workspace, ws_ptr, ws_bytes = _forward_outputs(qp, heads, q_meta, k_meta, broadcast_q, out)
+    o, lse, workspace, ws_ptr, ws_bytes = _forward_outputs(qp, heads, q_meta, k_meta, broadcast_q, out, operands=True)
     scale = float("nan") if softmax_scale is None else float(softmax_scale)
     _C.attention_forward_operands(q_meta._cpp_for(qp), k_meta._cpp_for(qp), _operand_views(arrays), scale,
                                   broadcast_q, _view(o, "out", True), _view(lse, "lse", True), ws_ptr, ws_bytes,

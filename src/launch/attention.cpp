@@ -313,6 +313,13 @@ AttentionFwdOperands attention_fwd_operand_views(const JaggedMeta& q_meta, const
   return o;
 }
 
+size_t attention_forward_operands_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta,
+                                                 const AttentionOptions& opt) {
+  if (!sizable(q_meta, k_meta, 1, opt.broadcast_q)) return 0;
+  return cuda::attention_fwd_exec_workspace_bytes(
+      cuda::attention_fwd_num_q_tiles(q_meta.cu_seqlens(), k_meta.batch(), opt.broadcast_q));
+}
+
 Status quantize_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                                   const JaggedMeta& q_meta, const JaggedMeta& k_meta, const AttentionFwdOperands& ops,
                                   void* stream) {
@@ -396,8 +403,8 @@ Status attention_forward(const AttentionFwdOperands& ops, const JaggedMeta& q_me
   constexpr int64_t kMaxCoord = (int64_t(1) << 31) - 1;
   if (H * q_meta.padded_tokens() > kMaxCoord || H * k_meta.padded_tokens() > kMaxCoord)
     return Status::Unsupported("ops.q: heads x 128-padded tokens must stay below 2^31 for the fast kernel");
-  if (workspace && workspace_bytes < attention_forward_workspace_size(q_meta, k_meta, H, opt))
-    return Status::Invalid("workspace: smaller than attention_forward_workspace_size()");
+  if (workspace && workspace_bytes < attention_forward_operands_workspace_size(q_meta, k_meta, opt))
+    return Status::Invalid("workspace: smaller than attention_forward_operands_workspace_size()");
   cuda::AttentionFwdProblem p;
   fill_problem(q_meta, k_meta, H, To, opt.broadcast_q, scale, &p);
   p.out = out.data;
