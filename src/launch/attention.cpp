@@ -109,6 +109,32 @@ int64_t out_tokens(const JaggedMeta& q_meta, const JaggedMeta& k_meta, bool broa
   return broadcast_q ? int64_t(k_meta.batch()) * q_meta.total_tokens() : q_meta.total_tokens();
 }
 
+// A forward's outputs: out (To, H, 128) bf16 (4-byte aligned: bf16 pairs are stored), lse (H, To).
+Status check_forward_outputs(const TensorView& out, const TensorView& lse, int64_t To, int64_t H) {
+  const int64_t out_shape[3] = {To, H, kHeadDim}, lse_shape[2] = {H, To};
+  MXFLASH_RETURN_IF_ERROR(check_dense(out, "out", {DType::kBFloat16}, 3, out_shape));
+  MXFLASH_RETURN_IF_ERROR(check_alignment(out, "out", 4));
+  return check_dense(lse, "lse", {DType::kFloat32}, 2, lse_shape);
+}
+
+// Before CUDA work: the device `name` lives on is usable, and both metadata have device copies.
+Status check_cuda_call(int device_id, const char* name, const JaggedMeta& q_meta, const JaggedMeta& k_meta) {
+  MXFLASH_RETURN_IF_ERROR(detail::check_cuda_ready(device_id, name));
+  if (!q_meta.on_device()) return Status::Invalid("q_meta: has no device copy; call q_meta.upload() first");
+  if (!k_meta.on_device()) return Status::Invalid("k_meta: has no device copy; call k_meta.upload() first");
+  return Status::Ok();
+}
+
+// TMA tile coordinates are 32-bit: rows of the (H, P, 128) Q' and K' and of V' (H*128, P).
+Status check_tma_coordinates(const char* name, int64_t H, const JaggedMeta& q_meta, const JaggedMeta& k_meta) {
+  constexpr int64_t kMaxCoord = (int64_t(1) << 31) - 1;
+  if (H * q_meta.padded_tokens() > kMaxCoord || H * k_meta.padded_tokens() > kMaxCoord)
+    return Status::Unsupported(std::string(name) + ": heads x 128-padded tokens must stay below 2^31 for the fast " +
+                               "kernel (got " + std::to_string(H) + " x " +
+                               std::to_string(std::max(q_meta.padded_tokens(), k_meta.padded_tokens())) + ")");
+  return Status::Ok();
+}
+
 // CPU: dequantize the operands (exact) and run the exact-MX reference, whose quantizers return
 // already-representable MX values unchanged.
 Status forward_cpu_values(const std::vector<float>& qf, const std::vector<float>& kf, const std::vector<float>& vf,
@@ -160,10 +186,7 @@ Status attention_forward(const MxTensor& q, const MxTensor& k, const MxTensor& v
   MXFLASH_RETURN_IF_ERROR(check_operand(k, "k", Orientation::kHdim, k_meta, &H));
   MXFLASH_RETURN_IF_ERROR(check_operand(v, "v", Orientation::kSeq, k_meta, &H));
   const int64_t To = out_tokens(q_meta, k_meta, opt.broadcast_q);
-  const int64_t out_shape[3] = {To, H, kHeadDim}, lse_shape[2] = {H, To};
-  MXFLASH_RETURN_IF_ERROR(check_dense(out, "out", {DType::kBFloat16}, 3, out_shape));
-  MXFLASH_RETURN_IF_ERROR(check_alignment(out, "out", 4));
-  MXFLASH_RETURN_IF_ERROR(check_dense(lse, "lse", {DType::kFloat32}, 2, lse_shape));
+  MXFLASH_RETURN_IF_ERROR(check_forward_outputs(out, lse, To, H));
   Device dev = Device::kCPU;
   MXFLASH_RETURN_IF_ERROR(check_same_device({{&q.payload, "q.payload"},
                                              {&q.scales, "q.scales"},
@@ -176,15 +199,8 @@ Status attention_forward(const MxTensor& q, const MxTensor& k, const MxTensor& v
                                             &dev));
   if (To == 0) return Status::Ok();
   if (dev == Device::kCPU) return forward_cpu(q, k, v, q_meta, k_meta, H, scale, opt.broadcast_q, out, lse);
-  MXFLASH_RETURN_IF_ERROR(detail::check_cuda_ready(q.payload.device_id, "q.payload"));
-  if (!q_meta.on_device()) return Status::Invalid("q_meta: has no device copy; call q_meta.upload() first");
-  if (!k_meta.on_device()) return Status::Invalid("k_meta: has no device copy; call k_meta.upload() first");
-  // TMA tile coordinates are 32-bit: rows of the private (H, P, 128) copies and of V' (H*128, P).
-  constexpr int64_t kMaxCoord = (int64_t(1) << 31) - 1;
-  if (!opt.exact_mx && (H * q_meta.padded_tokens() > kMaxCoord || H * k_meta.padded_tokens() > kMaxCoord))
-    return Status::Unsupported("q.payload: heads x 128-padded tokens must stay below 2^31 for the fast kernel (got " +
-                               std::to_string(H) + " x " + std::to_string(std::max(q_meta.padded_tokens(),
-                                                                                   k_meta.padded_tokens())) + ")");
+  MXFLASH_RETURN_IF_ERROR(check_cuda_call(q.payload.device_id, "q.payload", q_meta, k_meta));
+  if (!opt.exact_mx) MXFLASH_RETURN_IF_ERROR(check_tma_coordinates("q.payload", H, q_meta, k_meta));
   if (workspace && workspace_bytes < attention_forward_workspace_size(q_meta, k_meta, H, opt))
     return Status::Invalid("workspace: smaller than attention_forward_workspace_size()");
   cuda::AttentionFwdProblem p;
@@ -249,7 +265,9 @@ cuda::FwdExecOperands exec_operands(const AttentionFwdOperands& ops) {
 // The values of CPU operands, (T, H, 128) fp32 each (exact: e4m3 times a power of two).
 void dequantized_operands(const AttentionFwdOperands& ops, const JaggedMeta& qm, const JaggedMeta& km, int64_t H,
                           std::vector<float>* q, std::vector<float>* k, std::vector<float>* v) {
-  int at_pos[32];  // V' position of token i of a 32-group: the inverse of ref's fragment order
+  // V' position of token i of a 32-group: the inverse of the fragment order, derived here on its own
+  // (not from ref::attention_fwd_operands' copy), so a CPU round trip through the operands checks it.
+  int at_pos[32];
   for (int pos = 0; pos < 32; ++pos) {
     const int i = 16 * (pos / 16) + 2 * ((pos % 16) / 4) + 8 * ((pos % 4) / 2) + pos % 2;
     at_pos[i] = pos;
@@ -362,12 +380,9 @@ Status quantize_attention_forward(const TensorView& q, const TensorView& k, cons
     std::copy(r.v_scale.begin(), r.v_scale.end(), ops.v_scale.ptr<float>());
     return Status::Ok();
   }
-  MXFLASH_RETURN_IF_ERROR(detail::check_cuda_ready(q.device_id, "q"));
-  if (!q_meta.on_device()) return Status::Invalid("q_meta: has no device copy; call q_meta.upload() first");
-  if (!k_meta.on_device()) return Status::Invalid("k_meta: has no device copy; call k_meta.upload() first");
+  MXFLASH_RETURN_IF_ERROR(check_cuda_call(q.device_id, "q", q_meta, k_meta));
   cuda::AttentionFwdProblem p;
   fill_problem(q_meta, k_meta, H, q_meta.total_tokens(), false, 1.f, &p);
-  p.batch = k_meta.batch();
   // The kernels take Q's sequence count from p.broadcast_q (1) or p.batch.
   p.broadcast_q = q_meta.batch() != k_meta.batch();
   return cuda::quantize_attention_fwd_operands(p, q.data, k.data, v.data, q.dtype == DType::kFloat32,
@@ -386,10 +401,7 @@ Status attention_forward(const AttentionFwdOperands& ops, const JaggedMeta& q_me
   Device dev = Device::kCPU;
   MXFLASH_RETURN_IF_ERROR(check_operands(ops, q_meta, k_meta, &H, &dev));
   const int64_t To = out_tokens(q_meta, k_meta, opt.broadcast_q);
-  const int64_t out_shape[3] = {To, H, kHeadDim}, lse_shape[2] = {H, To};
-  MXFLASH_RETURN_IF_ERROR(check_dense(out, "out", {DType::kBFloat16}, 3, out_shape));
-  MXFLASH_RETURN_IF_ERROR(check_alignment(out, "out", 4));
-  MXFLASH_RETURN_IF_ERROR(check_dense(lse, "lse", {DType::kFloat32}, 2, lse_shape));
+  MXFLASH_RETURN_IF_ERROR(check_forward_outputs(out, lse, To, H));
   MXFLASH_RETURN_IF_ERROR(check_same_device({{&ops.q, "ops.q"}, {&out, "out"}, {&lse, "lse"}}, &dev));
   if (To == 0) return Status::Ok();
   if (dev == Device::kCPU) {
@@ -397,12 +409,8 @@ Status attention_forward(const AttentionFwdOperands& ops, const JaggedMeta& q_me
     dequantized_operands(ops, q_meta, k_meta, H, &qf, &kf, &vf);
     return forward_cpu_values(qf, kf, vf, q_meta, k_meta, H, scale, opt.broadcast_q, out, lse);
   }
-  MXFLASH_RETURN_IF_ERROR(detail::check_cuda_ready(ops.q.device_id, "ops.q"));
-  if (!q_meta.on_device()) return Status::Invalid("q_meta: has no device copy; call q_meta.upload() first");
-  if (!k_meta.on_device()) return Status::Invalid("k_meta: has no device copy; call k_meta.upload() first");
-  constexpr int64_t kMaxCoord = (int64_t(1) << 31) - 1;
-  if (H * q_meta.padded_tokens() > kMaxCoord || H * k_meta.padded_tokens() > kMaxCoord)
-    return Status::Unsupported("ops.q: heads x 128-padded tokens must stay below 2^31 for the fast kernel");
+  MXFLASH_RETURN_IF_ERROR(check_cuda_call(ops.q.device_id, "ops.q", q_meta, k_meta));
+  MXFLASH_RETURN_IF_ERROR(check_tma_coordinates("ops.q", H, q_meta, k_meta));
   if (workspace && workspace_bytes < attention_forward_operands_workspace_size(q_meta, k_meta, opt))
     return Status::Invalid("workspace: smaller than attention_forward_operands_workspace_size()");
   cuda::AttentionFwdProblem p;
@@ -585,9 +593,7 @@ Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTens
   if (opt.output_mxfp8_dkv && opt.exact_mx)
     return Status::Unsupported("output_mxfp8_dkv: MXFP8 dK, dV come from the CPU reference and the fast CUDA kernel, "
                                "not from the exact GPU path");
-  MXFLASH_RETURN_IF_ERROR(detail::check_cuda_ready(q.payload.device_id, "q.payload"));
-  if (!q_meta.on_device()) return Status::Invalid("q_meta: has no device copy; call q_meta.upload() first");
-  if (!k_meta.on_device()) return Status::Invalid("k_meta: has no device copy; call k_meta.upload() first");
+  MXFLASH_RETURN_IF_ERROR(check_cuda_call(q.payload.device_id, "q.payload", q_meta, k_meta));
   cuda::AttentionBwdProblem p;
   fill_problem(q_meta, k_meta, H, To, opt.broadcast_q, scale, &p);
   p.Tq = q_meta.total_tokens();
