@@ -154,26 +154,14 @@ __global__ void __launch_bounds__(kOperandVThreads, 3) operand_v_kernel(const In
   // The tile's V' rows go through shared memory (over the staged input, read by now), so that they
   // leave as whole 128-byte rows: lanes storing 16 bytes each into 32 different rows would make
   // every 32-byte sector two L2 writes.
-  constexpr int kPitch = kTile / 4 + 1;  // words per V' row in shared memory (bank spread)
-  static_assert(sizeof(rows) >= sizeof(uint32_t) * kHeadDim * kPitch, "the V' tile fits the staging rows");
-  uint32_t(*vrows)[kPitch] = reinterpret_cast<uint32_t(*)[kPitch]>(&rows[0][0]);
+  static_assert(sizeof(rows) >= sizeof(uint32_t) * kHeadDim * kVRowPitch, "the V' tile fits the staging rows");
+  uint32_t(*vrows)[kVRowPitch] = reinterpret_cast<uint32_t(*)[kVRowPitch]>(&rows[0][0]);
 #pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const int shift = tile_max - int(sb[k]);
+  for (int k = 0; k < 2; ++k)
 #pragma unroll
-    for (int w = 0; w < 8; ++w) {
-      const int base = v_word_base(w);  // tokens base, base + 1 (word base / 4), base + 8, base + 9
-      vrows[d][(2 * k + gh) * 8 + w] =
-          shift_e4m3x4(__byte_perm(q[k][base / 4], q[k][base / 4 + 2], base % 4 == 0 ? 0x5410 : 0x7632), shift);
-    }
-  }
+    for (int w = 0; w < 8; ++w) vrows[d][(2 * k + gh) * 8 + w] = permuted_word(q[k], w, tile_max - int(sb[k]));
   __syncthreads();
-  uint8_t* dst = out + h * kHeadDim * P + tile * kTile;  // + d * P: V' row d of the tile
-  for (int i = int(threadIdx.x); i < kHeadDim * 8; i += kOperandVThreads) {
-    const int r = i / 8, c16 = i % 8;
-    const uint32_t* w = &vrows[r][4 * c16];
-    *reinterpret_cast<uint4*>(dst + r * P + c16 * 16) = make_uint4(w[0], w[1], w[2], w[3]);
-  }
+  store_v_rows(vrows, out + h * kHeadDim * P + tile * kTile, P, kOperandVThreads);
   if (gh == 0) tile_scale[(h * (P / kTile) + tile) * kHeadDim + d] = e8m0_to_float(uint8_t(tile_max));
 }
 

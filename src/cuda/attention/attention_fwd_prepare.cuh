@@ -176,6 +176,24 @@ static __global__ void __launch_bounds__(kVScaleSlices * kHeadDim)
 // v_word_base(w) + {0, 1, 8, 9} of the group (permuted_token of positions 4w..4w+3).
 __host__ __device__ __forceinline__ int v_word_base(int w) { return 16 * (w / 4) + 2 * (w % 4); }
 
+// Word w (0..7) of a 32-token group of V', from the group's 8 words in token order (tokens
+// 4k..4k+3 in word k), shifted down by `shift` bits (shift_e4m3x4).
+__device__ __forceinline__ uint32_t permuted_word(const uint32_t (&in)[8], int w, int shift) {
+  const int base = v_word_base(w);  // even: tokens base, base + 1 in word base / 4, + 8 two words on
+  return shift_e4m3x4(__byte_perm(in[base / 4], in[base / 4 + 2], base % 4 == 0 ? 0x5410 : 0x7632), shift);
+}
+
+// V' rows of a tile staged in shared memory (kVRowPitch words per channel row: bank spread),
+// stored whole: 8 threads x 16 bytes per 128-byte row, the CTA's `threads` threads in turn.
+inline constexpr int kVRowPitch = kTile / 4 + 1;
+__device__ __forceinline__ void store_v_rows(const uint32_t (*rows)[kVRowPitch], uint8_t* dst, int64_t P, int threads) {
+  for (int i = int(threadIdx.x); i < kHeadDim * 8; i += threads) {
+    const int d = i / 8, c16 = i % 8;
+    const uint32_t* row = &rows[d][4 * c16];
+    *reinterpret_cast<uint4*>(dst + d * P + c16 * 16) = make_uint4(row[0], row[1], row[2], row[3]);
+  }
+}
+
 // Bytes i of a0..a3, as one word (a 4x4 byte transpose, one output word per call).
 __device__ __forceinline__ void transpose_bytes4(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t (&o)[4]) {
   const uint32_t lo01 = __byte_perm(a0, a1, 0x5140), hi01 = __byte_perm(a0, a1, 0x7362);
@@ -199,9 +217,8 @@ static __global__ void __launch_bounds__(kVThreads) prepare_v_kernel(const uint8
                                                               const uint8_t* __restrict__ channel_byte,
                                                               uint8_t* __restrict__ out) {
   constexpr int kGroups = kTile / kBlockSize;  // 4
-  constexpr int kPitch = kTile / 4 + 1;        // words per row in shared memory (bank spread)
-  __shared__ uint32_t in_rows[kTile][kPitch];   // token-major input: token rows
-  __shared__ uint32_t out_rows[kHeadDim][kPitch];  // V' rows: channels
+  __shared__ uint32_t in_rows[kTile][kVRowPitch];   // token-major input: token rows
+  __shared__ uint32_t out_rows[kHeadDim][kVRowPitch];  // V' rows: channels
   __shared__ int8_t shift_of[kGroups][kHeadDim];
   const int64_t tile = blockIdx.x, h = blockIdx.y;
   const int b = sequence_of_padded(cu_sf, batch, tile * kTile);
@@ -240,10 +257,7 @@ static __global__ void __launch_bounds__(kVThreads) prepare_v_kernel(const uint8
       const int shift = shift_of[g][d];
       uint32_t o[8];
 #pragma unroll
-      for (int w = 0; w < 8; ++w) {
-        const int base = v_word_base(w);  // even: tokens base, base+1 in word base/4, +8 two words on
-        o[w] = shift_e4m3x4(__byte_perm(in[base / 4], in[base / 4 + 2], base % 4 == 0 ? 0x5410 : 0x7632), shift);
-      }
+      for (int w = 0; w < 8; ++w) o[w] = permuted_word(in, w, shift);
       uint4* d16 = reinterpret_cast<uint4*>(dst + d * P + g * kBlockSize);
       d16[0] = make_uint4(o[0], o[1], o[2], o[3]);
       d16[1] = make_uint4(o[4], o[5], o[6], o[7]);
@@ -273,12 +287,7 @@ static __global__ void __launch_bounds__(kVThreads) prepare_v_kernel(const uint8
     for (int c = 0; c < 4; ++c) out_rows[4 * cq + c][p] = shift_e4m3x4(o[c], shift_of[g][4 * cq + c]);
   }
   __syncthreads();
-  // store channel rows (8 threads x 16 bytes per row)
-  for (int i = threadIdx.x; i < kHeadDim * 8; i += kVThreads) {
-    const int d = i / 8, c16 = i % 8;
-    const uint32_t* row = &out_rows[d][4 * c16];
-    *reinterpret_cast<uint4*>(dst + d * P + c16 * 16) = make_uint4(row[0], row[1], row[2], row[3]);
-  }
+  store_v_rows(out_rows, dst, P, kVThreads);
 }
 
 }  // namespace mxflash::cuda::attn
