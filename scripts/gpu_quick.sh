@@ -27,9 +27,11 @@ if want bwdbench; then
 fi
 if want fwdab; then
   for v in ${AB_VARIANTS:-49 17}; do
-    MXFLASH_FWD_VARIANT=$v T 120 "$B/exp/mxflash_tests_gpu" --gtest_brief=1 --gtest_filter='AttentionFwdGpu.*' > "$OUT/ab_$v.log" 2>&1
-    echo "== fwd variant $v tests rc=$?"; tail -n 2 "$OUT/ab_$v.log"
-    MXFLASH_FWD_VARIANT=$v T 120 "$B/exp/mxflash-bench" --preset all --workload fwd --impl mxfp8 --warmup-s 0.3 --window-s 1 2>/dev/null | grep -E "^(llm|cross|jagged)"
+    # Variants with bit 64 (per-tile V scales) run on quantizer-written operands (mxfp8-exec).
+    if (( v >= 0 && (v & 64) )); then impl=mxfp8-exec; filt='AttentionFwdOperandsGpu.*'; else impl=mxfp8; filt='AttentionFwdGpu.*'; fi
+    MXFLASH_FWD_VARIANT=$v T 120 "$B/exp/mxflash_tests_gpu" --gtest_brief=1 --gtest_filter="$filt" > "$OUT/ab_$v.log" 2>&1
+    echo "== fwd variant $v tests rc=$?"; grep -E "SQNR" "$OUT/ab_$v.log" | head -3; tail -n 2 "$OUT/ab_$v.log"
+    MXFLASH_FWD_VARIANT=$v T 120 "$B/exp/mxflash-bench" --preset ${PRESETS:-all} --workload fwd --impl $impl --warmup-s ${WARM:-0.3} --window-s ${WIN:-1} 2>/dev/null | grep -E "^(llm|cross|jagged)"
   done
 fi
 if want bwdab; then

@@ -380,7 +380,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* const smem_base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   KvSmem& s = *reinterpret_cast<KvSmem*>(smem_base);
   FusedDqSmem& f = *reinterpret_cast<FusedDqSmem*>(smem_base + kKvSmemOffsetFused);  // kFusedDq only
-  const int wg = threadIdx.x / kWarpgroupThreads, tid = threadIdx.x % kWarpgroupThreads;
+  const int wg = attn::warpgroup_index(), tid = threadIdx.x % kWarpgroupThreads;
   init_pipeline(&s.kv_full, s.full, s.empty);
   if (kPersistent) {
     if (threadIdx.x == 0) {
@@ -771,7 +771,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                             const __grid_constant__ CUtensorMap tm_kt, const BwdParams p) {
   extern __shared__ uint8_t smem_raw[];
   QSmem& s = *reinterpret_cast<QSmem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  const int wg = threadIdx.x / kWarpgroupThreads, tid = threadIdx.x % kWarpgroupThreads;
+  const int wg = attn::warpgroup_index(), tid = threadIdx.x % kWarpgroupThreads;
   const Item w = item_of(p, blockIdx.x);
   const int n_k = (w.Lk + kTile - 1) / kTile;
   init_pipeline(&s.q_full, s.full, s.empty);

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/attention/attention_fwd.h"
@@ -59,7 +60,14 @@ inline constexpr int kVariantVTile = 64;
 // Bit 7 (experiment, host only; diagnostic, garbage out): the prepare pass is not launched, so the
 // forward's time is the main kernel's (what remains once a quantizer writes the execution layout).
 inline constexpr int kVariantNoPrepare = 128;
+// Bits 8-9 (experiment): 2 x (bits 8-9) of every 16 exponentials on the FMA pipe (poly_exp2), the
+// rest on MUFU (whose throughput equals the tensor cores' for FP8 at head dim 128: 16 per SM and cycle).
+inline constexpr int kVariantPoly2 = 256;
+// Bit 10 (experiment, with bit 4): half of the exponentials after the wait for P.V of tile j-1, so
+// the promotion's FMULs/FFMAs can issue in the MUFU shadow of the second half.
+inline constexpr int kVariantLateWait = 1024;
 __host__ __device__ constexpr int variant_diag(int v) { return (v >> 1) & 3; }
+__host__ __device__ constexpr int variant_poly(int v) { return 2 * ((v >> 8) & 3); }
 static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs * kWarpgroupThreads * kConsumerWarpgroups <= 65536,
               "register budget exceeds the register file");
 static_assert(kRowsPerConsumer * kConsumerWarpgroups == kTile, "consumers must cover the Q tile");
@@ -68,6 +76,7 @@ struct SharedStorage {
   alignas(1024) uint8_t q[kTileBytes];
   alignas(1024) uint8_t k[kStages][kTileBytes];
   alignas(1024) uint8_t v[kStages][kTileBytes];
+  float k_scale[kStages];  // each stage's K tile scale, stored by the producer before it arms `full`
   alignas(8) uint64_t q_full;
   uint64_t full[kStages];
   uint64_t empty[kStages];
@@ -118,6 +127,18 @@ __device__ __forceinline__ void issue_pv(float (&ot)[64], const uint32_t (&pa)[1
     sm90::wgmma_m64n128k32_rs(ot, a, desc_v + 2 * kk, kk);
   }
   sm90::wgmma_commit();
+}
+
+// 2^x on the FMA pipe (FlashAttention-4's trick), for x <= 127: x = n + f with n = rint(x) and
+// f in [-1/2, 1/2], 2^f by a degree-3 polynomial (relative error 7.5e-5, far under e4m3's 2^-4
+// step), n added into the exponent bits. x is clamped at -125 (2^-125: 256 p far under e4m3's
+// floor, as ex2.approx.ftz's flush).
+__device__ __forceinline__ float poly_exp2(float x) {
+  x = fmaxf(x, -125.f);
+  const float t = x + 12582912.f;  // 1.5 * 2^23: rint(x) in the low mantissa bits
+  const float f = x - (t - 12582912.f);
+  const float p = fmaf(fmaf(fmaf(0.05517197f, f, 0.24261118f), f, 0.69326093f), f, 0.99992807f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
 }
 
 // Online softmax of one S tile held as wgmma accumulators: this thread's rows r0 and r0 + 8,
@@ -204,7 +225,7 @@ struct TileSoftmax {
 
   // Phase 2: P = e4m3(256 p) fragments and the row sums. kInPlace: the values 256 p replace S in sc
   // and pa is left alone (packed later by pack(), once the registers of the previous P are free).
-  template <bool kMasked, int N, bool kInPlace = false>
+  template <bool kMasked, int N, bool kInPlace = false, int kC0 = 0, int kC1 = N / 16, int kPoly = 0>
   __device__ __forceinline__ void exp_phase(float (&sc)[N], int j, int col0, const Rows& rows, float (&l)[2],
                                             uint32_t (&pa)[N / 4]) const {
     auto masked = [&](int i) { return value<kMasked>(sc, j, col0, i); };
@@ -213,12 +234,14 @@ struct TileSoftmax {
     // P fragments (see permuted_token in the prepare pass): chunk c of 32 keys uses accumulators
     // 16c..16c+15; each thread packs its own values, V' is stored in the matching key order.
 #pragma unroll
-    for (int c = 0; c < N / 16; ++c) {
+    for (int c = kC0; c < kC1; ++c) {
       float x[16];
 #pragma unroll
       for (int t = 0; t < 16; ++t) {
         const int r = (t % 4) / 2;
-        x[t] = fast_exp2(fmaf(masked(16 * c + t), mult[r], kPScaleLog2 - m_new[r]));  // 256 p
+        const float e = fmaf(masked(16 * c + t), mult[r], kPScaleLog2 - m_new[r]);
+        constexpr int kEvery = kPoly > 0 ? 16 / kPoly : 16;  // every kEvery-th value on the FMA pipe
+        x[t] = (kPoly > 0 && t % kEvery == kEvery - 1) ? poly_exp2(e) : fast_exp2(e);  // 256 p
       }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -277,13 +300,20 @@ __device__ __forceinline__ void produce_item(SharedStorage& s, const CUtensorMap
   const int h = w.h, b = w.b, n_tiles = w.n_tiles;
   const int k_row = int(int64_t(h) * p.Pk + p.cu_k_sf[b]);
   const int v_col = p.cu_k_sf[b];
+  const float* k_scale = p.k_scale + int64_t(h) * (p.Pk / kTile) + p.cu_k_sf[b] / kTile;
   sm90::mbar_arrive_expect_tx(&s.q_full, kTileBytes);
   sm90::tma_load_2d(s.q, tm_q, &s.q_full, 0, int(w.q_row));
   const int loads = variant_diag(kVariant) == 2 ? min(n_tiles, kStages) : n_tiles;
   for (int j = 0; j < loads; ++j) {
     const int stage = (it + j) % kStages;
     const uint32_t phase = ((it + j) / kStages) & 1;
+    // The K tile's scale goes through shared memory with its tile: a consumer's own global load
+    // of it stalled the softmax (~7% of the consumers' samples, ncu). Loaded before the wait, stored
+    // after it (the stage's previous scale is read before the stage is released), visible to the
+    // consumers through the release of the arrive below.
+    const float ks = k_scale[j];
     sm90::mbar_wait(&s.empty[stage], phase ^ 1);
+    s.k_scale[stage] = ks;
     constexpr bool kVTile = (kVariant & kVariantVTile) != 0;
     sm90::mbar_arrive_expect_tx(&s.full[stage], 2 * kTileBytes + (kVTile ? kHeadDim * sizeof(float) : 0));
     sm90::tma_load_2d(s.k[stage], tm_k, &s.full[stage], 0, k_row + j * kTile);
@@ -336,7 +366,6 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
 
   float row_mult[2];
   for (int r = 0; r < 2; ++r) row_mult[r] = p.q_scale[q_row + rows[r]] * p.scale_log2;
-  const float* k_scale = p.k_scale + int64_t(h) * (p.Pk / kTile) + p.cu_k_sf[b] / kTile;
 
   float o[64];
 #pragma unroll
@@ -362,10 +391,9 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   auto gemm_pv = [&](float (&ot)[64], const uint32_t (&pa)[16], int stage) {
     if constexpr (kDiag != 3) issue_pv(ot, pa, sm90::make_desc_k128b(s.v[stage]));
   };
-  float ks_next = k_scale[0];
-  auto softmax = [&](float (&sc)[64], int j, float (&alpha)[2], uint32_t (&pa)[16]) {
-    const float ks = ks_next;
-    if (j + 1 < n_tiles) ks_next = k_scale[j + 1];
+  // The K tile scale of tile j, from its stage (read after wait_full(j), before the GEMMs' issue).
+  auto k_tile_scale = [&](int j) { return sm90::ld_shared_f32(&s.k_scale[(it + j) % kStages]); };
+  auto softmax = [&](float (&sc)[64], int j, float ks, float (&alpha)[2], uint32_t (&pa)[16]) {
     if constexpr (kDiag == 1) {
       alpha[0] = alpha[1] = 1.f;
 #pragma unroll
@@ -402,19 +430,21 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   };
   {
     wait_full(0);
+    const float ks = k_tile_scale(0);
     float sc[64];
     sm90::named_barrier_sync(my_turn, kTurnThreads);
     gemm_s(sc, it % kStages);
     hand_over(0);
     sm90::wgmma_wait<0>();
     fence_all(sc);
-    softmax(sc, 0, alpha, pa);
+    softmax(sc, 0, ks, alpha, pa);
   }
 #pragma unroll
   for (int i = 0; i < 64; ++i) ot[i] = 0.f;
   for (int j = 1; j < n_tiles; ++j) {
     const int stage = (it + j) % kStages, prev = (it + j - 1) % kStages;
     wait_full(j);
+    const float ks = k_tile_scale(j);
     float sc[64];
     sm90::named_barrier_sync(my_turn, kTurnThreads);
     gemm_s(sc, stage);
@@ -428,17 +458,21 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
       float alpha_new[2];
       sm90::wgmma_wait<1>();  // S of tile j done; P.V of tile j-1 may still run
       fence_all(sc);
-      const float ks = ks_next;
-      if (j + 1 < n_tiles) ks_next = k_scale[j + 1];
-      if (sm.masked_tile(j)) {
-        const auto rows = sm.template max_phase<true>(sc, j, 0, ks, m, l, alpha_new);
-        sm.template exp_phase<true, 64, true>(sc, j, 0, rows, l, pa);
-      } else {
-        const auto rows = sm.template max_phase<false>(sc, j, 0, ks, m, l, alpha_new);
-        sm.template exp_phase<false, 64, true>(sc, j, 0, rows, l, pa);
-      }
-      sm90::wgmma_wait<0>();
-      fence_all(ot);
+      constexpr int kPoly = variant_poly(kVariant);
+      // kVariantLateWait: chunks 2-3 of the exponentials after the wait (in the promotion's shadow).
+      constexpr int kSplitAt = (kVariant & kVariantLateWait) != 0 ? 2 : 4;
+      auto softmax_then_wait = [&](auto masked_c) {
+        constexpr bool kM = decltype(masked_c)::value;
+        const auto rows = sm.template max_phase<kM>(sc, j, 0, ks, m, l, alpha_new);
+        sm.template exp_phase<kM, 64, true, 0, kSplitAt, kPoly>(sc, j, 0, rows, l, pa);
+        sm90::wgmma_wait<0>();
+        fence_all(ot);
+        if constexpr (kSplitAt < 4) sm.template exp_phase<kM, 64, true, kSplitAt, 4, kPoly>(sc, j, 0, rows, l, pa);
+      };
+      if (sm.masked_tile(j))
+        softmax_then_wait(std::true_type{});
+      else
+        softmax_then_wait(std::false_type{});
       fence_all(sc);
 #pragma unroll
       for (int i = 0; i < 16; ++i) sm90::fence_regs(pa[i]);  // P of tile j-1 was read until here
@@ -452,7 +486,7 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
       fence_all(sc);
       fence_all(ot);
       promote(prev);
-      softmax(sc, j, alpha, pa);
+      softmax(sc, j, ks, alpha, pa);
     }
   }
   if constexpr (kPersistent) sm90::mbar_arrive(&s.q_empty);  // every S is done: Q may be replaced
@@ -496,7 +530,7 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
       }
       sm90::wgmma_commit();
     };
-    float ks_cur = k_scale[0], ks_next = n_tiles > 1 ? k_scale[1] : 0.f;
+    float ks_cur = k_tile_scale(0);
     // P fragments and O rescale factors of even halves in *_even, odd halves in *_odd: each step
     // reads the previous half's and writes its own, with no register copies (ptxas serializes every
     // wgmma when plain moves define a wgmma's input registers inside its pipeline stage).
@@ -521,8 +555,7 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
       const int stage = (it + j) % kStages, stage_p = (it + jp) % kStages;
       if (hh == 0) {
         wait_full(j);
-        ks_cur = ks_next;
-        if (j + 1 < n_tiles) ks_next = k_scale[j + 1];
+        ks_cur = k_tile_scale(j);
       }
       float sc[32];
       sm90::named_barrier_sync(my_turn, kTurnThreads);
@@ -607,7 +640,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                          const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
   extern __shared__ uint8_t smem_raw[];
   SharedStorage& s = shared_storage(smem_raw);
-  const int wg = threadIdx.x / kWarpgroupThreads;
+  const int wg = warpgroup_index();
   const int tid = threadIdx.x % kWarpgroupThreads;
   const WorkItem w = work_item(p, blockIdx.x);
   init_barriers<false>(s);
@@ -637,7 +670,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                     const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
   extern __shared__ uint8_t smem_raw[];
   SharedStorage& s = shared_storage(smem_raw);
-  const int wg = threadIdx.x / kWarpgroupThreads;
+  const int wg = warpgroup_index();
   const int tid = threadIdx.x % kWarpgroupThreads;
   init_barriers<true>(s);
   // Both roles count the K/V tiles (it) and Q tiles (qi) of the items before, alike.
@@ -827,6 +860,15 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   bool persistent = false;
   size_t smem = ops.v_per_tile ? attn::kSmemBytesVTile : attn::kSmemBytes;
 #if MXFLASH_FWD_EXPERIMENTS
+  if (ops.v_per_tile) switch (experiment_variant()) {
+    case 81 | attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<81 | attn::kVariantPoly2>; break;
+    case 81 | 2 * attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<81 | 2 * attn::kVariantPoly2>; break;
+    case 81 | attn::kVariantLateWait: kernel = attn::attention_fwd_kernel<81 | attn::kVariantLateWait>; break;
+    case 81 | attn::kVariantLateWait | attn::kVariantPoly2:
+      kernel = attn::attention_fwd_kernel<81 | attn::kVariantLateWait | attn::kVariantPoly2>;
+      break;
+    default: break;
+  }
   if (!ops.v_per_tile) switch (experiment_variant()) {
     case 0: kernel = attn::attention_fwd_kernel<0>; break;
     case 1: kernel = attn::attention_fwd_kernel<1>; break;
@@ -838,6 +880,8 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
     case 33: kernel = attn::attention_fwd_persistent_kernel<1>; break;
     case 49: kernel = attn::attention_fwd_persistent_kernel<17>; break;
     case 145: kernel = attn::attention_fwd_kernel<17>; break;
+    case 17 | attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<17 | attn::kVariantPoly2>; break;
+    case 17 | attn::kVariantLateWait: kernel = attn::attention_fwd_kernel<17 | attn::kVariantLateWait>; break;
     default: break;
   }
   persistent = !ops.v_per_tile && experiment_variant() >= 0 && (experiment_variant() & attn::kVariantPersistent) != 0;

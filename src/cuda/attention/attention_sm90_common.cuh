@@ -8,6 +8,11 @@
 
 namespace mxflash::cuda::attn {
 
+// The thread's warpgroup (of 128 threads), broadcast from lane 0 so the compiler knows it is
+// warp-uniform: descriptors and barrier ids derived from it then live in uniform registers
+// instead of being moved there (R2UR) before every wgmma.
+__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xFFFFFFFFu, int(threadIdx.x) / 128, 0); }
+
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
