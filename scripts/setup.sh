@@ -18,6 +18,8 @@ PY=${PYTHON:-python3}
 pip_q() { "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore "$@"; }
 # Header-only packages: their Python dependencies are not needed for the headers.
 pip_q --no-deps "nvidia-cutlass==4.2.0.0" "nvidia-cudnn-frontend==1.32.0"
+# cuobjdump / nvdisasm for tests/sass (the CUDA install here has neither).
+pip_q "nvidia-cuda-cuobjdump==13.5.37" "nvidia-cuda-nvdisasm==13.5.37"
 pip_q "nanobind==3.1.0" "scikit-build-core>=0.10" "numpy>=1.26" "ml_dtypes>=0.5" "pytest>=8"
 
 if [ -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null 2>&1; then

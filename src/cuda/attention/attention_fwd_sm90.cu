@@ -63,9 +63,9 @@ inline constexpr int kVariantNoPrepare = 128;
 // Bits 8-9 (experiment): 2 x (bits 8-9) of every 16 exponentials on the FMA pipe (poly_exp2), the
 // rest on MUFU (whose throughput equals the tensor cores' for FP8 at head dim 128: 16 per SM and cycle).
 inline constexpr int kVariantPoly2 = 256;
-// Bit 10 (experiment, with bit 4): half of the exponentials after the wait for P.V of tile j-1, so
-// the promotion's FMULs/FFMAs can issue in the MUFU shadow of the second half.
-inline constexpr int kVariantLateWait = 1024;
+// Bit 12 (with bit 4): wait for P.V(j-1) before the softmax of tile j (no overlap inside the
+// warpgroup; what ptxas made of the default for a while, measured against it).
+inline constexpr int kVariantEarlyWait = 4096;
 __host__ __device__ constexpr int variant_diag(int v) { return (v >> 1) & 3; }
 __host__ __device__ constexpr int variant_poly(int v) { return 2 * ((v >> 8) & 3); }
 static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs * kWarpgroupThreads * kConsumerWarpgroups <= 65536,
@@ -107,6 +107,11 @@ struct FwdParams {
   float* lse;
   int num_items;  // (Q tile, head) pairs: the persistent kernel's work list
 };
+
+// Stage and phase of the n-th K/V tile a CTA loads (n >= 0; unsigned: one AND and one shift, not
+// the signed division's four instructions in the consumers' loop).
+__device__ __forceinline__ int stage_of(int n) { return int(unsigned(n) % kStages); }
+__device__ __forceinline__ uint32_t phase_of(int n) { return (unsigned(n) / kStages) & 1u; }
 
 inline constexpr int kTurnBarrier0 = 1;  // named barriers 1, 2: the consumers' GEMM turns (0 is __syncthreads)
 
@@ -225,7 +230,8 @@ struct TileSoftmax {
 
   // Phase 2: P = e4m3(256 p) fragments and the row sums. kInPlace: the values 256 p replace S in sc
   // and pa is left alone (packed later by pack(), once the registers of the previous P are free).
-  template <bool kMasked, int N, bool kInPlace = false, int kC0 = 0, int kC1 = N / 16, int kPoly = 0>
+  // kPoly: that many of every 16 exponentials on the FMA pipe (experiment, kVariantPoly2).
+  template <bool kMasked, int N, bool kInPlace = false, int kPoly = 0>
   __device__ __forceinline__ void exp_phase(float (&sc)[N], int j, int col0, const Rows& rows, float (&l)[2],
                                             uint32_t (&pa)[N / 4]) const {
     auto masked = [&](int i) { return value<kMasked>(sc, j, col0, i); };
@@ -234,7 +240,7 @@ struct TileSoftmax {
     // P fragments (see permuted_token in the prepare pass): chunk c of 32 keys uses accumulators
     // 16c..16c+15; each thread packs its own values, V' is stored in the matching key order.
 #pragma unroll
-    for (int c = kC0; c < kC1; ++c) {
+    for (int c = 0; c < N / 16; ++c) {
       float x[16];
 #pragma unroll
       for (int t = 0; t < 16; ++t) {
@@ -243,19 +249,7 @@ struct TileSoftmax {
         constexpr int kEvery = kPoly > 0 ? 16 / kPoly : 16;  // every kEvery-th value on the FMA pipe
         x[t] = (kPoly > 0 && t % kEvery == kEvery - 1) ? poly_exp2(e) : fast_exp2(e);  // 256 p
       }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        if constexpr (kTree) {
-          // rows r: t = 4k + 2r + {0, 1}, k = 0..3
-          const float a0 = x[2 * r] + x[2 * r + 1], a1 = x[4 + 2 * r] + x[5 + 2 * r];
-          const float a2 = x[8 + 2 * r] + x[9 + 2 * r], a3 = x[12 + 2 * r] + x[13 + 2 * r];
-          l[r] += (a0 + a1) + (a2 + a3);
-        } else {
-#pragma unroll
-          for (int t = 0; t < 16; ++t)
-            if ((t % 4) / 2 == r) l[r] += x[t];
-        }
-      }
+      sum_chunk(x, l);
       if constexpr (kInPlace) {
 #pragma unroll
         for (int t = 0; t < 16; ++t) sc[16 * c + t] = x[t];
@@ -265,6 +259,22 @@ struct TileSoftmax {
     }
   }
 
+  // Adds the 16 values of one chunk (accumulators 16c..16c+15) into the two row sums.
+  __device__ __forceinline__ static void sum_chunk(const float* x, float (&l)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if constexpr (kTree) {
+        // rows r: t = 4k + 2r + {0, 1}, k = 0..3
+        const float a0 = x[2 * r] + x[2 * r + 1], a1 = x[4 + 2 * r] + x[5 + 2 * r];
+        const float a2 = x[8 + 2 * r] + x[9 + 2 * r], a3 = x[12 + 2 * r] + x[13 + 2 * r];
+        l[r] += (a0 + a1) + (a2 + a3);
+      } else {
+#pragma unroll
+        for (int t = 0; t < 16; ++t)
+          if ((t % 4) / 2 == r) l[r] += x[t];
+      }
+    }
+  }
   // All chunks of values left in place by exp_phase<..., kInPlace = true>.
   template <int N>
   __device__ __forceinline__ static void pack(const float (&x)[N], uint32_t (&pa)[N / 4]) {
@@ -305,8 +315,8 @@ __device__ __forceinline__ void produce_item(SharedStorage& s, const CUtensorMap
   sm90::tma_load_2d(s.q, tm_q, &s.q_full, 0, int(w.q_row));
   const int loads = variant_diag(kVariant) == 2 ? min(n_tiles, kStages) : n_tiles;
   for (int j = 0; j < loads; ++j) {
-    const int stage = (it + j) % kStages;
-    const uint32_t phase = ((it + j) / kStages) & 1;
+    const int stage = stage_of(it + j);
+    const uint32_t phase = phase_of(it + j);
     // The K tile's scale goes through shared memory with its tile: a consumer's own global load
     // of it stalled the softmax (~7% of the consumers' samples, ncu). Loaded before the wait, stored
     // after it (the stage's previous scale is read before the stage is released), visible to the
@@ -374,25 +384,28 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
 
   sm90::mbar_wait(&s.q_full, qi & 1);
   const uint64_t desc_q = sm90::make_desc_k128b(s.q + cw * kRowsPerConsumer * kHeadDim);
+  // Stage n's K and V tiles: the stage-0 descriptors plus n stages in the 16-byte address field.
+  const uint64_t desc_k0 = sm90::make_desc_k128b(s.k[0]), desc_v0 = sm90::make_desc_k128b(s.v[0]);
+  constexpr uint64_t kStageDesc = kTileBytes >> 4;
   const TileSoftmax<(kVariant & kVariantTree) != 0> sm{{row_mult[0], row_mult[1]}, Lk, quad};
 
   constexpr int kDiag = variant_diag(kVariant);
   auto wait_full = [&](int j) {
-    if (kDiag != 2 || j < kStages) sm90::mbar_wait(&s.full[(it + j) % kStages], ((it + j) / kStages) & 1);
+    if (kDiag != 2 || j < kStages) sm90::mbar_wait(&s.full[stage_of(it + j)], phase_of(it + j));
   };
   auto gemm_s = [&](float (&sc)[64], int stage) {
     if constexpr (kDiag == 3) {
 #pragma unroll
       for (int i = 0; i < 64; ++i) sc[i] = 0.f;
     } else {
-      issue_s(sc, desc_q, sm90::make_desc_k128b(s.k[stage]));
+      issue_s(sc, desc_q, desc_k0 + uint64_t(stage) * kStageDesc);
     }
   };
   auto gemm_pv = [&](float (&ot)[64], const uint32_t (&pa)[16], int stage) {
-    if constexpr (kDiag != 3) issue_pv(ot, pa, sm90::make_desc_k128b(s.v[stage]));
+    if constexpr (kDiag != 3) issue_pv(ot, pa, desc_v0 + uint64_t(stage) * kStageDesc);
   };
   // The K tile scale of tile j, from its stage (read after wait_full(j), before the GEMMs' issue).
-  auto k_tile_scale = [&](int j) { return sm90::ld_shared_f32(&s.k_scale[(it + j) % kStages]); };
+  auto k_tile_scale = [&](int j) { return sm90::ld_shared_f32(&s.k_scale[stage_of(it + j)]); };
   auto softmax = [&](float (&sc)[64], int j, float ks, float (&alpha)[2], uint32_t (&pa)[16]) {
     if constexpr (kDiag == 1) {
       alpha[0] = alpha[1] = 1.f;
@@ -433,7 +446,7 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
     const float ks = k_tile_scale(0);
     float sc[64];
     sm90::named_barrier_sync(my_turn, kTurnThreads);
-    gemm_s(sc, it % kStages);
+    gemm_s(sc, stage_of(it));
     hand_over(0);
     sm90::wgmma_wait<0>();
     fence_all(sc);
@@ -442,9 +455,8 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
 #pragma unroll
   for (int i = 0; i < 64; ++i) ot[i] = 0.f;
   for (int j = 1; j < n_tiles; ++j) {
-    const int stage = (it + j) % kStages, prev = (it + j - 1) % kStages;
+    const int stage = stage_of(it + j), prev = stage_of(it + j - 1);
     wait_full(j);
-    const float ks = k_tile_scale(j);
     float sc[64];
     sm90::named_barrier_sync(my_turn, kTurnThreads);
     gemm_s(sc, stage);
@@ -458,21 +470,26 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
       float alpha_new[2];
       sm90::wgmma_wait<1>();  // S of tile j done; P.V of tile j-1 may still run
       fence_all(sc);
+      // Read here, not before the GEMMs' issue: a register held across the issue made ptxas reuse
+      // registers of P(j-1), which the P.V in flight still reads, and wait for that P.V before the
+      // softmax (WARPGROUP.DEPBAR hoisted to the top: no overlap left).
+      const float ks = k_tile_scale(j);
       constexpr int kPoly = variant_poly(kVariant);
-      // kVariantLateWait: chunks 2-3 of the exponentials after the wait (in the promotion's shadow).
-      constexpr int kSplitAt = (kVariant & kVariantLateWait) != 0 ? 2 : 4;
-      auto softmax_then_wait = [&](auto masked_c) {
-        constexpr bool kM = decltype(masked_c)::value;
-        const auto rows = sm.template max_phase<kM>(sc, j, 0, ks, m, l, alpha_new);
-        sm.template exp_phase<kM, 64, true, 0, kSplitAt, kPoly>(sc, j, 0, rows, l, pa);
-        sm90::wgmma_wait<0>();
-        fence_all(ot);
-        if constexpr (kSplitAt < 4) sm.template exp_phase<kM, 64, true, kSplitAt, 4, kPoly>(sc, j, 0, rows, l, pa);
-      };
-      if (sm.masked_tile(j))
-        softmax_then_wait(std::true_type{});
-      else
-        softmax_then_wait(std::false_type{});
+      constexpr bool kEarlyWait = (kVariant & kVariantEarlyWait) != 0;
+      if constexpr (kEarlyWait) sm90::wgmma_wait<0>();
+      // The wait for P.V(j-1) stays out of the masked / unmasked branches: inside them, ptxas
+      // reused registers of P(j-1) (still read by that P.V) early and hoisted the wait above the
+      // softmax, which then no longer overlapped the P.V (docs/attention.md;
+      // tests/sass/check_fwd_overlap.py guards this).
+      if (sm.masked_tile(j)) {
+        const auto rows = sm.template max_phase<true>(sc, j, 0, ks, m, l, alpha_new);
+        sm.template exp_phase<true, 64, true, kPoly>(sc, j, 0, rows, l, pa);
+      } else {
+        const auto rows = sm.template max_phase<false>(sc, j, 0, ks, m, l, alpha_new);
+        sm.template exp_phase<false, 64, true, kPoly>(sc, j, 0, rows, l, pa);
+      }
+      sm90::wgmma_wait<0>();
+      fence_all(ot);
       fence_all(sc);
 #pragma unroll
       for (int i = 0; i < 16; ++i) sm90::fence_regs(pa[i]);  // P of tile j-1 was read until here
@@ -485,12 +502,13 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
       sm90::wgmma_wait<0>();
       fence_all(sc);
       fence_all(ot);
+      const float ks = k_tile_scale(j);
       promote(prev);
       softmax(sc, j, ks, alpha, pa);
     }
   }
   if constexpr (kPersistent) sm90::mbar_arrive(&s.q_empty);  // every S is done: Q may be replaced
-  const int last = (it + n_tiles - 1) % kStages;
+  const int last = stage_of(it + n_tiles - 1);
   gemm_pv(ot, pa, last);
   sm90::wgmma_wait<0>();
   fence_all(ot);
@@ -540,7 +558,7 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
       wait_full(0);
       float sc[32];
       sm90::named_barrier_sync(my_turn, kTurnThreads);
-      issue_s_half(sc, it % kStages, 0);
+      issue_s_half(sc, stage_of(it), 0);
       hand_over_half(0);
       sm90::wgmma_wait<0>();
       fence_all(sc);
@@ -552,7 +570,7 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
     auto step = [&](int n, const uint32_t (&ph_prev)[8], const float (&al_prev)[2], uint32_t (&ph_cur)[8],
                     float (&al_cur)[2]) {
       const int j = n / 2, hh = n % 2, jp = (n - 1) / 2, hp = (n - 1) % 2;
-      const int stage = (it + j) % kStages, stage_p = (it + jp) % kStages;
+      const int stage = stage_of(it + j), stage_p = stage_of(it + jp);
       if (hh == 0) {
         wait_full(j);
         ks_cur = k_tile_scale(j);
@@ -578,10 +596,10 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
     auto finish = [&](const uint32_t (&ph)[8], const float (&al)[2]) {
       const int jl = (n_halves - 1) / 2, hl = (n_halves - 1) % 2;
       if constexpr (kPersistent) sm90::mbar_arrive(&s.q_empty);
-      issue_pv_half(ot, ph, (it + jl) % kStages, hl);
+      issue_pv_half(ot, ph, stage_of(it + jl), hl);
       sm90::wgmma_wait<0>();
       fence_all(ot);
-      sm90::mbar_arrive(&s.empty[(it + jl) % kStages]);
+      sm90::mbar_arrive(&s.empty[stage_of(it + jl)]);
 #pragma unroll
       for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], al[(i % 4) / 2], ot[i]);
     };
@@ -861,12 +879,9 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   size_t smem = ops.v_per_tile ? attn::kSmemBytesVTile : attn::kSmemBytes;
 #if MXFLASH_FWD_EXPERIMENTS
   if (ops.v_per_tile) switch (experiment_variant()) {
+    case 81 | attn::kVariantEarlyWait: kernel = attn::attention_fwd_kernel<81 | attn::kVariantEarlyWait>; break;
     case 81 | attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<81 | attn::kVariantPoly2>; break;
     case 81 | 2 * attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<81 | 2 * attn::kVariantPoly2>; break;
-    case 81 | attn::kVariantLateWait: kernel = attn::attention_fwd_kernel<81 | attn::kVariantLateWait>; break;
-    case 81 | attn::kVariantLateWait | attn::kVariantPoly2:
-      kernel = attn::attention_fwd_kernel<81 | attn::kVariantLateWait | attn::kVariantPoly2>;
-      break;
     default: break;
   }
   if (!ops.v_per_tile) switch (experiment_variant()) {
@@ -880,8 +895,8 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
     case 33: kernel = attn::attention_fwd_persistent_kernel<1>; break;
     case 49: kernel = attn::attention_fwd_persistent_kernel<17>; break;
     case 145: kernel = attn::attention_fwd_kernel<17>; break;
+    case 17 | attn::kVariantEarlyWait: kernel = attn::attention_fwd_kernel<17 | attn::kVariantEarlyWait>; break;
     case 17 | attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<17 | attn::kVariantPoly2>; break;
-    case 17 | attn::kVariantLateWait: kernel = attn::attention_fwd_kernel<17 | attn::kVariantLateWait>; break;
     default: break;
   }
   persistent = !ops.v_per_tile && experiment_variant() >= 0 && (experiment_variant() & attn::kVariantPersistent) != 0;

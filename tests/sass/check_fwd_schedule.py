@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""SASS check of the attention forward kernel's schedule (runs on the CPU, on the compiled library).
+
+The forward's intra-warpgroup overlap (docs/attention.md) computes the softmax of K/V tile j while
+the P.V GEMM of tile j-1 is still in flight: in the SASS, every exponential of the tile
+(MUFU.EX2) sits between the wait for S alone (`WARPGROUP.DEPBAR.LE gsb0, 0x1`) and the wait for
+the P.V (`WARPGROUP.DEPBAR.LE gsb0, 0x0`). Nothing in the source can force ptxas to keep it so: when
+register pressure rises, ptxas reuses registers of P(j-1), which the P.V in flight still reads, and
+hoists the P.V wait above the softmax. The kernel stays correct and gets ~3% slower (H200,
+2026-11-29), so no GPU test notices. This check does.
+
+Usage: check_fwd_schedule.py <libmxflash.a or object>   (needs cuobjdump and nvdisasm: PATH,
+$CUOBJDUMP, or the PyPI packages nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm that scripts/setup.sh
+installs). Exit 0: every checked kernel overlaps; 1: one does not (its counts are printed).
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+# Variant bits (src/cuda/attention/attention_fwd_sm90.cu): the overlapped schedule, and the forms
+# that do not overlap by design (split-S, the early-wait reference).
+OVERLAP, SPLIT, EARLY_WAIT = 16, 8, 4096
+EXPS_PER_TILE = 64  # exponentials per thread and 128-key tile (64 rows x 128 keys / 128 threads)
+
+
+def find_tool(name):
+    env = os.environ.get(name.upper())
+    if env and os.path.exists(env):
+        return env
+    path = shutil.which(name)
+    if path:
+        return path
+    try:  # the PyPI wheels put the binaries under site-packages/nvidia/cu13/bin
+        import nvidia  # noqa: F401
+
+        for base in nvidia.__path__:
+            cand = os.path.join(base, "cu13", "bin", name)
+            if os.path.exists(cand):
+                return cand
+    except ImportError:
+        pass
+    return None
+
+
+def kernels(sass):
+    """{variant: [instruction text]} of every attention_fwd_kernel<variant> in a cuobjdump -sass dump."""
+    out, cur = {}, None
+    for line in sass.splitlines():
+        m = re.search(r"Function : \S*attention_fwd_kernelILi(\d+)E", line)
+        if m:
+            cur = int(m.group(1))
+            out[cur] = []
+            continue
+        if "Function :" in line:
+            cur = None
+        m = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
+        if cur is not None and m:
+            out[cur].append(m.group(1))
+    return out
+
+
+def check(variant, ins):
+    """Problems of one kernel: each wait for S alone must be followed by a whole tile's
+    exponentials before the next wait for everything."""
+    problems, found = [], 0
+    for i, t in enumerate(ins):
+        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" not in t:
+            continue
+        found += 1
+        exps = 0
+        for u in ins[i + 1:]:
+            if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in u:
+                break
+            exps += "MUFU.EX2" in u
+        if exps < EXPS_PER_TILE:
+            problems.append(f"attention_fwd_kernel<{variant}>: only {exps} MUFU.EX2 between the wait for S "
+                            f"(DEPBAR 0x1, instruction {i}) and the wait for P.V (DEPBAR 0x0); "
+                            f"the softmax no longer overlaps the P.V (need >= {EXPS_PER_TILE})")
+    if found == 0:
+        problems.append(f"attention_fwd_kernel<{variant}>: no wait for S alone (WARPGROUP.DEPBAR.LE gsb0, 0x1)")
+    return problems
+
+
+def main():
+    if len(sys.argv) != 2:
+        print(__doc__)
+        return 2
+    cuobjdump, nvdisasm = find_tool("cuobjdump"), find_tool("nvdisasm")
+    if not cuobjdump or not nvdisasm:
+        print("check_fwd_schedule: cuobjdump / nvdisasm not found (pip install nvidia-cuda-cuobjdump "
+              "nvidia-cuda-nvdisasm, or set $CUOBJDUMP and put nvdisasm on PATH)")
+        return 1
+    env = dict(os.environ, PATH=os.path.dirname(nvdisasm) + os.pathsep + os.environ.get("PATH", ""))
+    sass = subprocess.run([cuobjdump, "-sass", sys.argv[1]], capture_output=True, text=True, env=env, check=True).stdout
+    ks = kernels(sass)
+    checked = {v: ins for v, ins in ks.items() if v & OVERLAP and not v & (SPLIT | EARLY_WAIT)}
+    if not checked:
+        print(f"check_fwd_schedule: no overlapped attention_fwd_kernel in {sys.argv[1]} (found {sorted(ks)})")
+        return 1
+    problems = [p for v, ins in sorted(checked.items()) for p in check(v, ins)]
+    for p in problems:
+        print(p)
+    print(f"check_fwd_schedule: {len(checked)} kernels checked ({sorted(checked)}), {len(problems)} problems")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
