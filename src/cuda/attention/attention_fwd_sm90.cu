@@ -317,10 +317,10 @@ __device__ __forceinline__ void produce_item(SharedStorage& s, const CUtensorMap
   for (int j = 0; j < loads; ++j) {
     const int stage = stage_of(it + j);
     const uint32_t phase = phase_of(it + j);
-    // The K tile's scale goes through shared memory with its tile: a consumer's own global load
-    // of it stalled the softmax (~7% of the consumers' samples, ncu). Loaded before the wait, stored
-    // after it (the stage's previous scale is read before the stage is released), visible to the
-    // consumers through the release of the arrive below.
+    // The K tile's scale goes through shared memory with its tile: the consumers' own global load
+    // of it (LDG, then R2UR right behind it) held ~7% of their stall samples in ncu, though off the
+    // critical path. Loaded before the wait, stored after it (the stage's previous scale is read
+    // before the stage is released), visible to the consumers through the release of the arrive below.
     const float ks = k_scale[j];
     sm90::mbar_wait(&s.empty[stage], phase ^ 1);
     s.k_scale[stage] = ks;
@@ -404,7 +404,7 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   auto gemm_pv = [&](float (&ot)[64], const uint32_t (&pa)[16], int stage) {
     if constexpr (kDiag != 3) issue_pv(ot, pa, desc_v0 + uint64_t(stage) * kStageDesc);
   };
-  // The K tile scale of tile j, from its stage (read after wait_full(j), before the GEMMs' issue).
+  // The K tile scale of tile j, from its stage (valid once wait_full(j) returned).
   auto k_tile_scale = [&](int j) { return sm90::ld_shared_f32(&s.k_scale[stage_of(it + j)]); };
   auto softmax = [&](float (&sc)[64], int j, float ks, float (&alpha)[2], uint32_t (&pa)[16]) {
     if constexpr (kDiag == 1) {
@@ -470,9 +470,8 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
       float alpha_new[2];
       sm90::wgmma_wait<1>();  // S of tile j done; P.V of tile j-1 may still run
       fence_all(sc);
-      // Read here, not before the GEMMs' issue: a register held across the issue made ptxas reuse
-      // registers of P(j-1), which the P.V in flight still reads, and wait for that P.V before the
-      // softmax (WARPGROUP.DEPBAR hoisted to the top: no overlap left).
+      // Read where the row maxima need it: a value held across the GEMMs' issue is one more register
+      // live next to the P.V in flight (register pressure is what moves that P.V's wait; below).
       const float ks = k_tile_scale(j);
       constexpr int kPoly = variant_poly(kVariant);
       constexpr bool kEarlyWait = (kVariant & kVariantEarlyWait) != 0;
@@ -480,7 +479,7 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
       // The wait for P.V(j-1) stays out of the masked / unmasked branches: inside them, ptxas
       // reused registers of P(j-1) (still read by that P.V) early and hoisted the wait above the
       // softmax, which then no longer overlapped the P.V (docs/attention.md;
-      // tests/sass/check_fwd_overlap.py guards this).
+      // tests/sass/check_fwd_schedule.py guards this).
       if (sm.masked_tile(j)) {
         const auto rows = sm.template max_phase<true>(sc, j, 0, ks, m, l, alpha_new);
         sm.template exp_phase<true, 64, true, kPoly>(sc, j, 0, rows, l, pa);
