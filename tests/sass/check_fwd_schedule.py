@@ -7,7 +7,10 @@ the P.V GEMM of tile j-1 is still in flight: in the SASS, every exponential of t
 the P.V (`WARPGROUP.DEPBAR.LE gsb0, 0x0`). Nothing in the source can force ptxas to keep it so: when
 register pressure rises, ptxas reuses registers of P(j-1), which the P.V in flight still reads, and
 hoists the P.V wait above the softmax. The kernel stays correct and gets ~3% slower (H200,
-2026-11-29), so no GPU test notices. This check does.
+2026-11-29), so no GPU test notices. This check does. It also checks the main loop (from its top to
+its back-edge) for three other silent regressions of the same session: no R2UR (a warp-uniform
+value computed in vector registers and moved before a wgmma; the loop had 11, removing them gave
++3.5%), no local-memory spill (STL/LDL) and no global load (LDG) inside the loop.
 
 Usage: check_fwd_schedule.py <libmxflash.a or object>   (needs cuobjdump and nvdisasm: PATH,
 $CUOBJDUMP, or the PyPI packages nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm that scripts/setup.sh
@@ -45,7 +48,7 @@ def find_tool(name):
 
 
 def kernels(sass):
-    """{variant: [instruction text]} of every attention_fwd_kernel<variant> in a cuobjdump -sass dump."""
+    """{variant: [(address, instruction text)]} of every attention_fwd_kernel<variant> in a cuobjdump -sass dump."""
     out, cur = {}, None
     for line in sass.splitlines():
         m = re.search(r"Function : \S*attention_fwd_kernelILi(\d+)E", line)
@@ -55,22 +58,43 @@ def kernels(sass):
             continue
         if "Function :" in line:
             cur = None
-        m = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
         if cur is not None and m:
-            out[cur].append(m.group(1))
+            out[cur].append((int(m.group(1), 16), m.group(2)))
     return out
+
+
+def main_loop(ins, i):
+    """Instructions of the loop around instruction i: from the target of the first backward branch
+    after i (the loop top) to that branch."""
+    addr = [a for a, _ in ins]
+    for j in range(i, len(ins)):
+        m = re.search(r"BRA (0x[0-9a-f]+)", ins[j][1])
+        if m and int(m.group(1), 16) < addr[i]:
+            top = int(m.group(1), 16)
+            return [t for a, t in ins if top <= a <= addr[j]]
+    return []
 
 
 def check(variant, ins):
     """Problems of one kernel: each wait for S alone must be followed by a whole tile's
-    exponentials before the next wait for everything."""
+    exponentials before the next wait for everything; its loop must hold no R2UR, spill or
+    global load."""
     problems, found = [], 0
-    for i, t in enumerate(ins):
+    text = [t for _, t in ins]
+    for i, t in enumerate(text):
         if "WARPGROUP.DEPBAR.LE gsb0, 0x1" not in t:
             continue
         found += 1
+        loop = main_loop(ins, i)
+        for what, pattern in (("R2UR", r"\bR2UR\b"), ("local memory (STL/LDL)", r"\b(STL|LDL)\b"),
+                              ("global load (LDG)", r"\bLDG\b")):
+            n = sum(1 for u in loop if re.search(pattern, u))
+            if n:
+                problems.append(f"attention_fwd_kernel<{variant}>: {n} {what} in the main loop "
+                                f"({len(loop)} instructions)")
         exps = 0
-        for u in ins[i + 1:]:
+        for u in text[i + 1:]:
             if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in u:
                 break
             exps += "MUFU.EX2" in u
