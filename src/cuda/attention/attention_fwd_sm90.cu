@@ -66,6 +66,10 @@ inline constexpr int kVariantPoly2 = 256;
 // Bit 12 (with bit 4): wait for P.V(j-1) before the softmax of tile j (no overlap inside the
 // warpgroup; what ptxas made of the default for a while, measured against it).
 inline constexpr int kVariantEarlyWait = 4096;
+// Bit 13 (experiment, not with bit 3; written 2026-11-29, not yet run on a GPU): no ping-pong turns:
+// each warpgroup issues its GEMMs as soon as its own softmax is done (the turn barrier held ~2% of
+// the consumers' samples, and it delays a warpgroup whose partner's softmax runs late).
+inline constexpr int kVariantNoTurn = 8192;
 __host__ __device__ constexpr int variant_diag(int v) { return (v >> 1) & 3; }
 __host__ __device__ constexpr int variant_poly(int v) { return 2 * ((v >> 8) & 3); }
 static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs * kWarpgroupThreads * kConsumerWarpgroups <= 65536,
@@ -420,10 +424,15 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   // issued in the same turn as S of tile j.
   const int my_turn = kTurnBarrier0 + cw, other_turn = kTurnBarrier0 + (1 - cw);
   constexpr int kTurnThreads = 2 * kWarpgroupThreads;
-  if (cw == 1) sm90::named_barrier_arrive(other_turn, kTurnThreads);  // warpgroup 0 goes first
+  constexpr bool kTurns = (kVariant & kVariantNoTurn) == 0;
+  static_assert(kTurns || (kVariant & kVariantSplit) == 0, "the split schedule keeps its turns");
+  if (kTurns && cw == 1) sm90::named_barrier_arrive(other_turn, kTurnThreads);  // warpgroup 0 goes first
   // Warpgroup 1 gave one turn in advance, so it skips the hand-over after its last issue.
   auto hand_over = [&](int j) {
-    if (!(cw == 1 && j == n_tiles - 1)) sm90::named_barrier_arrive(other_turn, kTurnThreads);
+    if (kTurns && !(cw == 1 && j == n_tiles - 1)) sm90::named_barrier_arrive(other_turn, kTurnThreads);
+  };
+  auto take_turn = [&] {
+    if constexpr (kTurns) sm90::named_barrier_sync(my_turn, kTurnThreads);
   };
   if constexpr ((kVariant & kVariantSplit) == 0) {
   uint32_t pa[16];
@@ -445,7 +454,7 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
     wait_full(0);
     const float ks = k_tile_scale(0);
     float sc[64];
-    sm90::named_barrier_sync(my_turn, kTurnThreads);
+    take_turn();
     gemm_s(sc, stage_of(it));
     hand_over(0);
     sm90::wgmma_wait<0>();
@@ -458,7 +467,7 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
     const int stage = stage_of(it + j), prev = stage_of(it + j - 1);
     wait_full(j);
     float sc[64];
-    sm90::named_barrier_sync(my_turn, kTurnThreads);
+    take_turn();
     gemm_s(sc, stage);
     gemm_pv(ot, pa, prev);
     hand_over(j);
@@ -879,6 +888,7 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
 #if MXFLASH_FWD_EXPERIMENTS
   if (ops.v_per_tile) switch (experiment_variant()) {
     case 81 | attn::kVariantEarlyWait: kernel = attn::attention_fwd_kernel<81 | attn::kVariantEarlyWait>; break;
+    case 81 | attn::kVariantNoTurn: kernel = attn::attention_fwd_kernel<81 | attn::kVariantNoTurn>; break;
     case 81 | attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<81 | attn::kVariantPoly2>; break;
     case 81 | 2 * attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<81 | 2 * attn::kVariantPoly2>; break;
     default: break;
@@ -895,6 +905,7 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
     case 49: kernel = attn::attention_fwd_persistent_kernel<17>; break;
     case 145: kernel = attn::attention_fwd_kernel<17>; break;
     case 17 | attn::kVariantEarlyWait: kernel = attn::attention_fwd_kernel<17 | attn::kVariantEarlyWait>; break;
+    case 17 | attn::kVariantNoTurn: kernel = attn::attention_fwd_kernel<17 | attn::kVariantNoTurn>; break;
     case 17 | attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<17 | attn::kVariantPoly2>; break;
     default: break;
   }
