@@ -70,6 +70,13 @@ inline constexpr int kVariantEarlyWait = 4096;
 // each warpgroup issues its GEMMs as soon as its own softmax is done (the turn barrier held ~2% of
 // the consumers' samples, and it delays a warpgroup whose partner's softmax runs late).
 inline constexpr int kVariantNoTurn = 8192;
+// Bit 14 (experiment, with bit 4, not with bit 3; written 2026-11-29, not yet run on a GPU):
+// FlashAttention-3's issue order, where O is rescaled between the S GEMM's issue and the P.V GEMM's:
+// in its turn a warpgroup issues S(j), promotes P.V(j-2) (done during tile j-1) under it, then
+// issues P.V(j-1). The promotion (~144 instructions per tile with per-tile V scales) leaves the
+// chain between the P.V wait and the next S issue; the alpha of the tile in `ot` is kept one tile
+// longer, and a stage is released one tile later (4 stages: j-2 held, j-1, j, j+1 loading).
+inline constexpr int kVariantPromoteUnderS = 16384;
 __host__ __device__ constexpr int variant_diag(int v) { return (v >> 1) & 3; }
 __host__ __device__ constexpr int variant_poly(int v) { return 2 * ((v >> 8) & 3); }
 static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs * kWarpgroupThreads * kConsumerWarpgroups <= 65536,
@@ -440,16 +447,18 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   float ot[64];  // P.V accumulators of one tile (each P.V starts them from zero)
   // O = O alpha + the P.V of the tile in `stage`, and the stage released (kVariantVTile, overlapped
   // schedule only: V's channel scales from the stage, read before its release).
-  auto promote = [&](int stage) {
+  // promote_with: the same with the rescale factors of the tile whose P.V sits in ot given.
+  auto promote_with = [&](int stage, const float (&a)[2]) {
     if constexpr ((kVariant & kVariantVTile) != 0) {
-      promote_vtile(o, ot, alpha, vtile_scales(s, stage), quad);
+      promote_vtile(o, ot, a, vtile_scales(s, stage), quad);
       sm90::mbar_arrive(&s.empty[stage]);
     } else {
       sm90::mbar_arrive(&s.empty[stage]);
 #pragma unroll
-      for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i % 4) / 2], ot[i]);
+      for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], a[(i % 4) / 2], ot[i]);
     }
   };
+  auto promote = [&](int stage) { promote_with(stage, alpha); };
   {
     wait_full(0);
     const float ks = k_tile_scale(0);
@@ -461,6 +470,49 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
     fence_all(sc);
     softmax(sc, 0, ks, alpha, pa);
   }
+  if constexpr ((kVariant & kVariantPromoteUnderS) != 0) {
+  static_assert((kVariant & kVariantOverlap) != 0 && kDiag == 0, "FA3's issue order extends the overlapped schedule");
+  float alpha_ot[2] = {1.f, 1.f};  // rescale factors of the tile whose P.V sits in ot (unpromoted)
+  for (int j = 1; j < n_tiles; ++j) {
+    const int stage = stage_of(it + j), prev = stage_of(it + j - 1);
+    wait_full(j);
+    float sc[64];
+    take_turn();
+    gemm_s(sc, stage);                                             // S(j)
+    if (j >= 2) promote_with(stage_of(it + j - 2), alpha_ot);      // P.V(j-2), under S(j)
+    gemm_pv(ot, pa, prev);                                         // P.V(j-1)
+    hand_over(j);
+    alpha_ot[0] = alpha[0];
+    alpha_ot[1] = alpha[1];
+    constexpr int kPoly = variant_poly(kVariant);
+    float alpha_new[2];
+    sm90::wgmma_wait<1>();  // S of tile j done; P.V of tile j-1 may still run
+    fence_all(sc);
+    const float ks = k_tile_scale(j);
+    if (sm.masked_tile(j)) {
+      const auto rows = sm.template max_phase<true>(sc, j, 0, ks, m, l, alpha_new);
+      sm.template exp_phase<true, 64, true, kPoly>(sc, j, 0, rows, l, pa);
+    } else {
+      const auto rows = sm.template max_phase<false>(sc, j, 0, ks, m, l, alpha_new);
+      sm.template exp_phase<false, 64, true, kPoly>(sc, j, 0, rows, l, pa);
+    }
+    sm90::wgmma_wait<0>();
+    fence_all(ot);
+    fence_all(sc);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) sm90::fence_regs(pa[i]);  // P of tile j-1 was read until here
+    sm.pack(sc, pa);
+    alpha[0] = alpha_new[0];
+    alpha[1] = alpha_new[1];
+  }
+  if constexpr (kPersistent) sm90::mbar_arrive(&s.q_empty);  // every S is done: Q may be replaced
+  if (n_tiles >= 2) promote_with(stage_of(it + n_tiles - 2), alpha_ot);
+  const int last = stage_of(it + n_tiles - 1);
+  gemm_pv(ot, pa, last);
+  sm90::wgmma_wait<0>();
+  fence_all(ot);
+  promote(last);
+  } else {
 #pragma unroll
   for (int i = 0; i < 64; ++i) ot[i] = 0.f;
   for (int j = 1; j < n_tiles; ++j) {
@@ -521,6 +573,7 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   sm90::wgmma_wait<0>();
   fence_all(ot);
   promote(last);
+  }
   } else {
     // Split-S schedule (experiment, docs/attention.md): S in 64-key halves with Q as the register A
     // operand; the softmax of half n runs while P.V of half n-1 (same warpgroup) is in flight, P.V
@@ -889,6 +942,7 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   if (ops.v_per_tile) switch (experiment_variant()) {
     case 81 | attn::kVariantEarlyWait: kernel = attn::attention_fwd_kernel<81 | attn::kVariantEarlyWait>; break;
     case 81 | attn::kVariantNoTurn: kernel = attn::attention_fwd_kernel<81 | attn::kVariantNoTurn>; break;
+    case 81 | attn::kVariantPromoteUnderS: kernel = attn::attention_fwd_kernel<81 | attn::kVariantPromoteUnderS>; break;
     case 81 | attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<81 | attn::kVariantPoly2>; break;
     case 81 | 2 * attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<81 | 2 * attn::kVariantPoly2>; break;
     default: break;
@@ -906,6 +960,7 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
     case 145: kernel = attn::attention_fwd_kernel<17>; break;
     case 17 | attn::kVariantEarlyWait: kernel = attn::attention_fwd_kernel<17 | attn::kVariantEarlyWait>; break;
     case 17 | attn::kVariantNoTurn: kernel = attn::attention_fwd_kernel<17 | attn::kVariantNoTurn>; break;
+    case 17 | attn::kVariantPromoteUnderS: kernel = attn::attention_fwd_kernel<17 | attn::kVariantPromoteUnderS>; break;
     case 17 | attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<17 | attn::kVariantPoly2>; break;
     default: break;
   }
