@@ -943,6 +943,9 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
     case 81 | attn::kVariantEarlyWait: kernel = attn::attention_fwd_kernel<81 | attn::kVariantEarlyWait>; break;
     case 81 | attn::kVariantNoTurn: kernel = attn::attention_fwd_kernel<81 | attn::kVariantNoTurn>; break;
     case 81 | attn::kVariantPromoteUnderS: kernel = attn::attention_fwd_kernel<81 | attn::kVariantPromoteUnderS>; break;
+    case 81 | attn::kVariantPromoteUnderS | attn::kVariantNoTurn:
+      kernel = attn::attention_fwd_kernel<81 | attn::kVariantPromoteUnderS | attn::kVariantNoTurn>;
+      break;
     case 81 | attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<81 | attn::kVariantPoly2>; break;
     case 81 | 2 * attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<81 | 2 * attn::kVariantPoly2>; break;
     default: break;
