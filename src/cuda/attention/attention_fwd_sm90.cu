@@ -470,49 +470,12 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
     fence_all(sc);
     softmax(sc, 0, ks, alpha, pa);
   }
-  if constexpr ((kVariant & kVariantPromoteUnderS) != 0) {
-  static_assert((kVariant & kVariantOverlap) != 0 && kDiag == 0, "FA3's issue order extends the overlapped schedule");
-  float alpha_ot[2] = {1.f, 1.f};  // rescale factors of the tile whose P.V sits in ot (unpromoted)
-  for (int j = 1; j < n_tiles; ++j) {
-    const int stage = stage_of(it + j), prev = stage_of(it + j - 1);
-    wait_full(j);
-    float sc[64];
-    take_turn();
-    gemm_s(sc, stage);                                             // S(j)
-    if (j >= 2) promote_with(stage_of(it + j - 2), alpha_ot);      // P.V(j-2), under S(j)
-    gemm_pv(ot, pa, prev);                                         // P.V(j-1)
-    hand_over(j);
-    alpha_ot[0] = alpha[0];
-    alpha_ot[1] = alpha[1];
-    constexpr int kPoly = variant_poly(kVariant);
-    float alpha_new[2];
-    sm90::wgmma_wait<1>();  // S of tile j done; P.V of tile j-1 may still run
-    fence_all(sc);
-    const float ks = k_tile_scale(j);
-    if (sm.masked_tile(j)) {
-      const auto rows = sm.template max_phase<true>(sc, j, 0, ks, m, l, alpha_new);
-      sm.template exp_phase<true, 64, true, kPoly>(sc, j, 0, rows, l, pa);
-    } else {
-      const auto rows = sm.template max_phase<false>(sc, j, 0, ks, m, l, alpha_new);
-      sm.template exp_phase<false, 64, true, kPoly>(sc, j, 0, rows, l, pa);
-    }
-    sm90::wgmma_wait<0>();
-    fence_all(ot);
-    fence_all(sc);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) sm90::fence_regs(pa[i]);  // P of tile j-1 was read until here
-    sm.pack(sc, pa);
-    alpha[0] = alpha_new[0];
-    alpha[1] = alpha_new[1];
-  }
-  if constexpr (kPersistent) sm90::mbar_arrive(&s.q_empty);  // every S is done: Q may be replaced
-  if (n_tiles >= 2) promote_with(stage_of(it + n_tiles - 2), alpha_ot);
-  const int last = stage_of(it + n_tiles - 1);
-  gemm_pv(ot, pa, last);
-  sm90::wgmma_wait<0>();
-  fence_all(ot);
-  promote(last);
-  } else {
+  // kVariantPromoteUnderS: P.V(j-2) still sits in ot at iteration j, promoted with the rescale
+  // factors of its own tile (alpha_ot) between the issue of S(j) and that of P.V(j-1).
+  constexpr bool kUnderS = (kVariant & kVariantPromoteUnderS) != 0;
+  static_assert(!kUnderS || ((kVariant & kVariantOverlap) != 0 && kDiag == 0),
+                "FA3's issue order extends the overlapped schedule");
+  float alpha_ot[2] = {1.f, 1.f};
 #pragma unroll
   for (int i = 0; i < 64; ++i) ot[i] = 0.f;
   for (int j = 1; j < n_tiles; ++j) {
@@ -521,8 +484,15 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
     float sc[64];
     take_turn();
     gemm_s(sc, stage);
+    if constexpr (kUnderS) {
+      if (j >= 2) promote_with(stage_of(it + j - 2), alpha_ot);  // P.V(j-2), under S(j)
+    }
     gemm_pv(ot, pa, prev);
     hand_over(j);
+    if constexpr (kUnderS) {
+      alpha_ot[0] = alpha[0];
+      alpha_ot[1] = alpha[1];
+    }
     if constexpr ((kVariant & kVariantOverlap) != 0) {
       // FA3's order (the default): the softmax of tile j, exponentials left in the S registers,
       // runs while the P.V of tile j-1 is in flight; P of tile j is packed into P(j-1)'s registers
@@ -553,7 +523,7 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
       fence_all(sc);
 #pragma unroll
       for (int i = 0; i < 16; ++i) sm90::fence_regs(pa[i]);  // P of tile j-1 was read until here
-      promote(prev);
+      if constexpr (!kUnderS) promote(prev);
       sm.pack(sc, pa);
       alpha[0] = alpha_new[0];
       alpha[1] = alpha_new[1];
@@ -568,12 +538,14 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
     }
   }
   if constexpr (kPersistent) sm90::mbar_arrive(&s.q_empty);  // every S is done: Q may be replaced
+  if constexpr (kUnderS) {
+    if (n_tiles >= 2) promote_with(stage_of(it + n_tiles - 2), alpha_ot);
+  }
   const int last = stage_of(it + n_tiles - 1);
   gemm_pv(ot, pa, last);
   sm90::wgmma_wait<0>();
   fence_all(ot);
   promote(last);
-  }
   } else {
     // Split-S schedule (experiment, docs/attention.md): S in 64-key halves with Q as the register A
     // operand; the softmax of half n runs while P.V of half n-1 (same warpgroup) is in flight, P.V
