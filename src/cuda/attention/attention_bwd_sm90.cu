@@ -274,17 +274,6 @@ __device__ __forceinline__ void row_scales(const float (&amax)[2], float (&inv)[
   }
 }
 
-// Shared-memory loads through the shared window (volatile: never hoisted above an mbarrier wait).
-__device__ __forceinline__ float4 lds_f4(const void* ptr) {
-  float4 v;
-  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(sm90::smem_u32(ptr)));
-  return v;
-}
-__device__ __forceinline__ float2 lds_f2(const void* ptr) {
-  float2 v;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(sm90::smem_u32(ptr)));
-  return v;
-}
 
 // ---------------------------------------------------------------- dK / dV
 struct KvStage {
@@ -474,7 +463,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // kFusedDq: the half's dS scale for dQ, from the 8 warps' maxima (computed where needed rather
       // than held across the GEMMs: registers are what the fused form is short of).
       auto ds_scale_byte = [&](int hh) {
-        const float4 m0 = lds_f4(&f.bmax[hh][0]), m1 = lds_f4(&f.bmax[hh][4]);
+        const float4 m0 = sm90::ld_shared_f32x4(&f.bmax[hh][0]), m1 = sm90::ld_shared_f32x4(&f.bmax[hh][4]);
         return scale_byte(fmaxf(fmaxf(fmaxf(m0.x, m0.y), fmaxf(m0.z, m0.w)), fmaxf(fmaxf(m1.x, m1.y), fmaxf(m1.z, m1.w))));
       };
       // kFusedDq: dSᵀ (256 dS, fp32) of the half into the shared dS tile, as e4m3 over one
@@ -549,7 +538,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
             for (int jn = 0; jn < 8; ++jn) {
               const int col = 8 * jn + 2 * me.quad, chunk = 2 * (jn % 4) + me.quad / 2;
-              const float2 k2 = lds_f2(&f.kts[me.cw * kHalf + col]);
+              const float2 k2 = sm90::ld_shared_f32x2(&f.kts[me.cw * kHalf + col]);
               const float a = valid ? g[4 * jn + 2 * r] * (scale_b * k2.x) : 0.f;
               const float c = valid ? g[4 * jn + 2 * r + 1] * (scale_b * k2.y) : 0.f;
               const uint32_t at = box0 + (jn / 4) * 2048 + lr * 128 + ((chunk ^ (lr % 8)) << 4) + 8 * (me.quad % 2);
@@ -574,7 +563,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
             for (int jn = 0; jn < 8; ++jn) {
               const int col = 8 * jn + 2 * me.quad;
-              const float2 k2 = lds_f2(&f.kts[me.cw * kHalf + col]);
+              const float2 k2 = sm90::ld_shared_f32x2(&f.kts[me.cw * kHalf + col]);
               red_add_f32x2(row + col, g[4 * jn + 2 * r] * (scale_b * k2.x), g[4 * jn + 2 * r + 1] * (scale_b * k2.y));
             }
           }
@@ -585,15 +574,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       // infos of jn = 0 (first_info), loaded before the wait for S and dP so the first
       // multiplications do not wait on shared memory (4% of the kernel's stall samples, ncu).
       auto first_info = [&](const KvStage& st, int hh, float4 (&first)[2]) {
-        first[0] = lds_f4(&st.info[hh * kHalf + 2 * quad]);
-        first[1] = lds_f4(&st.info[hh * kHalf + 2 * quad + 1]);
+        first[0] = sm90::ld_shared_f32x4(&st.info[hh * kHalf + 2 * quad]);
+        first[1] = sm90::ld_shared_f32x4(&st.info[hh * kHalf + 2 * quad + 1]);
       };
       auto math = [&](float (&sc)[32], float (&dp)[32], const KvStage& st, int hh, const float4 (&first)[2]) {
         float amax[2] = {0.f, 0.f};
 #pragma unroll
         for (int jn = 0; jn < 8; ++jn) {
-          const float4 in0 = jn == 0 ? first[0] : lds_f4(&st.info[hh * kHalf + 8 * jn + 2 * quad]);
-          const float4 in1 = jn == 0 ? first[1] : lds_f4(&st.info[hh * kHalf + 8 * jn + 2 * quad + 1]);
+          const float4 in0 = jn == 0 ? first[0] : sm90::ld_shared_f32x4(&st.info[hh * kHalf + 8 * jn + 2 * quad]);
+          const float4 in1 = jn == 0 ? first[1] : sm90::ld_shared_f32x4(&st.info[hh * kHalf + 8 * jn + 2 * quad + 1]);
           const float a0 = in0.x * ks, a1 = in1.x * ks, c0 = in0.z * vs, c1 = in1.z * vs;
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
@@ -651,7 +640,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       auto promote_dv = [&](const float (&t)[64], const KvStage& st) {
 #pragma unroll
         for (int jn = 0; jn < 16; ++jn) {
-          const float2 cs = lds_f2(&st.dot_scale[8 * jn + 2 * quad]);
+          const float2 cs = sm90::ld_shared_f32x2(&st.dot_scale[8 * jn + 2 * quad]);
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             dv[4 * jn + 2 * r] = fmaf(t[4 * jn + 2 * r], cs.x, dv[4 * jn + 2 * r]);

@@ -352,8 +352,7 @@ __device__ __forceinline__ void promote_vtile(float (&o)[64], const float (&ot)[
   const uint32_t base = sm90::smem_u32(vs) + 8 * quad;
 #pragma unroll
   for (int jn = 0; jn < 16; ++jn) {
-    float2 v;
-    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(base + 32 * jn));
+    const float2 v = sm90::ld_shared_f32x2(base + 32 * jn);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       o[4 * jn + 2 * r] = fmaf(ot[4 * jn + 2 * r], v.x, o[4 * jn + 2 * r] * alpha[r]);

@@ -12,11 +12,22 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 }
 
 // ---------------------------------------------------------------- mbarrier
-// A float from shared memory with ld.shared (a generic pointer into shared memory otherwise
-// compiles to a generic load).
+// Floats from shared memory with ld.shared (a generic pointer into shared memory otherwise compiles
+// to a generic load); volatile, so never hoisted above an mbarrier wait.
 __device__ __forceinline__ float ld_shared_f32(const float* p) {
   float v;
   asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(smem_u32(p)) : "memory");
+  return v;
+}
+__device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {  // a shared-window address
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ float2 ld_shared_f32x2(const void* p) { return ld_shared_f32x2(smem_u32(p)); }
+__device__ __forceinline__ float4 ld_shared_f32x4(const void* p) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(smem_u32(p)));
   return v;
 }
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
