@@ -96,9 +96,10 @@ Verdict judge(Tensor t, const ErrorStats& s, const Thresholds& th);
 // kMxHopperFusedDq that form with dQ's dS in 64 x 128 blocks (the fused-dQ experiment's numerics).
 // kMxFwdSeq / kMxFwdTile the forward's Hopper execution form with V per (sequence, channel) (the
 // fast kernel's prepare pass) or per (128-key tile, channel) (ref::HopperFwd; the backward of both
-// is exact MX's, so compare them with --forward-only).
-enum class Method : int { kBf16 = 0, kFp8, kMx, kGpu, kMx16, kMxDynP, kMxHopper, kMxHopperFusedDq, kMxFwdSeq, kMxFwdTile };
-const char* to_string(Method m);  // "bf16", "fp8", "mx", "gpu", "mx16", "mxdp", "mxhx", "mxhf", "mxfs", "mxft"
+// is exact MX's, so compare them with --forward-only); kMxFwdTileV with V per (128-key tile) alone,
+// as K.
+enum class Method : int { kBf16 = 0, kFp8, kMx, kGpu, kMx16, kMxDynP, kMxHopper, kMxHopperFusedDq, kMxFwdSeq, kMxFwdTile, kMxFwdTileV };
+const char* to_string(Method m);  // "bf16", "fp8", "mx", "gpu", "mx16", "mxdp", "mxhx", "mxhf", "mxfs", "mxft", "mxfv"
 bool parse_method(const std::string& name, Method* m);
 bool has_verdict(Method m);  // the MX methods (mx, gpu) are judged against the floors
 inline constexpr const char* kGpuNotBuilt = "n/a (not built yet)";

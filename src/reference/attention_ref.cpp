@@ -302,14 +302,16 @@ void hopper_exec_operands(const Geometry& g, bool broadcast_q, Operands* ops) {
 
 // The Hopper execution form of the MX forward operands (AttnOptions::hopper_fwd): Q per (token,
 // head) row, K per (128-key tile, head) and V per (sequence, head, channel) as the forward kernel's
-// prepare pass does, or V per (128-key tile, head, channel) (the form a quantizer could write
-// without a pass over the whole sequence).
+// prepare pass does, or V per (128-key tile, head, channel) or per (128-key tile, head) (forms a
+// quantizer writes without a pass over the whole sequence).
 void hopper_forward_operands(const Geometry& g, bool broadcast_q, HopperFwd form, Operands* ops) {
   const int64_t H = g.H, nq = g.Tq * H * kD, nk = g.Tk * H * kD;
   const ExecGroups e(g, broadcast_q);
   ops->q_s = ops->add(regroup(ops->q_s, nq, ExecGroups::row, g.Tq * H));
   ops->k_s = ops->add(regroup(ops->k_s, nk, [&](int64_t i) { return e.k_tile(i); }, e.k_tiles()));
-  if (form == HopperFwd::kVPerTileChannel)
+  if (form == HopperFwd::kVPerTile)
+    ops->v_o = ops->add(regroup(ops->v_o, nk, [&](int64_t i) { return e.k_tile(i); }, e.k_tiles()));
+  else if (form == HopperFwd::kVPerTileChannel)
     ops->v_o = ops->add(regroup(ops->v_o, nk, [&](int64_t i) { return e.k_tile_channel(i); }, e.k_tiles() * kD));
   else
     ops->v_o = ops->add(regroup(ops->v_o, nk, [&](int64_t i) { return ExecGroups::channel(e.k_seq, H, i); }, e.channels()));

@@ -82,7 +82,9 @@ inline AttnProblem make_problem(const JaggedMeta& q_meta, const JaggedMeta& k_me
 }
 
 // The forward's Hopper execution form (AttnOptions::hopper_fwd).
-enum class HopperFwd : int { kNone = 0, kVPerSequenceChannel, kVPerTileChannel };
+// kVPerTile: one scale per (128-key tile, head) for V as for K, so the kernel's once-per-tile
+// promotion needs no per-channel multiply.
+enum class HopperFwd : int { kNone = 0, kVPerSequenceChannel, kVPerTileChannel, kVPerTile };
 
 struct AttnOptions {
   // Non-FP64 methods: O, dQ, dK, dV rounded to bf16, as the kernels deliver them; false keeps
@@ -162,7 +164,7 @@ Status attention_backward(const AttnProblem& p, AttnMethod m, const AttnForwardR
 // shift_e4m3_byte. Padding tokens hold zero bytes, their Q scale is 1.
 struct AttnFwdOperands {
   std::vector<uint8_t> q, k, v;                // (H, Pq, 128), (H, Pk, 128), (H, 128, Pk) (fragment order)
-  std::vector<float> q_scale, k_scale, v_scale;  // (H, Pq), (H, Pk / 128), (H, Pk / 128, 128)
+  std::vector<float> q_scale, k_scale, v_scale;  // (H, Pq), (H, Pk / 128), (H, Pk / 128)
 };
 Status attention_fwd_operands(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, const float* q,
                               const float* k, const float* v, AttnFwdOperands* out);

@@ -593,19 +593,25 @@ TEST(AttentionRef, HopperForwardFormsTrackExactMx) {
   const ref::AttnProblem p = c.problem();
   const Result f64 = run(c, AttnMethod::kFp64), mx = run(c, AttnMethod::kMx);
   ref::AttnOptions opt;
-  ref::AttnForwardResult seq, tile;
+  ref::AttnForwardResult seq, tile, vtile;
   opt.hopper_fwd = ref::HopperFwd::kVPerSequenceChannel;
   ASSERT_TRUE(ref::attention_forward(p, AttnMethod::kMx, &seq, opt).ok());
   opt.hopper_fwd = ref::HopperFwd::kVPerTileChannel;
   ASSERT_TRUE(ref::attention_forward(p, AttnMethod::kMx, &tile, opt).ok());
+  opt.hopper_fwd = ref::HopperFwd::kVPerTile;
+  ASSERT_TRUE(ref::attention_forward(p, AttnMethod::kMx, &vtile, opt).ok());
   const double db_mx = accuracy::compare(f64.f.out, mx.f.out).sqnr_db;
   const double db_seq = accuracy::compare(f64.f.out, seq.out).sqnr_db;
   const double db_tile = accuracy::compare(f64.f.out, tile.out).sqnr_db;
-  std::printf("    out SQNR vs fp64: exact MX %.2f, V per sequence %.2f, V per tile %.2f dB\n", db_mx, db_seq, db_tile);
+  const double db_vtile = accuracy::compare(f64.f.out, vtile.out).sqnr_db;
+  std::printf("    out SQNR vs fp64: exact MX %.2f, V per sequence %.2f, V per (tile, channel) %.2f, V per tile %.2f dB\n",
+              db_mx, db_seq, db_tile, db_vtile);
   EXPECT_GT(db_seq, db_mx - 0.3);
   EXPECT_GT(db_tile, db_mx - 0.3);
+  EXPECT_GT(db_vtile, db_mx - 0.3);
   EXPECT_NE(seq.out, mx.f.out) << "the execution form should change some roundings";
   EXPECT_NE(seq.out, tile.out) << "per-tile V scales should round differently from per-sequence ones";
+  EXPECT_NE(vtile.out, tile.out) << "one V scale per tile should round differently from one per (tile, channel)";
 }
 
 }  // namespace
