@@ -49,13 +49,14 @@ Status attention_forward(const MxTensor& q, const MxTensor& k, const MxTensor& v
 // ------------------------------------------------------ forward operands in the execution layout
 // The fast kernel's operands as its main loop reads them (docs/attention.md): MX values (RCEIL,
 // 32-blocks; Q, K along the head dim, V along tokens) re-expressed to coarser power-of-two scales,
-// Q per (head, token), K per (head, 128-key tile), V per (head, 128-key tile, channel). Written by
+// Q per (head, token), K and V per (head, 128-key tile). Written by
 // quantize_attention_forward in one pass over Q, K, V, they spare attention_forward its prepare pass
 // (the pass that re-expresses MX tensors; 15-40% of the forward's time on the H200,
 // docs/performance.md). Shapes (Pq, Pk: the metadata's padded token counts):
 //   q (H, Pq, 128) e4m3, q_scale (H, Pq) fp32;  k (H, Pk, 128) e4m3, k_scale (H, Pk/128) fp32;
 //   v (H, 128, Pk) e4m3 (tokens of each 32-group in the kernel's fragment order), v_scale
-//   (H, Pk/128, 128) fp32. Padding tokens hold zero bytes (and q_scale 1).
+//   (H, Pk/128) fp32. Padding tokens hold zero bytes (and q_scale 1). A V block whose MX scale is
+//   NaN (it holds an inf or NaN) is stored as NaN bytes, so only its channel turns NaN.
 // The bytes are exactly the MX quantizer's, shifted to the group scale and rounded to nearest even
 // (exact unless a value falls below e4m3's subnormal floor of its group). For the backward, quantize
 // MX tensors as before (attention_backward takes those).
@@ -63,7 +64,7 @@ struct AttentionFwdOperands {
   TensorView q, q_scale, k, k_scale, v, v_scale;
 };
 struct AttentionFwdOperandShapes {
-  int64_t q[3], q_scale[2], k[3], k_scale[2], v[3], v_scale[3];
+  int64_t q[3], q_scale[2], k[3], k_scale[2], v[3], v_scale[2];
 };
 AttentionFwdOperandShapes attention_fwd_operand_shapes(const JaggedMeta& q_meta, const JaggedMeta& k_meta,
                                                        int64_t heads);

@@ -648,7 +648,7 @@ class AttentionFwdOperands:
     q (H, Pq, 128) E4M3 (float8_e4m3fn or uint8), q_scale (H, Pq) float32: one scale per token;
     k (H, Pk, 128) E4M3, k_scale (H, Pk/128) float32: one per 128-key tile;
     v (H, 128, Pk) E4M3 (token-contiguous, tokens of each 32-group in the kernel's fragment
-    order), v_scale (H, Pk/128, 128) float32: one per 128-key tile and channel.
+    order), v_scale (H, Pk/128) float32: one per 128-key tile.
     Padding tokens hold zero bytes (and q_scale 1). Iterating yields the six arrays in that order."""
 
     __slots__ = _OPERAND_NAMES
@@ -670,7 +670,7 @@ class AttentionFwdOperands:
 def attention_fwd_operand_shapes(q_meta, k_meta, heads) -> dict:
     """Shapes of the :class:`AttentionFwdOperands` for q_meta, k_meta and a head count, as a dict
     {"q": (H, Pq, 128), "q_scale": (H, Pq), "k": (H, Pk, 128), "k_scale": (H, Pk/128),
-    "v": (H, 128, Pk), "v_scale": (H, Pk/128, 128)}."""
+    "v": (H, 128, Pk), "v_scale": (H, Pk/128)}."""
     _check_meta(q_meta, "q_meta")
     _check_meta(k_meta, "k_meta")
     shapes = _C.attention_fwd_operand_shapes(q_meta._host, k_meta._host, int(heads))

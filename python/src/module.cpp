@@ -412,7 +412,7 @@ NB_MODULE(_mxflash, m) {
         const AttentionFwdOperandShapes s = attention_fwd_operand_shapes(q_meta, k_meta, heads);
         using V = std::vector<int64_t>;
         return std::make_tuple(V(s.q, s.q + 3), V(s.q_scale, s.q_scale + 2), V(s.k, s.k + 3),
-                               V(s.k_scale, s.k_scale + 2), V(s.v, s.v + 3), V(s.v_scale, s.v_scale + 3));
+                               V(s.k_scale, s.k_scale + 2), V(s.v, s.v + 3), V(s.v_scale, s.v_scale + 2));
       },
       "q_meta"_a, "k_meta"_a, "heads"_a);
   m.def(

@@ -236,7 +236,7 @@ Status check_operands(const AttentionFwdOperands& ops, const JaggedMeta& q_meta,
     int align;
   } items[] = {{&ops.q, "ops.q", true, 3, sh.q, 16},           {&ops.q_scale, "ops.q_scale", false, 2, sh.q_scale, 4},
                {&ops.k, "ops.k", true, 3, sh.k, 16},           {&ops.k_scale, "ops.k_scale", false, 2, sh.k_scale, 4},
-               {&ops.v, "ops.v", true, 3, sh.v, 16},           {&ops.v_scale, "ops.v_scale", false, 3, sh.v_scale, 16}};
+               {&ops.v, "ops.v", true, 3, sh.v, 16},           {&ops.v_scale, "ops.v_scale", false, 2, sh.v_scale, 4}};
   for (const auto& it : items) {
     if (it.bytes)
       MXFLASH_RETURN_IF_ERROR(check_dense(*it.t, it.name, {DType::kE4M3, DType::kUInt8}, it.ndim, it.shape));
@@ -294,8 +294,7 @@ void dequantized_operands(const AttentionFwdOperands& ops, const JaggedMeta& qm,
         for (int d = 0; d < kHeadDim; ++d) {
           const size_t o = size_t((t * H + h) * kHeadDim + d);
           (*k)[o] = e4m3_to_float(k8[(h * Pk + tp) * kHeadDim + d]) * ks[h * (Pk / kTileTokens) + tile];
-          (*v)[o] = e4m3_to_float(v8[(h * kHeadDim + d) * Pk + col]) *
-                    vs[(h * (Pk / kTileTokens) + tile) * kHeadDim + d];
+          (*v)[o] = e4m3_to_float(v8[(h * kHeadDim + d) * Pk + col]) * vs[h * (Pk / kTileTokens) + tile];
         }
     }
 }
@@ -306,7 +305,7 @@ AttentionFwdOperandShapes attention_fwd_operand_shapes(const JaggedMeta& q_meta,
                                                        int64_t heads) {
   const int64_t Pq = q_meta.padded_tokens(), Pk = k_meta.padded_tokens();
   return {{heads, Pq, kHeadDim}, {heads, Pq}, {heads, Pk, kHeadDim}, {heads, Pk / kTileTokens},
-          {heads, kHeadDim, Pk}, {heads, Pk / kTileTokens, kHeadDim}};
+          {heads, kHeadDim, Pk}, {heads, Pk / kTileTokens}};
 }
 
 void attention_fwd_operand_bytes(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
@@ -327,7 +326,7 @@ AttentionFwdOperands attention_fwd_operand_views(const JaggedMeta& q_meta, const
   o.v = make_view(data[2], DType::kE4M3, device, 3, sh.v, device_id);
   o.q_scale = make_view(data[3], DType::kFloat32, device, 2, sh.q_scale, device_id);
   o.k_scale = make_view(data[4], DType::kFloat32, device, 2, sh.k_scale, device_id);
-  o.v_scale = make_view(data[5], DType::kFloat32, device, 3, sh.v_scale, device_id);
+  o.v_scale = make_view(data[5], DType::kFloat32, device, 2, sh.v_scale, device_id);
   return o;
 }
 

@@ -55,7 +55,7 @@ Status attention_fwd_operands(const JaggedMeta& q_meta, const JaggedMeta& k_meta
   out->k.assign(size_t(H * Pk * kD), 0);
   out->k_scale.assign(size_t(H * kt), 0.f);
   out->v.assign(size_t(H * kD * Pk), 0);
-  out->v_scale.assign(size_t(H * kt * kD), 0.f);
+  out->v_scale.assign(size_t(H * kt), 0.f);
   // Q and K: hdim blocks re-expressed per row (Q) or per (head, 128-key tile) (K).
   for (int which = 0; which < 2; ++which) {
     const JaggedMeta& m = which == 0 ? q_meta : k_meta;
@@ -88,27 +88,30 @@ Status attention_fwd_operands(const JaggedMeta& q_meta, const JaggedMeta& k_meta
         }
     }
   }
-  // V: seq blocks (32 tokens x 1 channel) re-expressed per (head, 128-key tile, channel), stored as
-  // V' (H, 128, Pk) with each 32-token group in fragment order.
+  // V: seq blocks (32 tokens x 1 channel) re-expressed per (head, 128-key tile) to the tile's largest
+  // finite block scale, stored as V' (H, 128, Pk) with each 32-token group in fragment order. A
+  // block whose scale is NaN (it holds an inf or NaN) becomes NaN bytes: its channel turns NaN, as in
+  // exact MX, and the other channels keep their values.
   MXFLASH_RETURN_IF_ERROR(mx_bytes(v, k_meta, H, Orientation::kSeq, &pay, &sc));
   for (int b = 0; b < k_meta.batch(); ++b) {
     const int64_t t0 = k_meta.cu_seqlens()[b], len = k_meta.cu_seqlens()[b + 1] - t0, p0 = k_meta.cu_seqlens_sf()[b];
     for (int64_t h = 0; h < H; ++h)
       for (int64_t first = 0; first < len; first += kTile) {
         const int64_t tile = (p0 + first) / kTile;
-        for (int d = 0; d < kD; ++d) {
-          int tile_max = 0;
+        auto block_scale = [&](int g, int d) { return int(sc[size_t(seq_plain_offset((p0 + first) / 32 + g, h, d, H))]); };
+        int tile_max = 0;
+        for (int d = 0; d < kD; ++d)
           for (int g = 0; g < 4 && first + 32 * g < len; ++g)
-            tile_max = std::max(tile_max, int(sc[size_t(seq_plain_offset((p0 + first) / 32 + g, h, d, H))]));
-          out->v_scale[size_t((h * kt + tile) * kD + d)] = e8m0_to_float(uint8_t(tile_max));
+            if (block_scale(g, d) != 0xFF) tile_max = std::max(tile_max, block_scale(g, d));
+        out->v_scale[size_t(h * kt + tile)] = e8m0_to_float(uint8_t(tile_max));
+        for (int d = 0; d < kD; ++d)
           for (int pos = 0; pos < kTile; ++pos) {
             const int64_t i = first + 32 * (pos / 32) + fragment_token(pos % 32);  // token of the sequence
             if (i >= len) continue;
-            const int s = sc[size_t(seq_plain_offset((p0 + i) / 32, h, d, H))];
+            const int s = block_scale(pos / 32, d);
             out->v[size_t((h * kD + d) * Pk + p0 + first + pos)] =
-                shift_e4m3_byte(pay[size_t(((t0 + i) * H + h) * kD + d)], tile_max - s);
+                s == 0xFF ? uint8_t(0x7F) : shift_e4m3_byte(pay[size_t(((t0 + i) * H + h) * kD + d)], tile_max - s);
           }
-        }
       }
   }
   return Status::Ok();

@@ -47,6 +47,11 @@ struct Case {
   bool extreme = false;    // blocks 130 binades apart in Q, K and V (shifts past the e4m3 range)
   bool extreme_v = false;  // the same in V alone (finite logits)
   bool nonfinite = false;  // a few inf / NaN elements (operand bytes only: attention would be NaN)
+  // The first 128 keys of every K/V sequence: V 2^100 larger, and scores ~150 under the others
+  // (Q >= 0, K = -16), so their P is 0 (even in fp64, to 2^-200) while their V scale is ~100
+  // binades over the later tiles': the forward's O-unit guard (promote_vtile) then takes its slow
+  // path on every later tile, and only that path decides the output.
+  bool v_scale_drop = false;
 };
 
 std::vector<float> draw(int64_t n, std::mt19937_64& rng) {
@@ -72,6 +77,15 @@ void run_case(const Case& c, uint64_t seed, bool attention) {
         const int64_t t = int64_t(i) / row;
         if (t < 128) (*x)[i] *= std::ldexp(1.f, (t / 32) % 2 == 0 ? 60 : -70);
       }
+  if (c.v_scale_drop) {
+    for (auto& e : q) e = std::fabs(e);
+    for (int64_t b = 0; b < km.batch(); ++b)
+      for (int64_t t = km.cu_seqlens()[b]; t < std::min<int64_t>(km.cu_seqlens()[b] + 128, km.cu_seqlens()[b + 1]); ++t)
+        for (int64_t i = t * row; i < (t + 1) * row; ++i) {
+          k[size_t(i)] = -16.f;
+          v[size_t(i)] *= std::ldexp(1.f, 100);
+        }
+  }
   if (c.nonfinite)
     for (auto* x : {&q, &k, &v}) {
       (*x)[5] = INFINITY;
@@ -219,6 +233,12 @@ TEST_F(AttentionFwdOperandsGpu, ForwardExtremeBlockRanges) {
   Case c{{256}, {700}, 2};
   c.extreme_v = true;
   run_case(c, 24, true);
+}
+
+TEST_F(AttentionFwdOperandsGpu, ForwardVScaleFallsFarAfterTheFirstTile) {
+  Case c{{200, 64}, {700, 300}, 2};
+  c.v_scale_drop = true;
+  run_case(c, 26, true);
 }
 
 TEST_F(AttentionFwdOperandsGpu, ForwardLongSequences) {

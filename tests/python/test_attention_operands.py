@@ -109,7 +109,7 @@ def test_operand_shapes_and_dtypes(case):
     Pq, Pk = qm.padded_tokens, km.padded_tokens
     assert (Pq, Pk) == (256, 256)
     want = {"q": (H, Pq, 128), "q_scale": (H, Pq), "k": (H, Pk, 128), "k_scale": (H, Pk // 128),
-            "v": (H, 128, Pk), "v_scale": (H, Pk // 128, 128)}
+            "v": (H, 128, Pk), "v_scale": (H, Pk // 128)}
     assert mxflash.attention_fwd_operand_shapes(qm, km, H) == want
     assert isinstance(ops, mxflash.AttentionFwdOperands)
     for n in NAMES:
@@ -117,7 +117,7 @@ def test_operand_shapes_and_dtypes(case):
         assert isinstance(a, np.ndarray) and a.shape == want[n], n
         assert a.dtype == (E4M3 if n in ("q", "k", "v") else np.float32), n
     assert [a is getattr(ops, n) for a, n in zip(ops, NAMES)] == [True] * 6  # iterates in field order
-    assert "v_scale=ndarray(2, 2, 128) float32" in repr(ops)
+    assert "v_scale=ndarray(2, 2) float32" in repr(ops)
     # broadcast_q metadata: one Q sequence, three K/V sequences
     s = mxflash.attention_fwd_operand_shapes(*metas([37], [33, 129, 0]), 3)
     assert s["q"] == (3, 128, 128) and s["k_scale"] == (3, 3) and s["v"] == (3, 128, 384)
@@ -232,7 +232,7 @@ def bad_operand_cases(ops):
         (dict(k=ops.k.view(np.uint8).view(BF16)), "ops.k: dtype must be float8_e4m3fn or uint8, got bfloat16"),
         (dict(k_scale=ops.k_scale[:, :1].copy()), "ops.k_scale: shape must be (2, 2), got (2, 1)"),
         (dict(v=ops.v[:, :, :128].copy()), "ops.v: shape must be (2, 128, 256), got (2, 128, 128)"),
-        (dict(v_scale=ops.v_scale.reshape(H, -1)), "ops.v_scale: shape must be (2, 2, 128), got (2, 256)"),
+        (dict(v_scale=ops.v_scale.reshape(H, -1, 1)), "ops.v_scale: shape must be (2, 2), got (2, 2, 1)"),
         (dict(q=ops.q[:1].copy()), "ops.q_scale: shape must be (1, 256), got (2, 256)"),
         (dict(q=non_contiguous(ops.q)), "ops.q: must be contiguous (row-major, no gaps)"),
         (dict(out=(sentinel((To, H, 128), np.float32), None)), "out: dtype must be bfloat16, got float32"),

@@ -4,7 +4,7 @@
 // and its byte then re-expressed to the coarser power-of-two scale of its group, exactly as the
 // prepare pass does (shift_e4m3x4):
 //   Q: per (head, row); K: per (head, 128-key tile)  -> prepare_rows_kernel with XRowSource;
-//   V: per (head, 128-key tile, channel)             -> operand_v_kernel.
+//   V: per (head, 128-key tile)                      -> operand_v_kernel.
 // A group never spans more than one 128-token strip, the unit each CTA reads once. The bytes equal
 // ref::attention_fwd_operands (the CPU: the MX quantizer, then the same re-expression).
 #include <cuda_runtime.h>
@@ -69,21 +69,32 @@ struct XRowSource {
 // lanes. Thread (gh, d) quantizes channel d over the 32 tokens of groups gh and gh + 2 (one MX block
 // each; a warp reads 32 consecutive channels of one row per step: conflict-free). The tile's channel
 // scale is the largest of its 4 block scales (shared memory), and each group's 32 bytes leave
-// re-expressed and permuted (permuted_token) as 32 contiguous bytes of V' row d. Tokens past the
-// sequence end are zeros; tile_scale gets e8m0 of the channel scale.
+// re-expressed and permuted (permuted_token) as 32 contiguous bytes of V' row d. The tile's scale is
+// the largest finite block scale of the tile (all channels; a CTA-wide max); a block whose scale is
+// NaN (an inf or NaN element) becomes 32 NaN bytes, so only its channel turns NaN, as in exact MX.
+// Tokens past the sequence end are zeros; tile_scale gets e8m0 of the tile scale.
 inline constexpr int kOperandVThreads = 256;
+// Word w of group g of a V' row whose block scale is NaN: e4m3 NaN for the sequence's tokens,
+// zero for the padding past its end.
+__device__ __forceinline__ uint32_t nan_word(int g, int w, int valid_tokens) {
+  const int t0 = g * kBlockSize + v_word_base(w);  // the word's tokens: t0 + {0, 1, 8, 9}
+  uint32_t word = 0;
+#pragma unroll
+  for (int b = 0; b < 4; ++b)
+    if (t0 + (b % 2) + 8 * (b / 2) < valid_tokens) word |= 0x7Fu << (8 * b);
+  return word;
+}
 template <typename In>
 __global__ void __launch_bounds__(kOperandVThreads, 3) operand_v_kernel(const In* __restrict__ x,
                                                                         const int32_t* __restrict__ cu,
                                                                         const int32_t* __restrict__ cu_sf, int batch,
                                                                         int64_t H, int64_t P, uint8_t* __restrict__ out,
                                                                         float* __restrict__ tile_scale) {
-  constexpr int kGroups = kTile / kBlockSize;                        // 4
   constexpr int kStageTokens = 32768 / (kHeadDim * int(sizeof(In)));  // 128 (bf16) or 64 (fp32)
   constexpr int kStages = kTile / kStageTokens;
   constexpr int kChunks = kHeadDim * int(sizeof(In)) / 16;          // 16-byte chunks per token row
   __shared__ alignas(16) In rows[kStageTokens][kHeadDim];
-  __shared__ uint8_t scale_of[kGroups][kHeadDim];
+  __shared__ int warp_max[kOperandVThreads / 32];
   const int64_t tile = blockIdx.x, h = blockIdx.y;
   const int b = sequence_of_padded(cu_sf, batch, tile * kTile);
   const int64_t len = int64_t(cu[b + 1]) - cu[b];
@@ -144,13 +155,17 @@ __global__ void __launch_bounds__(kOperandVThreads, 3) operand_v_kernel(const In
             q[k][i / 4] = (q[k][i / 4] & ~(0xFFu << sh)) | (e4m3_nonfinite_byte(u) << sh);
         }
       }
-      scale_of[g][d] = uint8_t(sb[k]);
     }
   }
-  __syncthreads();
   int tile_max = 0;
 #pragma unroll
-  for (int k = 0; k < kGroups; ++k) tile_max = max(tile_max, int(scale_of[k][d]));
+  for (int k = 0; k < 2; ++k)
+    if (sb[k] != kE8m0Nan) tile_max = max(tile_max, int(sb[k]));
+  tile_max = __reduce_max_sync(0xFFFFFFFFu, tile_max);
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = tile_max;
+  __syncthreads();  // also: every thread is done reading the staged rows
+#pragma unroll
+  for (int w = 0; w < kOperandVThreads / 32; ++w) tile_max = max(tile_max, warp_max[w]);
   // The tile's V' rows go through shared memory (over the staged input, read by now), so that they
   // leave as whole 128-byte rows: lanes storing 16 bytes each into 32 different rows would make
   // every 32-byte sector two L2 writes.
@@ -159,10 +174,12 @@ __global__ void __launch_bounds__(kOperandVThreads, 3) operand_v_kernel(const In
 #pragma unroll
   for (int k = 0; k < 2; ++k)
 #pragma unroll
-    for (int w = 0; w < 8; ++w) vrows[d][(2 * k + gh) * 8 + w] = permuted_word(q[k], w, tile_max - int(sb[k]));
+    for (int w = 0; w < 8; ++w)
+      vrows[d][(2 * k + gh) * 8 + w] =
+          sb[k] == kE8m0Nan ? nan_word(2 * k + gh, w, valid_tokens) : permuted_word(q[k], w, tile_max - int(sb[k]));
   __syncthreads();
   store_v_rows(vrows, out + h * kHeadDim * P + tile * kTile, P, kOperandVThreads);
-  if (gh == 0) tile_scale[(h * (P / kTile) + tile) * kHeadDim + d] = e8m0_to_float(uint8_t(tile_max));
+  if (threadIdx.x == 0) tile_scale[h * (P / kTile) + tile] = e8m0_to_float(uint8_t(tile_max));
 }
 
 template <typename In>

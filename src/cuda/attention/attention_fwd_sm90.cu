@@ -52,10 +52,10 @@ inline constexpr int kVariantSplit = 8;
 inline constexpr int kVariantOverlap = 16;
 // Bit 5 (experiment): the persistent kernel (attention_fwd_persistent_kernel).
 inline constexpr int kVariantPersistent = 32;
-// Bit 6 (with bit 4): V' with one scale per (128-key tile, channel), the form
-// quantize_attention_fwd_operands writes in one pass (no prepare pass): the tile's channel scales
-// are loaded with it (512 bytes, past SharedStorage) and applied at its promotion
-// (o = o alpha + ot vs[channel]) instead of once in the epilogue (docs/attention.md).
+// Bit 6 (with bit 4): V' with one scale per 128-key tile, the form quantize_attention_fwd_operands
+// writes in one pass (no prepare pass): the producer stores the tile's scale with its stage and the
+// promotion folds it into the rescale factor of O (promote_vtile), instead of V's per-channel
+// scales being applied once in the epilogue (docs/attention.md).
 inline constexpr int kVariantVTile = 64;
 // Bit 7 (experiment, host only; diagnostic, garbage out): the prepare pass is not launched, so the
 // forward's time is the main kernel's (what remains once a quantizer writes the execution layout).
@@ -88,18 +88,13 @@ struct SharedStorage {
   alignas(1024) uint8_t k[kStages][kTileBytes];
   alignas(1024) uint8_t v[kStages][kTileBytes];
   float k_scale[kStages];  // each stage's K tile scale, stored by the producer before it arms `full`
+  float v_scale[kStages];  // kVariantVTile: each stage's V tile scale, stored alike
   alignas(8) uint64_t q_full;
   uint64_t full[kStages];
   uint64_t empty[kStages];
   uint64_t q_empty;  // persistent kernel: the consumers are done with Q
 };
 inline constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
-// kVariantVTile: each stage's V channel scales, past SharedStorage (launched with kSmemBytesVTile).
-inline constexpr size_t kVTileOffset = (sizeof(SharedStorage) + 15) / 16 * 16;
-inline constexpr size_t kSmemBytesVTile = kVTileOffset + kStages * kHeadDim * sizeof(float) + 1024;
-__device__ __forceinline__ float* vtile_scales(SharedStorage& s, int stage) {
-  return reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(&s) + kVTileOffset) + stage * kHeadDim;
-}
 
 struct FwdParams {
   const int32_t* cu_q;
@@ -108,7 +103,7 @@ struct FwdParams {
   const int32_t* cu_k_sf;
   const float* q_scale;  // (H, Pq)
   const float* k_scale;  // (H, Pk / 128)
-  const float* v_scale;  // (B, H, 128); kVariantVTile: (H, Pk / 128, 128)
+  const float* v_scale;  // (B, H, 128); kVariantVTile: (H, Pk / 128)
   const int2* tiles;     // (sequence, Q tile), most keys first
   int heads;
   int64_t Pq, Pk, To;
@@ -322,6 +317,8 @@ __device__ __forceinline__ void produce_item(SharedStorage& s, const CUtensorMap
   const int k_row = int(int64_t(h) * p.Pk + p.cu_k_sf[b]);
   const int v_col = p.cu_k_sf[b];
   const float* k_scale = p.k_scale + int64_t(h) * (p.Pk / kTile) + p.cu_k_sf[b] / kTile;
+  constexpr bool kVTile = (kVariant & kVariantVTile) != 0;
+  const float* v_scale = p.v_scale + int64_t(h) * (p.Pk / kTile) + p.cu_k_sf[b] / kTile;
   sm90::mbar_arrive_expect_tx(&s.q_full, kTileBytes);
   sm90::tma_load_2d(s.q, tm_q, &s.q_full, 0, int(w.q_row));
   const int loads = variant_diag(kVariant) == 2 ? min(n_tiles, kStages) : n_tiles;
@@ -333,31 +330,44 @@ __device__ __forceinline__ void produce_item(SharedStorage& s, const CUtensorMap
     // the wait, stored after it (the stage's previous scale is read before the stage is released),
     // visible to the consumers through the release of the arrive below.
     const float ks = k_scale[j];
+    const float vs = kVTile ? v_scale[j] : 0.f;
     sm90::mbar_wait(&s.empty[stage], phase ^ 1);
     s.k_scale[stage] = ks;
-    constexpr bool kVTile = (kVariant & kVariantVTile) != 0;
-    sm90::mbar_arrive_expect_tx(&s.full[stage], 2 * kTileBytes + (kVTile ? kHeadDim * sizeof(float) : 0));
+    if constexpr (kVTile) s.v_scale[stage] = vs;
+    sm90::mbar_arrive_expect_tx(&s.full[stage], 2 * kTileBytes);
     sm90::tma_load_2d(s.k[stage], tm_k, &s.full[stage], 0, k_row + j * kTile);
     sm90::tma_load_2d(s.v[stage], tm_v, &s.full[stage], v_col + j * kTile, h * kHeadDim);
-    if constexpr (kVTile)
-      sm90::bulk_load(vtile_scales(s, stage), p.v_scale + (int64_t(h) * (p.Pk / kTile) + p.cu_k_sf[b] / kTile + j) * kHeadDim,
-                      kHeadDim * sizeof(float), &s.full[stage]);
   }
 }
 
-// kVariantVTile: o = o alpha + ot vs, vs the tile's V channel scale of each accumulator's column
-// (8 jn + 2 quad + {0, 1}).
-__device__ __forceinline__ void promote_vtile(float (&o)[64], const float (&ot)[64], const float (&alpha)[2],
-                                              const float* vs, int quad) {
-  const uint32_t base = sm90::smem_u32(vs) + 8 * quad;
+// 2^n as a float for n <= 127 (0 under 2^-126).
+__device__ __forceinline__ float pow2i(int n) { return n < -126 ? 0.f : __int_as_float((min(n, 127) + 127) << 23); }
+
+// kVariantVTile: V' tile t has one scale 2^e(t), and O is kept in units of 2^e_ref: the exponent of
+// the latest tile, but never more than 64 binades under the largest so far (e_max), so that O stays
+// far inside fp32's range (|O| <= 2^30 in units of the largest tile's scale) for any input. The
+// promotion of tile t, o = o alpha 2^(e_ref_old - e_ref) + ot 2^(e(t) - e_ref), is then one FFMA per
+// element: the change of unit folds into the per-row alpha, and the second factor is 1 unless V's
+// scale fell more than 64 binades under an earlier tile's (then one FMUL more). Powers of two:
+// exact. The epilogue multiplies by 2^e_ref.
+struct VTileUnit {
+  int e_ref = -1000, e_max = -1000;  // before the first tile: O = 0, any unit
+};
+__device__ __forceinline__ void promote_vtile(float (&o)[64], const float (&ot)[64], const float (&alpha)[2], float vs,
+                                              VTileUnit& u) {
+  const int e = (__float_as_int(vs) >> 23) - 127;  // vs = 2^e, e >= -127 (2^-127: exponent field 0)
+  u.e_max = max(u.e_max, e);
+  const int e_new = max(e, u.e_max - 64);
+  const float g = pow2i(u.e_ref - e_new);
+  u.e_ref = e_new;
+  const float a[2] = {alpha[0] * g, alpha[1] * g};
+  if (e == e_new) {
 #pragma unroll
-  for (int jn = 0; jn < 16; ++jn) {
-    const float2 v = sm90::ld_shared_f32x2(base + 32 * jn);
+    for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], a[(i % 4) / 2], ot[i]);
+  } else {
+    const float f = pow2i(e - e_new);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      o[4 * jn + 2 * r] = fmaf(ot[4 * jn + 2 * r], v.x, o[4 * jn + 2 * r] * alpha[r]);
-      o[4 * jn + 2 * r + 1] = fmaf(ot[4 * jn + 2 * r + 1], v.y, o[4 * jn + 2 * r + 1] * alpha[r]);
-    }
+    for (int i = 0; i < 64; ++i) o[i] = fmaf(ot[i], f, o[i] * a[(i % 4) / 2]);
   }
 }
 
@@ -440,17 +450,19 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   auto take_turn = [&] {
     if constexpr (kTurns) sm90::named_barrier_sync(my_turn, kTurnThreads);
   };
+  VTileUnit vunit;  // kVariantVTile: O's unit (promote_vtile)
   if constexpr ((kVariant & kVariantSplit) == 0) {
   uint32_t pa[16];
   float alpha[2];
   float ot[64];  // P.V accumulators of one tile (each P.V starts them from zero)
   // O = O alpha + the P.V of the tile in `stage`, and the stage released (kVariantVTile, overlapped
-  // schedule only: V's channel scales from the stage, read before its release).
+  // schedule only: V's tile scale from the stage, read before its release).
   // promote_with: the same with the rescale factors of the tile whose P.V sits in ot given.
   auto promote_with = [&](int stage, const float (&a)[2]) {
     if constexpr ((kVariant & kVariantVTile) != 0) {
-      promote_vtile(o, ot, a, vtile_scales(s, stage), quad);
+      const float vs = sm90::ld_shared_f32(&s.v_scale[stage]);
       sm90::mbar_arrive(&s.empty[stage]);
+      promote_vtile(o, ot, a, vs, vunit);
     } else {
       sm90::mbar_arrive(&s.empty[stage]);
 #pragma unroll
@@ -651,12 +663,13 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
     const int64_t tok = tok_base + i;
     const float inv = 1.f / lsum;  // the row sum carries the P scale 256
     __nv_bfloat16* orow = p.out + (tok * p.heads + h) * kHeadDim;
+    constexpr bool kVTile = (kVariant & kVariantVTile) != 0;  // O in units of 2^e_ref (promote_vtile)
+    const float unit = kVTile ? ldexpf(1.f, vunit.e_ref) : 1.f;
 #pragma unroll
     for (int jn = 0; jn < 16; ++jn) {
       const int col = 8 * jn + 2 * quad;
-      constexpr bool kVTile = (kVariant & kVariantVTile) != 0;  // V scales applied at every promotion
-      const float a = o[4 * jn + 2 * r] * inv * (kVTile ? 1.f : v_scale[col]);
-      const float c = o[4 * jn + 2 * r + 1] * inv * (kVTile ? 1.f : v_scale[col + 1]);
+      const float a = o[4 * jn + 2 * r] * inv * (kVTile ? unit : v_scale[col]);
+      const float c = o[4 * jn + 2 * r + 1] * inv * (kVTile ? unit : v_scale[col + 1]);
       *reinterpret_cast<__nv_bfloat162*>(orow + col) = __floats2bfloat162_rn(a, c);
     }
     const float log2_l = log2f(lsum) - kPScaleLog2;
@@ -904,11 +917,11 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   fp.broadcast_q = p.broadcast_q;
   fp.out = static_cast<__nv_bfloat16*>(p.out);
   fp.lse = p.lse;
-  // V scales per 128-key tile: applied at every promotion (kVariantVTile), 2 KB more shared memory.
+  // V scales per 128-key tile: folded into every promotion (kVariantVTile).
   auto kernel = ops.v_per_tile ? attn::attention_fwd_kernel<kDefaultVariant | attn::kVariantVTile>
                                : attn::attention_fwd_kernel<kDefaultVariant>;
   bool persistent = false;
-  size_t smem = ops.v_per_tile ? attn::kSmemBytesVTile : attn::kSmemBytes;
+  const size_t smem = attn::kSmemBytes;
 #if MXFLASH_FWD_EXPERIMENTS
   if (ops.v_per_tile) switch (experiment_variant()) {
     case 81 | attn::kVariantEarlyWait: kernel = attn::attention_fwd_kernel<81 | attn::kVariantEarlyWait>; break;
