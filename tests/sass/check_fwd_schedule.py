@@ -8,9 +8,10 @@ the P.V (`WARPGROUP.DEPBAR.LE gsb0, 0x0`). Nothing in the source can force ptxas
 register pressure rises, ptxas reuses registers of P(j-1), which the P.V in flight still reads, and
 hoists the P.V wait above the softmax. The kernel stays correct and gets ~3% slower (H200,
 2026-11-29), so no GPU test notices. This check does. It also checks the main loop (from its top to
-its back-edge) for three other silent regressions of the same session: no R2UR (a warp-uniform
-value computed in vector registers and moved before a wgmma; the loop had 11, removing them gave
-+3.5%), no local-memory spill (STL/LDL) and no global load (LDG) inside the loop.
+its back-edge) for three other silent regressions of the same session: no R2UR on the GEMM issue
+path (a warp-uniform value computed in vector registers and moved within 40 instructions before a
+wgmma; the loop had 11, removing them gave +3.5%), no local-memory spill (STL/LDL) and no global
+load (LDG) inside the loop.
 
 Usage: check_fwd_schedule.py <libmxflash.a or object>   (needs cuobjdump and nvdisasm: PATH,
 $CUOBJDUMP, or the PyPI packages nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm that scripts/setup.sh
@@ -65,31 +66,49 @@ def kernels(sass):
 
 
 def main_loop(ins, i):
-    """Instructions of the loop around instruction i: from the target of the first backward branch
-    after i (the loop top) to that branch."""
+    """Instructions of the innermost loop around instruction i: from the target of a backward branch
+    after i (the loop top, at or before i) to that branch, the shortest such span. Branches after the
+    function's last EXIT (ptxas's out-of-line mbarrier retry blocks, which jump back into the code)
+    are not loops. [] when i is in no loop (e.g. the copy of the loop body that an unrolled-by-two
+    loop leaves after it for an odd tile count)."""
     addr = [a for a, _ in ins]
-    for j in range(i, len(ins)):
+    last_exit = max((j for j, (_, t) in enumerate(ins) if re.search(r"\bEXIT\b", t)), default=len(ins) - 1)
+    best = None
+    for j in range(i, last_exit):
         m = re.search(r"BRA (0x[0-9a-f]+)", ins[j][1])
-        if m and int(m.group(1), 16) < addr[i]:
-            top = int(m.group(1), 16)
-            return [t for a, t in ins if top <= a <= addr[j]]
-    return []
+        if m and int(m.group(1), 16) <= addr[i] and (best is None or addr[j] - int(m.group(1), 16) < best[1] - best[0]):
+            best = (int(m.group(1), 16), addr[j])
+    if best is None:
+        return []
+    return [t for a, t in ins if best[0] <= a <= best[1]]
+
+
+def r2ur_before_gemm(loop, window=40):
+    """R2UR instructions within `window` instructions before a wgmma (QGMMA) of the loop: a
+    warp-uniform value (descriptor, barrier id) moved from vector registers on the GEMM issue path."""
+    n = 0
+    for k, u in enumerate(loop):
+        if re.search(r"\bR2UR\b", u) and any("QGMMA" in w for w in loop[k + 1:k + 1 + window]):
+            n += 1
+    return n
 
 
 def check(variant, ins):
     """Problems of one kernel: each wait for S alone must be followed by a whole tile's
     exponentials before the next wait for everything; its loop must hold no R2UR, spill or
     global load."""
-    problems, found = [], 0
+    problems, found, in_loop = [], 0, 0
     text = [t for _, t in ins]
     for i, t in enumerate(text):
         if "WARPGROUP.DEPBAR.LE gsb0, 0x1" not in t:
             continue
         found += 1
         loop = main_loop(ins, i)
-        for what, pattern in (("R2UR", r"\bR2UR\b"), ("local memory (STL/LDL)", r"\b(STL|LDL)\b"),
-                              ("global load (LDG)", r"\bLDG\b")):
-            n = sum(1 for u in loop if re.search(pattern, u))
+        in_loop += bool(loop)
+        counts = [("R2UR before a wgmma", r2ur_before_gemm(loop))]
+        for what, pattern in (("local memory (STL/LDL)", r"\b(STL|LDL)\b"), ("global load (LDG)", r"\bLDG\b")):
+            counts.append((what, sum(1 for u in loop if re.search(pattern, u))))
+        for what, n in counts:
             if n:
                 problems.append(f"attention_fwd_kernel<{variant}>: {n} {what} in the main loop "
                                 f"({len(loop)} instructions)")
@@ -104,6 +123,8 @@ def check(variant, ins):
                             f"the softmax no longer overlaps the P.V (need >= {EXPS_PER_TILE})")
     if found == 0:
         problems.append(f"attention_fwd_kernel<{variant}>: no wait for S alone (WARPGROUP.DEPBAR.LE gsb0, 0x1)")
+    elif in_loop == 0:
+        problems.append(f"attention_fwd_kernel<{variant}>: no wait for S alone inside a loop (main loop not found)")
     return problems
 
 

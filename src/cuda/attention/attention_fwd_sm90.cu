@@ -77,6 +77,11 @@ inline constexpr int kVariantNoTurn = 8192;
 // chain between the P.V wait and the next S issue; the alpha of the tile in `ot` is kept one tile
 // longer, and a stage is released one tile later (4 stages: j-2 held, j-1, j, j+1 loading).
 inline constexpr int kVariantPromoteUnderS = 16384;
+// Bit 15 (with bit 4; part of the operands kernel's default since 2026-11-29 evening): P of tile j
+// packed into e4m3 as its exponentials come out, into a second register set (P of even / odd tiles
+// alternate; the loop is unrolled by two), instead of after the wait for P.V(j-1): only the
+// promotion is left behind that wait. 16 registers more.
+inline constexpr int kVariantPackEarly = 32768;
 __host__ __device__ constexpr int variant_diag(int v) { return (v >> 1) & 3; }
 __host__ __device__ constexpr int variant_poly(int v) { return 2 * ((v >> 8) & 3); }
 static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs * kWarpgroupThreads * kConsumerWarpgroups <= 65536,
@@ -489,63 +494,104 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   float alpha_ot[2] = {1.f, 1.f};
 #pragma unroll
   for (int i = 0; i < 64; ++i) ot[i] = 0.f;
-  for (int j = 1; j < n_tiles; ++j) {
+  constexpr bool kPackEarly = (kVariant & kVariantPackEarly) != 0;
+  static_assert(!kPackEarly || ((kVariant & kVariantOverlap) != 0 && kDiag == 0 && !kUnderS),
+                "P packed early: the overlapped schedule in FA3's order");
+  // The GEMMs of iteration j in this warpgroup's turn: S(j) into sc, P.V(j-1) from p_in.
+  auto issue = [&](int j, float (&sc)[64], const uint32_t (&p_in)[16]) {
     const int stage = stage_of(it + j), prev = stage_of(it + j - 1);
     wait_full(j);
-    float sc[64];
     take_turn();
     gemm_s(sc, stage);
     if constexpr (kUnderS) {
       if (j >= 2) promote_with(stage_of(it + j - 2), alpha_ot);  // P.V(j-2), under S(j)
     }
-    gemm_pv(ot, pa, prev);
+    gemm_pv(ot, p_in, prev);
     hand_over(j);
     if constexpr (kUnderS) {
       alpha_ot[0] = alpha[0];
       alpha_ot[1] = alpha[1];
     }
-    if constexpr ((kVariant & kVariantOverlap) != 0) {
-      // FA3's order (the default): the softmax of tile j, exponentials left in the S registers,
-      // runs while the P.V of tile j-1 is in flight; P of tile j is packed into P(j-1)'s registers
-      // only after that P.V is done (docs/attention.md).
-      static_assert(kDiag == 0, "the diagnostics apply to the schedule without overlap");
-      float alpha_new[2];
-      sm90::wgmma_wait<1>();  // S of tile j done; P.V of tile j-1 may still run
-      fence_all(sc);
-      // Read where the row maxima need it: a value held across the GEMMs' issue is one more register
-      // live next to the P.V in flight (register pressure is what moves that P.V's wait; below).
-      const float ks = k_tile_scale(j);
-      constexpr int kPoly = variant_poly(kVariant);
-      constexpr bool kEarlyWait = (kVariant & kVariantEarlyWait) != 0;
-      if constexpr (kEarlyWait) sm90::wgmma_wait<0>();
-      // The wait for P.V(j-1) stays out of the masked / unmasked branches: inside them, ptxas
-      // reused registers of P(j-1) (still read by that P.V) early and hoisted the wait above the
-      // softmax, which then no longer overlapped the P.V (docs/attention.md;
-      // tests/sass/check_fwd_schedule.py guards this).
-      if (sm.masked_tile(j)) {
-        const auto rows = sm.template max_phase<true>(sc, j, 0, ks, m, l, alpha_new);
-        sm.template exp_phase<true, 64, true, kPoly>(sc, j, 0, rows, l, pa);
-      } else {
-        const auto rows = sm.template max_phase<false>(sc, j, 0, ks, m, l, alpha_new);
-        sm.template exp_phase<false, 64, true, kPoly>(sc, j, 0, rows, l, pa);
-      }
+  };
+  // The overlapped schedule's softmax of tile j, while P.V(j-1) may still run: the row maxima and
+  // the exponentials, left in sc (packed later) or, with kVariantPackEarly, packed into p_out as
+  // they come out.
+  auto softmax_under_pv = [&](int j, float (&sc)[64], uint32_t (&p_out)[16], float (&alpha_new)[2]) {
+    sm90::wgmma_wait<1>();  // S of tile j done; P.V of tile j-1 may still run
+    fence_all(sc);
+    // Read where the row maxima need it: a value held across the GEMMs' issue is one more register
+    // live next to the P.V in flight (register pressure is what moves that P.V's wait; below).
+    const float ks = k_tile_scale(j);
+    constexpr int kPoly = variant_poly(kVariant);
+    constexpr bool kEarlyWait = (kVariant & kVariantEarlyWait) != 0;
+    if constexpr (kEarlyWait) sm90::wgmma_wait<0>();
+    // The wait for P.V(j-1) stays out of the masked / unmasked branches (the caller's): inside them,
+    // ptxas reused registers of P(j-1) (still read by that P.V) early and hoisted the wait above the
+    // softmax, which then no longer overlapped the P.V (docs/attention.md;
+    // tests/sass/check_fwd_schedule.py guards this).
+    if (sm.masked_tile(j)) {
+      const auto rows = sm.template max_phase<true>(sc, j, 0, ks, m, l, alpha_new);
+      sm.template exp_phase<true, 64, !kPackEarly, kPoly>(sc, j, 0, rows, l, p_out);
+    } else {
+      const auto rows = sm.template max_phase<false>(sc, j, 0, ks, m, l, alpha_new);
+      sm.template exp_phase<false, 64, !kPackEarly, kPoly>(sc, j, 0, rows, l, p_out);
+    }
+  };
+  uint32_t pb[16];          // kVariantPackEarly: P of odd tiles
+  bool last_in_pb = false;  // kVariantPackEarly: the last tile's P is in pb
+  if constexpr (kPackEarly) {
+    // P of tile j goes into the register set P(j-1) does not use, so nothing but the promotion
+    // waits for P.V(j-1): even tiles' P in pa, odd tiles' in pb, the loop unrolled by two.
+    auto iteration = [&](int j, uint32_t (&p_in)[16], uint32_t (&p_out)[16]) {
+      float sc[64], alpha_new[2];
+      issue(j, sc, p_in);
+      softmax_under_pv(j, sc, p_out, alpha_new);
       sm90::wgmma_wait<0>();
       fence_all(ot);
-      fence_all(sc);
 #pragma unroll
-      for (int i = 0; i < 16; ++i) sm90::fence_regs(pa[i]);  // P of tile j-1 was read until here
-      if constexpr (!kUnderS) promote(prev);
-      sm.pack(sc, pa);
+      for (int i = 0; i < 16; ++i) sm90::fence_regs(p_in[i]);  // P of tile j-1 was read until here
+      promote(stage_of(it + j - 1));
       alpha[0] = alpha_new[0];
       alpha[1] = alpha_new[1];
-    } else {
-      // Variants 0, 1 and the diagnostics: wait for S and P.V together.
-      sm90::wgmma_wait<0>();
-      fence_all(sc);
-      fence_all(ot);
-      const float ks = k_tile_scale(j);
-      promote(prev);
-      softmax(sc, j, ks, alpha, pa);
+    };
+    int j = 1;
+    for (; j + 1 < n_tiles; j += 2) {
+      iteration(j, pa, pb);
+      iteration(j + 1, pb, pa);
+    }
+    if (j < n_tiles) {
+      iteration(j, pa, pb);
+      last_in_pb = true;
+    }
+  } else {
+    for (int j = 1; j < n_tiles; ++j) {
+      float sc[64];
+      issue(j, sc, pa);
+      if constexpr ((kVariant & kVariantOverlap) != 0) {
+        // FA3's order (the default): the softmax of tile j, exponentials left in the S registers,
+        // runs while the P.V of tile j-1 is in flight; P of tile j is packed into P(j-1)'s
+        // registers only after that P.V is done (docs/attention.md).
+        static_assert(kDiag == 0, "the diagnostics apply to the schedule without overlap");
+        float alpha_new[2];
+        softmax_under_pv(j, sc, pa, alpha_new);
+        sm90::wgmma_wait<0>();
+        fence_all(ot);
+        fence_all(sc);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) sm90::fence_regs(pa[i]);  // P of tile j-1 was read until here
+        if constexpr (!kUnderS) promote(stage_of(it + j - 1));
+        sm.pack(sc, pa);
+        alpha[0] = alpha_new[0];
+        alpha[1] = alpha_new[1];
+      } else {
+        // Variants 0, 1 and the diagnostics: wait for S and P.V together.
+        sm90::wgmma_wait<0>();
+        fence_all(sc);
+        fence_all(ot);
+        const float ks = k_tile_scale(j);
+        promote(stage_of(it + j - 1));
+        softmax(sc, j, ks, alpha, pa);
+      }
     }
   }
   if constexpr (kPersistent) sm90::mbar_arrive(&s.q_empty);  // every S is done: Q may be replaced
@@ -553,7 +599,10 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
     if (n_tiles >= 2) promote_with(stage_of(it + n_tiles - 2), alpha_ot);
   }
   const int last = stage_of(it + n_tiles - 1);
-  gemm_pv(ot, pa, last);
+  if (kPackEarly && last_in_pb)  // (no register copy: a move into a wgmma operand serializes them)
+    gemm_pv(ot, pb, last);
+  else
+    gemm_pv(ot, pa, last);
   sm90::wgmma_wait<0>();
   fence_all(ot);
   promote(last);
@@ -770,8 +819,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 namespace {
 
-// Tree reductions + FA3's intra-warpgroup order (H200, same run as variant 1: +4-7% on every preset).
+// Tree reductions + FA3's intra-warpgroup order (H200, same run as variant 1: +4-7% on every
+// preset). The kernel on operands in the execution layout (V per tile) also packs P as it is
+// computed (kVariantPackEarly, 2026-11-29 evening: +4-5% against the same loop without it, same
+// run); on the MX tensors' operands that form gained ~1% but keeps a spilled register in its loop
+// (tests/sass/check_fwd_schedule.py), so that path stays without it.
 constexpr int kDefaultVariant = attn::kVariantTree | attn::kVariantOverlap;
+constexpr int kDefaultVariantVTile = kDefaultVariant | attn::kVariantVTile | attn::kVariantPackEarly;
 
 #if MXFLASH_FWD_EXPERIMENTS
 // MXFLASH_FWD_VARIANT (experiment builds only): the attn kernel variant to launch (see kVariantTree
@@ -918,7 +972,7 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   fp.out = static_cast<__nv_bfloat16*>(p.out);
   fp.lse = p.lse;
   // V scales per 128-key tile: folded into every promotion (kVariantVTile).
-  auto kernel = ops.v_per_tile ? attn::attention_fwd_kernel<kDefaultVariant | attn::kVariantVTile>
+  auto kernel = ops.v_per_tile ? attn::attention_fwd_kernel<kDefaultVariantVTile>
                                : attn::attention_fwd_kernel<kDefaultVariant>;
   bool persistent = false;
   const size_t smem = attn::kSmemBytes;
@@ -930,6 +984,7 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
     case 81 | attn::kVariantPromoteUnderS | attn::kVariantNoTurn:
       kernel = attn::attention_fwd_kernel<81 | attn::kVariantPromoteUnderS | attn::kVariantNoTurn>;
       break;
+    case 81: kernel = attn::attention_fwd_kernel<81>; break;
     case 81 | attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<81 | attn::kVariantPoly2>; break;
     case 81 | 2 * attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<81 | 2 * attn::kVariantPoly2>; break;
     default: break;
@@ -944,10 +999,11 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
     case 17: kernel = attn::attention_fwd_kernel<17>; break;
     case 33: kernel = attn::attention_fwd_persistent_kernel<1>; break;
     case 49: kernel = attn::attention_fwd_persistent_kernel<17>; break;
-    case 145: kernel = attn::attention_fwd_kernel<17>; break;
+    case 145: kernel = attn::attention_fwd_kernel<kDefaultVariant>; break;
     case 17 | attn::kVariantEarlyWait: kernel = attn::attention_fwd_kernel<17 | attn::kVariantEarlyWait>; break;
     case 17 | attn::kVariantNoTurn: kernel = attn::attention_fwd_kernel<17 | attn::kVariantNoTurn>; break;
     case 17 | attn::kVariantPromoteUnderS: kernel = attn::attention_fwd_kernel<17 | attn::kVariantPromoteUnderS>; break;
+    case 17 | attn::kVariantPackEarly: kernel = attn::attention_fwd_kernel<17 | attn::kVariantPackEarly>; break;
     case 17 | attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<17 | attn::kVariantPoly2>; break;
     default: break;
   }
