@@ -987,6 +987,14 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
     case 81: kernel = attn::attention_fwd_kernel<81>; break;
     case 81 | attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<81 | attn::kVariantPoly2>; break;
     case 81 | 2 * attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<81 | 2 * attn::kVariantPoly2>; break;
+    // The default with part of the exponentials on the FMA pipe, or without turns (written
+    // 2026-11-29 evening, not yet run: the promotion's FMULs that competed for the FMA pipe are gone).
+    case kDefaultVariantVTile | attn::kVariantPoly2:
+      kernel = attn::attention_fwd_kernel<kDefaultVariantVTile | attn::kVariantPoly2>;
+      break;
+    case kDefaultVariantVTile | attn::kVariantNoTurn:
+      kernel = attn::attention_fwd_kernel<kDefaultVariantVTile | attn::kVariantNoTurn>;
+      break;
     default: break;
   }
   if (!ops.v_per_tile) switch (experiment_variant()) {
