@@ -345,8 +345,11 @@ __device__ __forceinline__ void produce_item(SharedStorage& s, const CUtensorMap
   }
 }
 
-// 2^n as a float for n <= 127 (0 under 2^-126).
+// 2^n as a float for n <= 127 (0 under 2^-126); pow2i_exact: subnormals down to 2^-149 too.
 __device__ __forceinline__ float pow2i(int n) { return n < -126 ? 0.f : __int_as_float((min(n, 127) + 127) << 23); }
+__device__ __forceinline__ float pow2i_exact(int n) {
+  return n >= -126 ? pow2i(n) : (n >= -149 ? __int_as_float(1 << (n + 149)) : 0.f);
+}
 
 // kVariantVTile: V' tile t has one scale 2^e(t), and O is kept in units of 2^e_ref: the exponent of
 // the latest tile, but never more than 64 binades under the largest so far (e_max), so that O stays
@@ -354,25 +357,28 @@ __device__ __forceinline__ float pow2i(int n) { return n < -126 ? 0.f : __int_as
 // promotion of tile t, o = o alpha 2^(e_ref_old - e_ref) + ot 2^(e(t) - e_ref), is then one FFMA per
 // element: the change of unit folds into the per-row alpha, and the second factor is 1 unless V's
 // scale fell more than 64 binades under an earlier tile's (then one FMUL more). Powers of two:
-// exact. The epilogue multiplies by 2^e_ref.
+// exact. The epilogue multiplies by 2^e_ref. A scale that is no power of two (operands not written
+// by quantize_attention_forward: any finite value, zero or negative included) gets its exponent
+// field as e(t) and the rest as the second factor, so it is applied exactly as a multiply would.
 struct VTileUnit {
   int e_ref = -1000, e_max = -1000;  // before the first tile: O = 0, any unit
 };
 __device__ __forceinline__ void promote_vtile(float (&o)[64], const float (&ot)[64], const float (&alpha)[2], float vs,
                                               VTileUnit& u) {
-  const int e = (__float_as_int(vs) >> 23) - 127;  // vs = 2^e, e >= -127 (2^-127: exponent field 0)
+  const uint32_t bits = __float_as_uint(vs);
+  const int e = int((bits >> 23) & 0xFFu) - 127;  // vs = 2^e for the quantizer's scales
   u.e_max = max(u.e_max, e);
   const int e_new = max(e, u.e_max - 64);
   const float g = pow2i(u.e_ref - e_new);
   u.e_ref = e_new;
   const float a[2] = {alpha[0] * g, alpha[1] * g};
-  if (e == e_new) {
-#pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], a[(i % 4) / 2], ot[i]);
-  } else {
-    const float f = pow2i(e - e_new);
+  if (e != e_new || (bits & 0x807FFFFFu) != 0u) {  // vs is not +2^e_new (a normal power of two)
+    const float f = vs * pow2i_exact(-e_new);      // vs / 2^e_new, exact
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = fmaf(ot[i], f, o[i] * a[(i % 4) / 2]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], a[(i % 4) / 2], ot[i]);
   }
 }
 
