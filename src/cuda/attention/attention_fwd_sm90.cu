@@ -66,17 +66,9 @@ inline constexpr int kVariantPoly2 = 256;
 // Bit 12 (with bit 4): wait for P.V(j-1) before the softmax of tile j (no overlap inside the
 // warpgroup; what ptxas made of the default for a while, measured against it).
 inline constexpr int kVariantEarlyWait = 4096;
-// Bit 13 (experiment, not with bit 3; written 2026-11-29, not yet run on a GPU): no ping-pong turns:
-// each warpgroup issues its GEMMs as soon as its own softmax is done (the turn barrier held ~2% of
-// the consumers' samples, and it delays a warpgroup whose partner's softmax runs late).
+// Bit 13 (experiment, not with bit 3): no ping-pong turns: each warpgroup issues its GEMMs as soon
+// as its own softmax is done (measured 2026-11-29: -1% to +1.7%, docs/attention.md).
 inline constexpr int kVariantNoTurn = 8192;
-// Bit 14 (experiment, with bit 4, not with bit 3; written 2026-11-29, not yet run on a GPU):
-// FlashAttention-3's issue order, where O is rescaled between the S GEMM's issue and the P.V GEMM's:
-// in its turn a warpgroup issues S(j), promotes P.V(j-2) (done during tile j-1) under it, then
-// issues P.V(j-1). The promotion (~144 instructions per tile with per-tile V scales) leaves the
-// chain between the P.V wait and the next S issue; the alpha of the tile in `ot` is kept one tile
-// longer, and a stage is released one tile later (4 stages: j-2 held, j-1, j, j+1 loading).
-inline constexpr int kVariantPromoteUnderS = 16384;
 // Bit 15 (with bit 4; part of the operands kernel's default since 2026-11-29 evening): P of tile j
 // packed into e4m3 as its exponentials come out, into a second register set (P of even / odd tiles
 // alternate; the loop is unrolled by two), instead of after the wait for P.V(j-1): only the
@@ -468,19 +460,17 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   float ot[64];  // P.V accumulators of one tile (each P.V starts them from zero)
   // O = O alpha + the P.V of the tile in `stage`, and the stage released (kVariantVTile, overlapped
   // schedule only: V's tile scale from the stage, read before its release).
-  // promote_with: the same with the rescale factors of the tile whose P.V sits in ot given.
-  auto promote_with = [&](int stage, const float (&a)[2]) {
+  auto promote = [&](int stage) {
     if constexpr ((kVariant & kVariantVTile) != 0) {
       const float vs = sm90::ld_shared_f32(&s.v_scale[stage]);
       sm90::mbar_arrive(&s.empty[stage]);
-      promote_vtile(o, ot, a, vs, vunit);
+      promote_vtile(o, ot, alpha, vs, vunit);
     } else {
       sm90::mbar_arrive(&s.empty[stage]);
 #pragma unroll
-      for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], a[(i % 4) / 2], ot[i]);
+      for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i % 4) / 2], ot[i]);
     }
   };
-  auto promote = [&](int stage) { promote_with(stage, alpha); };
   {
     wait_full(0);
     const float ks = k_tile_scale(0);
@@ -492,32 +482,19 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
     fence_all(sc);
     softmax(sc, 0, ks, alpha, pa);
   }
-  // kVariantPromoteUnderS: P.V(j-2) still sits in ot at iteration j, promoted with the rescale
-  // factors of its own tile (alpha_ot) between the issue of S(j) and that of P.V(j-1).
-  constexpr bool kUnderS = (kVariant & kVariantPromoteUnderS) != 0;
-  static_assert(!kUnderS || ((kVariant & kVariantOverlap) != 0 && kDiag == 0),
-                "FA3's issue order extends the overlapped schedule");
-  float alpha_ot[2] = {1.f, 1.f};
 #pragma unroll
   for (int i = 0; i < 64; ++i) ot[i] = 0.f;
   constexpr bool kPackEarly = (kVariant & kVariantPackEarly) != 0;
-  static_assert(!kPackEarly || ((kVariant & kVariantOverlap) != 0 && kDiag == 0 && !kUnderS),
-                "P packed early: the overlapped schedule in FA3's order");
+  static_assert(!kPackEarly || ((kVariant & kVariantOverlap) != 0 && kDiag == 0),
+                "P packed early: the overlapped schedule");
   // The GEMMs of iteration j in this warpgroup's turn: S(j) into sc, P.V(j-1) from p_in.
   auto issue = [&](int j, float (&sc)[64], const uint32_t (&p_in)[16]) {
     const int stage = stage_of(it + j), prev = stage_of(it + j - 1);
     wait_full(j);
     take_turn();
     gemm_s(sc, stage);
-    if constexpr (kUnderS) {
-      if (j >= 2) promote_with(stage_of(it + j - 2), alpha_ot);  // P.V(j-2), under S(j)
-    }
     gemm_pv(ot, p_in, prev);
     hand_over(j);
-    if constexpr (kUnderS) {
-      alpha_ot[0] = alpha[0];
-      alpha_ot[1] = alpha[1];
-    }
   };
   // The overlapped schedule's softmax of tile j, while P.V(j-1) may still run: the row maxima and
   // the exponentials, left in sc (packed later) or, with kVariantPackEarly, packed into p_out as
@@ -585,7 +562,7 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
         fence_all(sc);
 #pragma unroll
         for (int i = 0; i < 16; ++i) sm90::fence_regs(pa[i]);  // P of tile j-1 was read until here
-        if constexpr (!kUnderS) promote(stage_of(it + j - 1));
+        promote(stage_of(it + j - 1));
         sm.pack(sc, pa);
         alpha[0] = alpha_new[0];
         alpha[1] = alpha_new[1];
@@ -601,9 +578,6 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
     }
   }
   if constexpr (kPersistent) sm90::mbar_arrive(&s.q_empty);  // every S is done: Q may be replaced
-  if constexpr (kUnderS) {
-    if (n_tiles >= 2) promote_with(stage_of(it + n_tiles - 2), alpha_ot);
-  }
   const int last = stage_of(it + n_tiles - 1);
   if (kPackEarly && last_in_pb)  // (no register copy: a move into a wgmma operand serializes them)
     gemm_pv(ot, pb, last);
@@ -986,10 +960,6 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   if (ops.v_per_tile) switch (experiment_variant()) {
     case 81 | attn::kVariantEarlyWait: kernel = attn::attention_fwd_kernel<81 | attn::kVariantEarlyWait>; break;
     case 81 | attn::kVariantNoTurn: kernel = attn::attention_fwd_kernel<81 | attn::kVariantNoTurn>; break;
-    case 81 | attn::kVariantPromoteUnderS: kernel = attn::attention_fwd_kernel<81 | attn::kVariantPromoteUnderS>; break;
-    case 81 | attn::kVariantPromoteUnderS | attn::kVariantNoTurn:
-      kernel = attn::attention_fwd_kernel<81 | attn::kVariantPromoteUnderS | attn::kVariantNoTurn>;
-      break;
     case 81: kernel = attn::attention_fwd_kernel<81>; break;
     case 81 | attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<81 | attn::kVariantPoly2>; break;
     case 81 | 2 * attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<81 | 2 * attn::kVariantPoly2>; break;
@@ -1016,7 +986,6 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
     case 145: kernel = attn::attention_fwd_kernel<kDefaultVariant>; break;
     case 17 | attn::kVariantEarlyWait: kernel = attn::attention_fwd_kernel<17 | attn::kVariantEarlyWait>; break;
     case 17 | attn::kVariantNoTurn: kernel = attn::attention_fwd_kernel<17 | attn::kVariantNoTurn>; break;
-    case 17 | attn::kVariantPromoteUnderS: kernel = attn::attention_fwd_kernel<17 | attn::kVariantPromoteUnderS>; break;
     case 17 | attn::kVariantPackEarly: kernel = attn::attention_fwd_kernel<17 | attn::kVariantPackEarly>; break;
     case 17 | attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<17 | attn::kVariantPoly2>; break;
     default: break;
