@@ -219,8 +219,8 @@ namespace {
 
 constexpr int64_t kTileTokens = 128;
 
-// The operands' checks: dtypes, shapes for the metadata, contiguity, alignment (TMA and bulk copies
-// read them), one device. Heads from ops.q.
+// The operands' checks: dtypes, shapes for the metadata, contiguity, non-null data, alignment (TMA
+// reads the payloads in 16-byte units), one device. Heads from ops.q.
 Status check_operands(const AttentionFwdOperands& ops, const JaggedMeta& q_meta, const JaggedMeta& k_meta,
                       int64_t* heads, Device* dev) {
   if (ops.q.ndim != 3) return Status::Invalid("ops.q: must be 3-D (H, Pq, 128), got " + ops.q.shape_string());
@@ -242,7 +242,6 @@ Status check_operands(const AttentionFwdOperands& ops, const JaggedMeta& q_meta,
       MXFLASH_RETURN_IF_ERROR(check_dense(*it.t, it.name, {DType::kE4M3, DType::kUInt8}, it.ndim, it.shape));
     else
       MXFLASH_RETURN_IF_ERROR(check_dense(*it.t, it.name, {DType::kFloat32}, it.ndim, it.shape));
-    MXFLASH_RETURN_IF_ERROR(check_not_null(*it.t, it.name));
     MXFLASH_RETURN_IF_ERROR(check_alignment(*it.t, it.name, it.align));
   }
   *heads = H;
@@ -352,10 +351,8 @@ Status quantize_attention_forward(const TensorView& q, const TensorView& k, cons
   MXFLASH_RETURN_IF_ERROR(check_dense(q, "q", {DType::kBFloat16, DType::kFloat32}, 3, qs));
   MXFLASH_RETURN_IF_ERROR(check_dense(k, "k", {q.dtype}, 3, ks));
   MXFLASH_RETURN_IF_ERROR(check_dense(v, "v", {q.dtype}, 3, ks));
-  for (const auto& [t, n] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}}) {
-    MXFLASH_RETURN_IF_ERROR(check_not_null(*t, n));
-    MXFLASH_RETURN_IF_ERROR(check_alignment(*t, n, 16));
-  }
+  for (const auto& [t, n] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}})
+    MXFLASH_RETURN_IF_ERROR(check_alignment(*t, n, 16));  // (check_dense checked non-null data)
   int64_t oh = 0;
   Device od = Device::kCPU, xd = Device::kCPU;
   MXFLASH_RETURN_IF_ERROR(check_operands(ops, q_meta, k_meta, &oh, &od));

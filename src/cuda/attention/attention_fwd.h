@@ -38,7 +38,7 @@ struct AttentionFwdProblem {
 // The main kernel's operands (the execution layout, attention_fwd_prepare.cuh): Q' (H, Pq, 128)
 // with per-row scales (H, Pq), K' (H, Pk, 128) with per-128-key-tile scales (H, Pk / 128), V'
 // (H, 128, Pk) with channel scales per (sequence, head), (B, H, 128), as the prepare pass writes
-// them, or per (head, 128-key tile), (H, Pk / 128, 128) (v_per_tile), as
+// them, or one scale per (head, 128-key tile), (H, Pk / 128) (v_per_tile), as
 // quantize_attention_fwd_operands writes them.
 struct FwdExecOperands {
   uint8_t *q = nullptr, *k = nullptr, *v = nullptr;

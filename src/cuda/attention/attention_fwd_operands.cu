@@ -67,12 +67,12 @@ struct XRowSource {
 // V: one CTA of 256 threads per (128-token tile, head). The tile's token rows are staged in shared
 // memory, 32 KB at a time (all 128 tokens of bf16, two halves of fp32), loaded whole with 16-byte
 // lanes. Thread (gh, d) quantizes channel d over the 32 tokens of groups gh and gh + 2 (one MX block
-// each; a warp reads 32 consecutive channels of one row per step: conflict-free). The tile's channel
-// scale is the largest of its 4 block scales (shared memory), and each group's 32 bytes leave
-// re-expressed and permuted (permuted_token) as 32 contiguous bytes of V' row d. The tile's scale is
-// the largest finite block scale of the tile (all channels; a CTA-wide max); a block whose scale is
-// NaN (an inf or NaN element) becomes 32 NaN bytes, so only its channel turns NaN, as in exact MX.
-// Tokens past the sequence end are zeros; tile_scale gets e8m0 of the tile scale.
+// each; a warp reads 32 consecutive channels of one row per step: conflict-free). Each group's 32
+// bytes leave re-expressed and permuted (permuted_token) as 32 contiguous bytes of V' row d. The
+// tile's scale is the largest finite block scale of the tile (all channels; a CTA-wide max); a
+// block whose scale is NaN (an inf or NaN element) becomes 32 NaN bytes, so only its channel turns
+// NaN, as in exact MX. Tokens past the sequence end are zeros; tile_scale gets e8m0 of the tile
+// scale.
 inline constexpr int kOperandVThreads = 256;
 // Word w of group g of a V' row whose block scale is NaN: e4m3 NaN for the sequence's tokens,
 // zero for the padding past its end.

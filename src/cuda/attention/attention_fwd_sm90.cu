@@ -16,7 +16,6 @@
 #include <cstdlib>
 #include <set>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "cuda/attention/attention_fwd.h"

@@ -19,12 +19,11 @@ __device__ __forceinline__ float ld_shared_f32(const float* p) {
   asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(smem_u32(p)) : "memory");
   return v;
 }
-__device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {  // a shared-window address
+__device__ __forceinline__ float2 ld_shared_f32x2(const void* p) {
   float2 v;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(smem_u32(p)));
   return v;
 }
-__device__ __forceinline__ float2 ld_shared_f32x2(const void* p) { return ld_shared_f32x2(smem_u32(p)); }
 __device__ __forceinline__ float4 ld_shared_f32x4(const void* p) {
   float4 v;
   asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(smem_u32(p)));
