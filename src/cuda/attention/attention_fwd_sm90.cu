@@ -349,8 +349,9 @@ __device__ __forceinline__ float pow2i_exact(int n) {
 // element: the change of unit folds into the per-row alpha, and the second factor is 1 unless V's
 // scale fell more than 64 binades under an earlier tile's (then one FMUL more). Powers of two:
 // exact. The epilogue multiplies by 2^e_ref. A scale that is no power of two (operands not written
-// by quantize_attention_forward: any finite value, zero or negative included) gets its exponent
-// field as e(t) and the rest as the second factor, so it is applied exactly as a multiply would.
+// by quantize_attention_forward: any finite value, zero, subnormal or negative included) gets its
+// exponent field as e(t) and the rest as the second factor, so it is applied exactly as a multiply
+// would (a zero scale takes that path too: its exponent field is that of 2^-127).
 struct VTileUnit {
   int e_ref = -1000, e_max = -1000;  // before the first tile: O = 0, any unit
 };
@@ -363,7 +364,8 @@ __device__ __forceinline__ void promote_vtile(float (&o)[64], const float (&ot)[
   const float g = pow2i(u.e_ref - e_new);
   u.e_ref = e_new;
   const float a[2] = {alpha[0] * g, alpha[1] * g};
-  if (e != e_new || (bits & 0x807FFFFFu) != 0u) {  // vs is not +2^e_new (a normal power of two)
+  // vs is not +2^e_new (a normal power of two; a zero or subnormal vs has e = -127 and is not)
+  if (e != e_new || (bits & 0x807FFFFFu) != 0u || e == -127) {
     const float f = vs * pow2i_exact(-e_new);      // vs / 2^e_new, exact
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = fmaf(ot[i], f, o[i] * a[(i % 4) / 2]);
