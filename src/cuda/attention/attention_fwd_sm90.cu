@@ -964,8 +964,11 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
     case 81: kernel = attn::attention_fwd_kernel<81>; break;
     case 81 | attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<81 | attn::kVariantPoly2>; break;
     case 81 | 2 * attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<81 | 2 * attn::kVariantPoly2>; break;
-    // The default with part of the exponentials on the FMA pipe, or without turns (written
-    // 2026-11-29 evening, not yet run: the promotion's FMULs that competed for the FMA pipe are gone).
+    // The default with part of the exponentials on the FMA pipe, or without turns (the latter
+    // measured 2026-11-29 evening: -1%), or persistent (one CTA per SM walking the work list).
+    case kDefaultVariantVTile | attn::kVariantPersistent:
+      kernel = attn::attention_fwd_persistent_kernel<kDefaultVariantVTile>;
+      break;
     case kDefaultVariantVTile | attn::kVariantPoly2:
       kernel = attn::attention_fwd_kernel<kDefaultVariantVTile | attn::kVariantPoly2>;
       break;
@@ -991,7 +994,7 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
     case 17 | attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<17 | attn::kVariantPoly2>; break;
     default: break;
   }
-  persistent = !ops.v_per_tile && experiment_variant() >= 0 && (experiment_variant() & attn::kVariantPersistent) != 0;
+  persistent = experiment_variant() >= 0 && (experiment_variant() & attn::kVariantPersistent) != 0;
 #endif
   MXFLASH_RETURN_IF_ERROR(cuda_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
                                      "cudaFuncSetAttribute(smem)"));
