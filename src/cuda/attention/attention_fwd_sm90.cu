@@ -43,8 +43,8 @@ inline constexpr float kPScaleLog2 = 8.f;  // P stored as e4m3(256 p)
 // and picked with the environment variable MXFLASH_FWD_VARIANT (for A/B runs of one binary): 1 no
 // softmax (P constant), 2 no K/V reloads after the first kStages tiles, 3 no wgmma.
 inline constexpr int kVariantTree = 1;
-// Bit 3 (experiment): the split-S schedule (64-key halves, softmax under the same warpgroup's P.V).
-inline constexpr int kVariantSplit = 8;
+// Bit 3: the split-S schedule (64-key halves, softmax under the same warpgroup's P.V), measured
+// 5-7% slower and removed (docs/attention.md).
 // Bit 4 (experiment): FA3's intra-warpgroup order on whole 128-key tiles: the softmax of tile j
 // (exponentials left in the S registers) under the same warpgroup's P.V of tile j-1; P of tile j
 // packed into the registers of P of tile j-1 once that P.V is done.
@@ -59,13 +59,9 @@ inline constexpr int kVariantVTile = 64;
 // Bit 7 (experiment, host only; diagnostic, garbage out): the prepare pass is not launched, so the
 // forward's time is the main kernel's (what remains once a quantizer writes the execution layout).
 inline constexpr int kVariantNoPrepare = 128;
-// Bits 8-9 (experiment): 2 x (bits 8-9) of every 16 exponentials on the FMA pipe (poly_exp2), the
-// rest on MUFU (whose throughput equals the tensor cores' for FP8 at head dim 128: 16 per SM and cycle).
-inline constexpr int kVariantPoly2 = 256;
-// Bit 12 (with bit 4): wait for P.V(j-1) before the softmax of tile j (no overlap inside the
-// warpgroup; what ptxas made of the default for a while, measured against it).
-inline constexpr int kVariantEarlyWait = 4096;
-// Bit 13 (experiment, not with bit 3): no ping-pong turns: each warpgroup issues its GEMMs as soon
+// Bits 8-9 (part of the exponentials on the FMA pipe by a polynomial) and 12 (the wait for P.V(j-1)
+// before the softmax): measured slower (docs/attention.md) and removed.
+// Bit 13 (experiment): no ping-pong turns: each warpgroup issues its GEMMs as soon
 // as its own softmax is done (measured 2026-11-29: -1% to +1.7%, docs/attention.md).
 inline constexpr int kVariantNoTurn = 8192;
 // Bit 15 (with bit 4; part of the operands kernel's default since 2026-11-29 evening): P of tile j
@@ -74,7 +70,6 @@ inline constexpr int kVariantNoTurn = 8192;
 // promotion is left behind that wait. 16 registers more.
 inline constexpr int kVariantPackEarly = 32768;
 __host__ __device__ constexpr int variant_diag(int v) { return (v >> 1) & 3; }
-__host__ __device__ constexpr int variant_poly(int v) { return 2 * ((v >> 8) & 3); }
 static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs * kWarpgroupThreads * kConsumerWarpgroups <= 65536,
               "register budget exceeds the register file");
 static_assert(kRowsPerConsumer * kConsumerWarpgroups == kTile, "consumers must cover the Q tile");
@@ -134,18 +129,6 @@ __device__ __forceinline__ void issue_pv(float (&ot)[64], const uint32_t (&pa)[1
     sm90::wgmma_m64n128k32_rs(ot, a, desc_v + 2 * kk, kk);
   }
   sm90::wgmma_commit();
-}
-
-// 2^x on the FMA pipe (FlashAttention-4's trick), for x <= 127: x = n + f with n = rint(x) and
-// f in [-1/2, 1/2], 2^f by a degree-3 polynomial (relative error 7.5e-5, far under e4m3's 2^-4
-// step), n added into the exponent bits. x is clamped at -125 (2^-125: 256 p far under e4m3's
-// floor, as ex2.approx.ftz's flush).
-__device__ __forceinline__ float poly_exp2(float x) {
-  x = fmaxf(x, -125.f);
-  const float t = x + 12582912.f;  // 1.5 * 2^23: rint(x) in the low mantissa bits
-  const float f = x - (t - 12582912.f);
-  const float p = fmaf(fmaf(fmaf(0.05517197f, f, 0.24261118f), f, 0.69326093f), f, 0.99992807f);
-  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
 }
 
 // Online softmax of one S tile held as wgmma accumulators: this thread's rows r0 and r0 + 8,
@@ -232,8 +215,7 @@ struct TileSoftmax {
 
   // Phase 2: P = e4m3(256 p) fragments and the row sums. kInPlace: the values 256 p replace S in sc
   // and pa is left alone (packed later by pack(), once the registers of the previous P are free).
-  // kPoly: that many of every 16 exponentials on the FMA pipe (experiment, kVariantPoly2).
-  template <bool kMasked, int N, bool kInPlace = false, int kPoly = 0>
+  template <bool kMasked, int N, bool kInPlace = false>
   __device__ __forceinline__ void exp_phase(float (&sc)[N], int j, int col0, const Rows& rows, float (&l)[2],
                                             uint32_t (&pa)[N / 4]) const {
     auto masked = [&](int i) { return value<kMasked>(sc, j, col0, i); };
@@ -248,8 +230,7 @@ struct TileSoftmax {
       for (int t = 0; t < 16; ++t) {
         const int r = (t % 4) / 2;
         const float e = fmaf(masked(16 * c + t), mult[r], kPScaleLog2 - m_new[r]);
-        constexpr int kEvery = kPoly > 0 ? 16 / kPoly : 16;  // every kEvery-th value on the FMA pipe
-        x[t] = (kPoly > 0 && t % kEvery == kEvery - 1) ? poly_exp2(e) : fast_exp2(e);  // 256 p
+        x[t] = fast_exp2(e);  // 256 p
       }
       sum_chunk(x, l);
       if constexpr (kInPlace) {
@@ -445,7 +426,6 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   const int my_turn = kTurnBarrier0 + cw, other_turn = kTurnBarrier0 + (1 - cw);
   constexpr int kTurnThreads = 2 * kWarpgroupThreads;
   constexpr bool kTurns = (kVariant & kVariantNoTurn) == 0;
-  static_assert(kTurns || (kVariant & kVariantSplit) == 0, "the split schedule keeps its turns");
   if (kTurns && cw == 1) sm90::named_barrier_arrive(other_turn, kTurnThreads);  // warpgroup 0 goes first
   // Warpgroup 1 gave one turn in advance, so it skips the hand-over after its last issue.
   auto hand_over = [&](int j) {
@@ -455,7 +435,7 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
     if constexpr (kTurns) sm90::named_barrier_sync(my_turn, kTurnThreads);
   };
   VTileUnit vunit;  // kVariantVTile: O's unit (promote_vtile)
-  if constexpr ((kVariant & kVariantSplit) == 0) {
+  {
   uint32_t pa[16];
   float alpha[2];
   float ot[64];  // P.V accumulators of one tile (each P.V starts them from zero)
@@ -506,19 +486,16 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
     // Read where the row maxima need it: a value held across the GEMMs' issue is one more register
     // live next to the P.V in flight (register pressure is what moves that P.V's wait; below).
     const float ks = k_tile_scale(j);
-    constexpr int kPoly = variant_poly(kVariant);
-    constexpr bool kEarlyWait = (kVariant & kVariantEarlyWait) != 0;
-    if constexpr (kEarlyWait) sm90::wgmma_wait<0>();
     // The wait for P.V(j-1) stays out of the masked / unmasked branches (the caller's): inside them,
     // ptxas reused registers of P(j-1) (still read by that P.V) early and hoisted the wait above the
     // softmax, which then no longer overlapped the P.V (docs/attention.md;
     // tests/sass/check_fwd_schedule.py guards this).
     if (sm.masked_tile(j)) {
       const auto rows = sm.template max_phase<true>(sc, j, 0, ks, m, l, alpha_new);
-      sm.template exp_phase<true, 64, !kPackEarly, kPoly>(sc, j, 0, rows, l, p_out);
+      sm.template exp_phase<true, 64, !kPackEarly>(sc, j, 0, rows, l, p_out);
     } else {
       const auto rows = sm.template max_phase<false>(sc, j, 0, ks, m, l, alpha_new);
-      sm.template exp_phase<false, 64, !kPackEarly, kPoly>(sc, j, 0, rows, l, p_out);
+      sm.template exp_phase<false, 64, !kPackEarly>(sc, j, 0, rows, l, p_out);
     }
   };
   uint32_t pb[16];          // kVariantPackEarly: P of odd tiles
@@ -587,100 +564,6 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   sm90::wgmma_wait<0>();
   fence_all(ot);
   promote(last);
-  } else {
-    // Split-S schedule (experiment, docs/attention.md): S in 64-key halves with Q as the register A
-    // operand; the softmax of half n runs while P.V of half n-1 (same warpgroup) is in flight, P.V
-    // promoted into O after every half. Live: O 64 + P.V 64 + S 32 + Q 16 + P 2 x 8.
-    static_assert(kDiag == 0, "the diagnostics apply to the schedule without overlap");
-    const int n_halves = (Lk + kTile / 2 - 1) / (kTile / 2);
-    auto hand_over_half = [&](int n) {
-      if (!(cw == 1 && n == n_halves - 1)) sm90::named_barrier_arrive(other_turn, kTurnThreads);
-    };
-    uint32_t qa[kHeadDim / 32][4];  // A fragments of this warpgroup's 64 Q rows (128-byte swizzle)
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 32; ++kk)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = cw * kRowsPerConsumer + warp * 16 + lane / 4 + 8 * (e & 1);
-        const int col = 32 * kk + 16 * (e >> 1) + 4 * quad;
-        qa[kk][e] = *reinterpret_cast<const uint32_t*>(s.q + row * kHeadDim + (((col / 16) ^ (row % 8)) * 16) + col % 16);
-      }
-    auto issue_s_half = [&](float (&sc)[32], int stage, int hh) {
-      sm90::wgmma_fence();
-      const uint64_t dk = sm90::make_desc_k128b(s.k[stage] + hh * (kTile / 2) * kHeadDim);
-#pragma unroll
-      for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n64k32_rs(sc, qa[kk], dk + 2 * kk, kk);
-      sm90::wgmma_commit();
-    };
-    auto issue_pv_half = [&](float (&acc)[64], const uint32_t (&ph)[8], int stage, int hh) {
-      sm90::wgmma_fence();
-      const uint64_t dv = sm90::make_desc_k128b(s.v[stage]);
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        // the fragment registers themselves, no copies (copies inside a wgmma stage serialize it)
-        sm90::wgmma_m64n128k32_rs(acc, *reinterpret_cast<const uint32_t(*)[4]>(&ph[4 * c]), dv + 2 * (2 * hh + c), c);
-      }
-      sm90::wgmma_commit();
-    };
-    float ks_cur = k_tile_scale(0);
-    // P fragments and O rescale factors of even halves in *_even, odd halves in *_odd: each step
-    // reads the previous half's and writes its own, with no register copies (ptxas serializes every
-    // wgmma when plain moves define a wgmma's input registers inside its pipeline stage).
-    uint32_t ph_even[8], ph_odd[8];
-    float al_even[2], al_odd[2];
-    {
-      wait_full(0);
-      float sc[32];
-      sm90::named_barrier_sync(my_turn, kTurnThreads);
-      issue_s_half(sc, stage_of(it), 0);
-      hand_over_half(0);
-      sm90::wgmma_wait<0>();
-      fence_all(sc);
-      sm.run_cols(sc, 0, 0, ks_cur, m, l, al_even, ph_even);
-    }
-    float ot[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) ot[i] = 0.f;
-    auto step = [&](int n, const uint32_t (&ph_prev)[8], const float (&al_prev)[2], uint32_t (&ph_cur)[8],
-                    float (&al_cur)[2]) {
-      const int j = n / 2, hh = n % 2, jp = (n - 1) / 2, hp = (n - 1) % 2;
-      const int stage = stage_of(it + j), stage_p = stage_of(it + jp);
-      if (hh == 0) {
-        wait_full(j);
-        ks_cur = k_tile_scale(j);
-      }
-      float sc[32];
-      sm90::named_barrier_sync(my_turn, kTurnThreads);
-      issue_s_half(sc, stage, hh);
-      issue_pv_half(ot, ph_prev, stage_p, hp);
-      hand_over_half(n);
-      sm90::wgmma_wait<1>();  // S of half n done; P.V of half n-1 may still run
-      fence_all(sc);
-      sm.run_cols(sc, j, (kTile / 2) * hh, ks_cur, m, l, al_cur, ph_cur);
-      sm90::wgmma_wait<0>();
-      fence_all(ot);
-      if (hp == 1) sm90::mbar_arrive(&s.empty[stage_p]);
-#pragma unroll
-      for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], al_prev[(i % 4) / 2], ot[i]);
-    };
-    for (int n = 1; n < n_halves; n += 2) {
-      step(n, ph_even, al_even, ph_odd, al_odd);
-      if (n + 1 < n_halves) step(n + 1, ph_odd, al_odd, ph_even, al_even);
-    }
-    auto finish = [&](const uint32_t (&ph)[8], const float (&al)[2]) {
-      const int jl = (n_halves - 1) / 2, hl = (n_halves - 1) % 2;
-      if constexpr (kPersistent) sm90::mbar_arrive(&s.q_empty);
-      issue_pv_half(ot, ph, stage_of(it + jl), hl);
-      sm90::wgmma_wait<0>();
-      fence_all(ot);
-      sm90::mbar_arrive(&s.empty[stage_of(it + jl)]);
-#pragma unroll
-      for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], al[(i % 4) / 2], ot[i]);
-    };
-    if ((n_halves - 1) % 2 == 0)
-      finish(ph_even, al_even);
-    else
-      finish(ph_odd, al_odd);
   }
 
   // ---------------------------------------------------------------------------- epilogue
@@ -959,18 +842,12 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   const size_t smem = attn::kSmemBytes;
 #if MXFLASH_FWD_EXPERIMENTS
   if (ops.v_per_tile) switch (experiment_variant()) {
-    case 81 | attn::kVariantEarlyWait: kernel = attn::attention_fwd_kernel<81 | attn::kVariantEarlyWait>; break;
     case 81 | attn::kVariantNoTurn: kernel = attn::attention_fwd_kernel<81 | attn::kVariantNoTurn>; break;
     case 81: kernel = attn::attention_fwd_kernel<81>; break;
-    case 81 | attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<81 | attn::kVariantPoly2>; break;
-    case 81 | 2 * attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<81 | 2 * attn::kVariantPoly2>; break;
-    // The default with part of the exponentials on the FMA pipe, or without turns (the latter
-    // measured 2026-11-29 evening: -1%), or persistent (one CTA per SM walking the work list).
+    // The default persistent (one CTA per SM walking the work list; measured -0.5 to -1.5%) or
+    // without turns (measured -1%), 2026-11-29 evening.
     case kDefaultVariantVTile | attn::kVariantPersistent:
       kernel = attn::attention_fwd_persistent_kernel<kDefaultVariantVTile>;
-      break;
-    case kDefaultVariantVTile | attn::kVariantPoly2:
-      kernel = attn::attention_fwd_kernel<kDefaultVariantVTile | attn::kVariantPoly2>;
       break;
     case kDefaultVariantVTile | attn::kVariantNoTurn:
       kernel = attn::attention_fwd_kernel<kDefaultVariantVTile | attn::kVariantNoTurn>;
@@ -983,15 +860,12 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
     case 3: kernel = attn::attention_fwd_kernel<3>; break;
     case 5: kernel = attn::attention_fwd_kernel<5>; break;
     case 7: kernel = attn::attention_fwd_kernel<7>; break;
-    case 9: kernel = attn::attention_fwd_kernel<9>; break;
     case 17: kernel = attn::attention_fwd_kernel<17>; break;
     case 33: kernel = attn::attention_fwd_persistent_kernel<1>; break;
     case 49: kernel = attn::attention_fwd_persistent_kernel<17>; break;
     case 145: kernel = attn::attention_fwd_kernel<kDefaultVariant>; break;
-    case 17 | attn::kVariantEarlyWait: kernel = attn::attention_fwd_kernel<17 | attn::kVariantEarlyWait>; break;
     case 17 | attn::kVariantNoTurn: kernel = attn::attention_fwd_kernel<17 | attn::kVariantNoTurn>; break;
     case 17 | attn::kVariantPackEarly: kernel = attn::attention_fwd_kernel<17 | attn::kVariantPackEarly>; break;
-    case 17 | attn::kVariantPoly2: kernel = attn::attention_fwd_kernel<17 | attn::kVariantPoly2>; break;
     default: break;
   }
   persistent = experiment_variant() >= 0 && (experiment_variant() & attn::kVariantPersistent) != 0;
