@@ -151,26 +151,19 @@ struct TileSoftmax {
   // ks: the K tile's scale (from its stage in shared memory, read by the caller).
   __device__ __forceinline__ void run(float (&sc)[64], int j, float ks, float (&m)[2], float (&l)[2],
                                       float (&alpha)[2], uint32_t (&pa)[16]) const {
-    run_cols(sc, j, 0, ks, m, l, alpha, pa);
-  }
-
-  // The same on N accumulators: N / 2 keys of tile j starting at key col0 (a 64-key half for N = 32).
-  template <int N>
-  __device__ __forceinline__ void run_cols(float (&sc)[N], int j, int col0, float ks, float (&m)[2],
-                                           float (&l)[2], float (&alpha)[2], uint32_t (&pa)[N / 4]) const {
     if (masked_tile(j)) {
-      const Rows rows = max_phase<true>(sc, j, col0, ks, m, l, alpha);
-      exp_phase<true>(sc, j, col0, rows, l, pa);
+      const Rows rows = max_phase<true>(sc, j, ks, m, l, alpha);
+      exp_phase<true>(sc, j, rows, l, pa);
     } else {
-      const Rows rows = max_phase<false>(sc, j, col0, ks, m, l, alpha);
-      exp_phase<false>(sc, j, col0, rows, l, pa);
+      const Rows rows = max_phase<false>(sc, j, ks, m, l, alpha);
+      exp_phase<false>(sc, j, rows, l, pa);
     }
   }
 
   template <bool kMasked, int N>
-  __device__ __forceinline__ float value(const float (&sc)[N], int j, int col0, int i) const {
+  __device__ __forceinline__ float value(const float (&sc)[N], int j, int i) const {
     if (!kMasked) return sc[i];
-    const int col = col0 + 8 * (i / 4) + 2 * quad + (i % 2);
+    const int col = 8 * (i / 4) + 2 * quad + (i % 2);
     return col >= Lk - j * kTile ? -INFINITY : sc[i];  // keys past the sequence's end
   }
 
@@ -185,9 +178,9 @@ struct TileSoftmax {
 
   // Phase 1 (needs S only): the new row maxima, the rescale factor alpha of O and l.
   template <bool kMasked, int N>
-  __device__ __forceinline__ Rows max_phase(const float (&sc)[N], int j, int col0, float ks, float (&m)[2],
+  __device__ __forceinline__ Rows max_phase(const float (&sc)[N], int j, float ks, float (&m)[2],
                                             float (&l)[2], float (&alpha)[2]) const {
-    auto masked = [&](int i) { return value<kMasked>(sc, j, col0, i); };
+    auto masked = [&](int i) { return value<kMasked>(sc, j, i); };
     Rows rows;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -216,9 +209,9 @@ struct TileSoftmax {
   // Phase 2: P = e4m3(256 p) fragments and the row sums. kInPlace: the values 256 p replace S in sc
   // and pa is left alone (packed later by pack(), once the registers of the previous P are free).
   template <bool kMasked, int N, bool kInPlace = false>
-  __device__ __forceinline__ void exp_phase(float (&sc)[N], int j, int col0, const Rows& rows, float (&l)[2],
+  __device__ __forceinline__ void exp_phase(float (&sc)[N], int j, const Rows& rows, float (&l)[2],
                                             uint32_t (&pa)[N / 4]) const {
-    auto masked = [&](int i) { return value<kMasked>(sc, j, col0, i); };
+    auto masked = [&](int i) { return value<kMasked>(sc, j, i); };
     const float(&mult)[2] = rows.mult;
     const float(&m_new)[2] = rows.m_new;
     // P fragments (see permuted_token in the prepare pass): chunk c of 32 keys uses accumulators
@@ -435,7 +428,6 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
     if constexpr (kTurns) sm90::named_barrier_sync(my_turn, kTurnThreads);
   };
   VTileUnit vunit;  // kVariantVTile: O's unit (promote_vtile)
-  {
   uint32_t pa[16];
   float alpha[2];
   float ot[64];  // P.V accumulators of one tile (each P.V starts them from zero)
@@ -491,11 +483,11 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
     // softmax, which then no longer overlapped the P.V (docs/attention.md;
     // tests/sass/check_fwd_schedule.py guards this).
     if (sm.masked_tile(j)) {
-      const auto rows = sm.template max_phase<true>(sc, j, 0, ks, m, l, alpha_new);
-      sm.template exp_phase<true, 64, !kPackEarly>(sc, j, 0, rows, l, p_out);
+      const auto rows = sm.template max_phase<true>(sc, j, ks, m, l, alpha_new);
+      sm.template exp_phase<true, 64, !kPackEarly>(sc, j, rows, l, p_out);
     } else {
-      const auto rows = sm.template max_phase<false>(sc, j, 0, ks, m, l, alpha_new);
-      sm.template exp_phase<false, 64, !kPackEarly>(sc, j, 0, rows, l, p_out);
+      const auto rows = sm.template max_phase<false>(sc, j, ks, m, l, alpha_new);
+      sm.template exp_phase<false, 64, !kPackEarly>(sc, j, rows, l, p_out);
     }
   };
   uint32_t pb[16];          // kVariantPackEarly: P of odd tiles
@@ -564,7 +556,6 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   sm90::wgmma_wait<0>();
   fence_all(ot);
   promote(last);
-  }
 
   // ---------------------------------------------------------------------------- epilogue
   const float* v_scale = p.v_scale + (int64_t(b) * p.heads + h) * kHeadDim;
