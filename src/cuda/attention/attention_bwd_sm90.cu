@@ -274,7 +274,6 @@ __device__ __forceinline__ void row_scales(const float (&amax)[2], float (&inv)[
   }
 }
 
-
 // ---------------------------------------------------------------- dK / dV
 struct KvStage {
   alignas(1024) uint8_t q[kTileBytes];     // Q' rows of the Q tile

@@ -11,7 +11,7 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// ---------------------------------------------------------------- mbarrier
+// ---------------------------------------------------------------- shared-memory loads
 // Floats from shared memory with ld.shared (a generic pointer into shared memory otherwise compiles
 // to a generic load); volatile, so never hoisted above an mbarrier wait.
 __device__ __forceinline__ float ld_shared_f32(const float* p) {
@@ -29,6 +29,8 @@ __device__ __forceinline__ float4 ld_shared_f32x4(const void* p) {
   asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(smem_u32(p)));
   return v;
 }
+
+// ---------------------------------------------------------------- mbarrier
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
 }
