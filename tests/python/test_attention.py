@@ -353,6 +353,27 @@ def test_cuda_broadcast_q_equals_cpu(torch_cuda):
     compare_gpu_cpu(gpu, cpu, "broadcast_q")
 
 
+def launch_behind_sleep(torch, launch):
+    """Runs launch((o, l)) on a fresh non-blocking stream behind ~0.1 s of GPU sleep, with o, l
+    poisoned; asserts another stream still read the poison meanwhile (the launch queued on torch's
+    current stream instead of running or writing at once). Returns (o, l) once the stream is done."""
+    To = sum(Q_LENGTHS)
+    o = torch.full((To, H, 128), -7.0, dtype=torch.bfloat16, device="cuda")
+    l = torch.full((H, To), -7.0, dtype=torch.float32, device="cuda")
+    torch.cuda.synchronize()
+    stream, other = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time
+        launch((o, l))
+    with torch.cuda.stream(other):
+        early_o, early_l = o.cpu(), l.cpu()
+    stream.synchronize()
+    assert bool((early_o == -7.0).all()) and bool((early_l == -7.0).all()), (
+        "outputs written before earlier work on torch's current stream finished: the launch did not "
+        "enqueue asynchronously on that stream")
+    return o, l
+
+
 def test_cuda_runs_on_current_stream(torch_cuda):
     # The launches must queue behind work already on the current (non-blocking) stream: while that
     # stream sleeps, another stream still reads the untouched output buffers.
@@ -365,20 +386,7 @@ def test_cuda_runs_on_current_stream(torch_cuda):
     km.upload()
     ops = (mxflash.quantize_mx(torch_of(xq, torch), qm, "hdim"), mxflash.quantize_mx(torch_of(xk, torch), km, "hdim"),
            mxflash.quantize_mx(torch_of(xv, torch), km, "seq"))
-    To = sum(Q_LENGTHS)
-    o = torch.full((To, H, 128), -7.0, dtype=torch.bfloat16, device="cuda")
-    l = torch.full((H, To), -7.0, dtype=torch.float32, device="cuda")
-    torch.cuda.synchronize()
-    stream, other = torch.cuda.Stream(), torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time
-        mxflash.attention_forward(*ops, qm, km, out=(o, l))
-    with torch.cuda.stream(other):
-        early_o, early_l = o.cpu(), l.cpu()
-    stream.synchronize()
-    assert bool((early_o == -7.0).all()) and bool((early_l == -7.0).all()), (
-        "outputs written before earlier work on torch's current stream finished: attention_forward did "
-        "not enqueue asynchronously on that stream")
+    o, l = launch_behind_sleep(torch, lambda out: mxflash.attention_forward(*ops, qm, km, out=out))
     compare_gpu_cpu((o, l), cpu, "current stream")
 
 

@@ -10,7 +10,7 @@ import pytest
 
 import mxflash
 from mxflash import _mxflash
-from test_attention import attention_fp64, cu, raises_exactly, sentinel, sqnr_db, untouched
+from test_attention import cu, raises_exactly, sentinel, sqnr_db, untouched
 
 BF16 = ml_dtypes.bfloat16
 H = 2
