@@ -18,7 +18,7 @@ mkdir -p "$OUT"
 BIN=${BIN:-.gpu-bin}
 SECTIONS=${SECTIONS:-"tests sanitizer python report bench accuracy peers"}
 # "ab" (not in the default list): the forward and backward variants staged in $BIN/exp
-# (EXPERIMENTS=1 scripts/stage_gpu_bin.sh): their GPU tests and speed.
+# (EXPERIMENTS=1 scripts/stage_gpu_bin.sh): their GPU tests and speed; and both work-list orders.
 # "accuracy_full" (not in the default list): issue 4's whole forward accuracy matrix (minutes).
 # "accuracy_bwd" (not in the default list): issue 5's backward accuracy matrix (minutes).
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
@@ -95,30 +95,38 @@ if want bench && [ -x "$BIN/mxflash-bench" ]; then
   cat "$OUT/bench_attention.log"
 fi
 if want ab && [ -x "$BIN/exp/mxflash_tests_gpu" ]; then
-  # Attention forward variants (docs/attention.md): 17 the default (tree reductions, softmax under
-  # the same warpgroup's P.V), 49 = 17 as a persistent kernel (not yet run on a GPU), 33 = 1
-  # persistent, 1 tree reductions only, 0 plain, 9 split-S, 3 / 5 / 7 diagnostics (no softmax /
-  # no K,V reloads / no wgmma: garbage out, speed floors only).
-  for v in ${AB_TEST_VARIANTS:-49 33 17 1 0 9}; do
+  # Attention forward variants (docs/attention.md): on MX tensors 17 the default (tree reductions,
+  # softmax under the same warpgroup's P.V), 49 = 17 as a persistent kernel, 33 = 1 persistent, 1
+  # tree reductions only, 0 plain, 3 / 5 / 7 diagnostics (no softmax / no K,V reloads / no wgmma:
+  # garbage out, speed floors only); on the operands (mxfp8-exec) 32881 the default as a persistent
+  # kernel, 41041 without ping-pong turns. Other variants run the default kernel of each path.
+  for v in ${AB_TEST_VARIANTS:-49 33 17 1 0 32881 41041}; do
     note "forward variant $v: attention GPU tests"
-    MXFLASH_FWD_VARIANT=$v "$BIN/exp/mxflash_tests_gpu" --gtest_brief=1 --gtest_filter='AttentionFwdGpu.*' \
+    MXFLASH_FWD_VARIANT=$v "$BIN/exp/mxflash_tests_gpu" --gtest_brief=1 --gtest_filter='AttentionFwd*' \
       > "$OUT/ab_tests_v$v.log" 2>&1 || { status=1; note "FORWARD VARIANT $v TESTS FAILED"; }
     tail -n 2 "$OUT/ab_tests_v$v.log"
   done
-  for v in ${AB_SPEED_VARIANTS:-49 33 17 1 0 9 3 5 7}; do
+  for v in ${AB_SPEED_VARIANTS:-49 33 17 1 0 3 5 7 32881 41041}; do
     note "forward variant $v: speed"
-    MXFLASH_FWD_VARIANT=$v "$BIN/exp/mxflash-bench" --preset all --workload fwd --impl mxfp8 \
+    MXFLASH_FWD_VARIANT=$v "$BIN/exp/mxflash-bench" --preset all --workload fwd --impl mxfp8,mxfp8-exec \
       --warmup-s 0.3 --window-s 1 2>/dev/null | grep -E "^(llm|cross|jagged)"
   done
-  # Backward variants (docs/backward.md): 0 the default (persistent dK/dV kernel), 1 one CTA per dK/dV item,
-  # 8 / 24 dQ fused into the dK/dV kernel (not yet run on a GPU; 24 with dV promoted per half).
-  for v in ${AB_BWD_VARIANTS:-8 24 0 1}; do
+  # Backward variants (docs/backward.md): 0 the default (persistent dK/dV kernel), 1 one CTA per
+  # dK/dV item, 8 / 24 dQ fused into the dK/dV kernel (red.global; 24 with dV promoted per half),
+  # 264 fused with bulk reductions, 56 the fused form without its reduction (dQ wrong: speed only).
+  for v in ${AB_BWD_VARIANTS:-0 1 8 24 264 56}; do
     note "backward variant $v: backward GPU tests and speed"
     MXFLASH_BWD_VARIANT=$v "$BIN/exp/mxflash_tests_gpu" --gtest_brief=1 --gtest_filter='AttentionBwdGpu.*' \
-      > "$OUT/ab_bwd_tests_v$v.log" 2>&1 || { status=1; note "BACKWARD VARIANT $v TESTS FAILED"; }
+      > "$OUT/ab_bwd_tests_v$v.log" 2>&1 || { [ "$v" = 56 ] || { status=1; note "BACKWARD VARIANT $v TESTS FAILED"; }; }
     tail -n 2 "$OUT/ab_bwd_tests_v$v.log"
     MXFLASH_BWD_VARIANT=$v "$BIN/exp/mxflash-bench" --preset all --workload bwd --impl mxfp8 \
       --warmup-s 0.3 --window-s 1 2>/dev/null | grep -E "^(llm|cross|jagged)"
+  done
+  # Work-list order forced each way (src/cuda/common/launch_utils.cuh, heads_in_turn; default build).
+  for o in heads tiles; do
+    note "work order $o: speed"
+    MXFLASH_WORK_ORDER=$o "$BIN/mxflash-bench" --preset all --workload fwd,bwd --impl mxfp8,mxfp8-exec \
+      --warmup-s 0.3 --window-s 1 2>/dev/null | grep -E "^(llm|cross|jagged)" | grep -v unsupported
   done
 fi
 if want peers && [ -f scripts/peer_check.py ]; then

@@ -6,9 +6,12 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "mxflash/status.h"
 #include "mxflash/tensor.h"
 
 namespace mxflash::gputest {
@@ -86,6 +89,29 @@ inline ::testing::AssertionResult same_bytes(const std::vector<uint8_t>& cpu, co
   std::snprintf(buf, sizeof(buf), "%zu of %zu bytes differ; first at byte %zu: cpu 0x%02X, gpu 0x%02X", bad, cpu.size(),
                 first, cpu[first], gpu[first]);
   return ::testing::AssertionFailure() << buf;
+}
+
+// Runs `launch` once in each work-list order of the attention kernels (MXFLASH_WORK_ORDER=heads
+// and =tiles, src/cuda/common/launch_utils.cuh: the order chosen by problem size), `outputs`
+// poisoned first, and expects them byte for byte as they are now: the order only moves work items
+// between CTAs and in time, so no value may depend on it.
+inline void expect_same_bytes_in_every_work_order(const std::vector<DeviceBuffer*>& outputs,
+                                                  const std::function<Status()>& launch) {
+  std::vector<std::vector<uint8_t>> want;
+  for (DeviceBuffer* b : outputs) want.push_back(b->download());
+  const char* old = std::getenv("MXFLASH_WORK_ORDER");
+  const std::string saved = old ? old : "";
+  for (const char* order : {"heads", "tiles"}) {
+    setenv("MXFLASH_WORK_ORDER", order, 1);
+    for (DeviceBuffer* b : outputs) b->fill(kDevicePoison);
+    const Status st = launch();
+    if (old) setenv("MXFLASH_WORK_ORDER", saved.c_str(), 1);
+    else unsetenv("MXFLASH_WORK_ORDER");
+    ASSERT_TRUE(st.ok()) << "work order " << order << ": " << st.message();
+    ASSERT_TRUE(device_ok());
+    for (size_t i = 0; i < outputs.size(); ++i)
+      EXPECT_TRUE(same_bytes(want[i], outputs[i]->download())) << "work order " << order << ", output " << i;
+  }
 }
 
 }  // namespace mxflash::gputest

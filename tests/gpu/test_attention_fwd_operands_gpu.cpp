@@ -175,6 +175,11 @@ void run_case(const Case& c, uint64_t seed, bool attention) {
   ASSERT_TRUE(gputest::device_ok());
   const std::vector<double> og = gputest::checked_forward_out(out_gpu, lse_gpu, lse_cpu);
   ASSERT_FALSE(og.empty());
+  gputest::expect_same_bytes_in_every_work_order({&out_gpu, &lse_gpu}, [&] {
+    return attention_forward(got.ops, qm, km, opt,
+                             make_view(out_gpu.get(), DType::kBFloat16, Device::kCUDA, {To, H, kHeadDim}),
+                             make_view(lse_gpu.get(), DType::kFloat32, Device::kCUDA, {H, To}));
+  });
   std::vector<double> oc(og.size()), om(og.size());
   for (size_t i = 0; i < og.size(); ++i) {
     oc[i] = bf16_to_float(out_cpu[i]);

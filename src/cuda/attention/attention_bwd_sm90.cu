@@ -208,8 +208,14 @@ struct BwdParams {
   const int32_t* cu_q_sf;
   const int32_t* cu_k;
   const int32_t* cu_k_sf;
-  const int2* items;  // (K/V sequence b, tile): K/V tiles (dK/dV kernel) or Q tiles (dQ kernel)
+  // Per tile of the work list (K/V tiles for the dK/dV kernel, Q tiles for the dQ kernel), sequences
+  // with the most work per tile first: (sequence b, list position of b's first tile). Work item
+  // `index` of the items x heads is item_of's (b, head, tile): a sequence's items are its heads,
+  // each with its tiles in a row, so that the CTAs working at once share one or two heads' Q-side
+  // (dK/dV) or K/V-side (dQ) tiles and dQ accumulator rows in L2, unless heads_inner.
+  const int2* items;
   int num_items;      // items x heads: the persistent dK/dV kernel's work list
+  bool heads_inner;   // heads in turn per tile instead (heads_in_turn)
   int heads;
   int64_t Pq, Pk, Po;
   bool broadcast_q;
@@ -236,14 +242,19 @@ struct Item {
   int64_t o_pad0;  // padded output row of the sequence's row 0
 };
 
+// kKvTiles: the items are K/V tiles (dK/dV kernel), otherwise Q tiles (dQ kernel).
+template <bool kKvTiles>
 __device__ __forceinline__ Item item_of(const BwdParams& p, unsigned index) {
   Item w;
-  w.h = int(index % unsigned(p.heads));
   const int2 it = p.items[index / unsigned(p.heads)];
-  w.b = it.x, w.blk = it.y;
+  w.b = it.x;
   w.qb = p.broadcast_q ? 0 : w.b;
   w.Lq = p.cu_q[w.qb + 1] - p.cu_q[w.qb];
   w.Lk = p.cu_k[w.b + 1] - p.cu_k[w.b];
+  const unsigned tiles = unsigned(((kKvTiles ? w.Lk : w.Lq) + kTile - 1) / kTile);  // >= 1: b has items
+  const unsigned off = index - unsigned(it.y) * unsigned(p.heads);  // within b's items x heads
+  w.h = int(p.heads_inner ? off % unsigned(p.heads) : off / tiles);
+  w.blk = int(p.heads_inner ? off / unsigned(p.heads) : off % tiles);
   w.o_pad0 = p.broadcast_q ? int64_t(w.b) * p.lq_pad : int64_t(p.cu_q_sf[w.b]);
   return w;
 }
@@ -351,7 +362,9 @@ __device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
 // the order of the additions varies). Keys past the sequence's end get dS = 0 first. The
 // workspace's dQ accumulator is zeroed before and turned into bf16 after (sum_dq_kernel).
 // kDiag (diagnostics of the fused form, experiment builds; dQ is wrong under them): bit 0 no
-// reduction into dq_acc, bit 1 no dQ GEMM either, bit 2 no dS tile (no named barriers) either.
+// reduction into dq_acc, bit 1 no dQ GEMM either, bit 2 no dS tile (no named barriers) either;
+// with kBulkDq: bit 3 no wait for the previous reductions to have read the staging boxes (racy),
+// bit 4 no stores into the boxes, bit 5 no reductions issued.
 // kBulkDq (experiment, with kFusedDq; MXFLASH_BWD_VARIANT bit 8): dQ reduced into dq_acc from
 // shared memory by bulk tensor reductions (cp.reduce.async.bulk.tensor, one per warp and 16 x 32
 // box) instead of red.global.add.v2.f32 from registers.
@@ -417,7 +430,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kPersistent) {
       int it = 0, kv_i = 0;
       for (unsigned index = blockIdx.x; index < unsigned(p.num_items); index += gridDim.x) {
-        const Item w = item_of(p, index);
+        const Item w = item_of<true>(p, index);
         const int n_q = (w.Lq + kTile - 1) / kTile;
         if (n_q == 0) continue;
         produce(w, n_q, it, kv_i);
@@ -425,7 +438,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         ++kv_i;
       }
     } else {
-      const Item w = item_of(p, blockIdx.x);
+      const Item w = item_of<true>(p, blockIdx.x);
       const int n_q = (w.Lq + kTile - 1) / kTile;
       if (n_q > 0) produce(w, n_q, 0, 0);
     }
@@ -526,7 +539,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           // those rows are the next sequence's, and adding +0 leaves them unchanged), then lane 0
           // reduces them into dq_acc. The boxes are free again once the previous half's reductions
           // have read them.
-          if (me.lane == 0) sm90::bulk_wait_read<0>();
+          if ((kDiag & 8) == 0 && me.lane == 0) sm90::bulk_wait_read<0>();
           __syncwarp();
           const uint32_t box0 = sm90::smem_u32(&f.dqs[me.cw][me.warp][0][0]);
           const int q0 = j * kTile + hh * kHalf + me.warp * 16;  // the warp's first query
@@ -541,12 +554,13 @@ __global__ void __launch_bounds__(kThreads, 1)
               const float a = valid ? g[4 * jn + 2 * r] * (scale_b * k2.x) : 0.f;
               const float c = valid ? g[4 * jn + 2 * r + 1] * (scale_b * k2.y) : 0.f;
               const uint32_t at = box0 + (jn / 4) * 2048 + lr * 128 + ((chunk ^ (lr % 8)) << 4) + 8 * (me.quad % 2);
-              asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(at), "f"(a), "f"(c) : "memory");
+              if constexpr ((kDiag & 16) == 0)
+                asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(at), "f"(a), "f"(c) : "memory");
             }
           }
           sm90::fence_proxy_async_smem();
           __syncwarp();
-          if (me.lane == 0 && q0 < w.Lq) {
+          if ((kDiag & 32) == 0 && me.lane == 0 && q0 < w.Lq) {
             const int tok0 = int(p.cu_q[w.qb]) + q0;
 #pragma unroll
             for (int bx = 0; bx < 2; ++bx)
@@ -727,7 +741,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kPersistent) {
     int it = 0, kv_i = 0;
     for (unsigned index = blockIdx.x; index < unsigned(p.num_items); index += gridDim.x) {
-      const Item w = item_of(p, index);
+      const Item w = item_of<true>(p, index);
       const int n_q = (w.Lq + kTile - 1) / kTile;
       consume(w, n_q, it, kv_i);
       if (n_q > 0) {
@@ -736,7 +750,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   } else {
-    const Item w = item_of(p, blockIdx.x);
+    const Item w = item_of<true>(p, blockIdx.x);
     consume(w, (w.Lq + kTile - 1) / kTile, 0, 0);
   }
   if constexpr (kBulkDq) {
@@ -768,7 +782,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   QSmem& s = *reinterpret_cast<QSmem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const int wg = attn::warpgroup_index(), tid = threadIdx.x % kWarpgroupThreads;
-  const Item w = item_of(p, blockIdx.x);
+  const Item w = item_of<false>(p, blockIdx.x);
   const int n_k = (w.Lk + kTile - 1) / kTile;
   init_pipeline(&s.q_full, s.full, s.empty);
   const int64_t o_row = w.o_pad0 + int64_t(w.blk) * kTile;  // padded output row of the Q tile
@@ -940,6 +954,13 @@ int bwd_variant() {
 // Experiment builds, MXFLASH_BWD_VARIANT bit 3: dQ in the dK/dV kernel (kFusedDq; not yet run).
 bool fused_dq_variant() { return (bwd_variant() & 8) != 0; }
 
+// BwdParams::heads_inner for a work list whose items read the other side's `len` tokens of
+// `bytes_per_token` each, per head.
+bool heads_inner(int64_t heads, const std::vector<int>& len, int64_t bytes_per_token) {
+  const int64_t longest = len.empty() ? 0 : *std::max_element(len.begin(), len.end());
+  return heads_in_turn(heads, longest * bytes_per_token);
+}
+
 struct BwdWorkspace {
   size_t q, k, v, qt, kt, dout, dot, info, q_scale, k_scale, v_scale, qt_byte, qt_scale, kt_byte, kt_scale, dot_scale,
       kv_items, q_items, dq_part, dk_f32, dv_f32, dk_sq, dv_sq, dq_acc, total;
@@ -983,13 +1004,17 @@ BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n
   return w;
 }
 
-// Work items (b, tile) of every sequence, the ones with the most work per item first.
+// The work list (BwdParams::items) of tiles_of[b] tiles per sequence b: the sequences with the most
+// work per tile first, each as (b, list position of its first tile) once per tile.
 std::vector<int2> items_by_work(int batch, const std::vector<int>& tiles_of, const std::vector<int>& work_of) {
+  std::vector<int> order(static_cast<size_t>(batch));
+  for (int b = 0; b < batch; ++b) order[size_t(b)] = b;
+  std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return work_of[size_t(x)] > work_of[size_t(y)]; });
   std::vector<int2> items;
-  for (int b = 0; b < batch; ++b)
-    for (int t = 0; t < tiles_of[size_t(b)]; ++t) items.push_back(make_int2(b, t));
-  std::stable_sort(items.begin(), items.end(),
-                   [&](int2 x, int2 y) { return work_of[size_t(x.x)] > work_of[size_t(y.x)]; });
+  for (const int b : order) {
+    const int first = int(items.size());
+    for (int t = 0; t < tiles_of[size_t(b)]; ++t) items.push_back(make_int2(b, first));
+  }
   return items;
 }
 
@@ -1156,6 +1181,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     }
     if (!kv_items.empty()) {
       bp.items = reinterpret_cast<const int2*>(ws + w.kv_items);
+      bp.heads_inner = heads_inner(H, plan.lq, 4 * kHeadDim + sizeof(float4));  // Q, Qᵀ, dO, dOᵀ, info
       const int64_t n_items = int64_t(kv_items.size()) * H;
       bp.num_items = int(n_items);
       const int variant = bwd_variant();
@@ -1179,6 +1205,10 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
         if ((variant & (16 | 32)) == (16 | 32)) kernel = bwd::attention_bwd_dkdv_kernel<true, true, true, 1>;
         if ((variant & (16 | 64)) == (16 | 64)) kernel = bwd::attention_bwd_dkdv_kernel<true, true, true, 3>;
         if ((variant & (16 | 128)) == (16 | 128)) kernel = bwd::attention_bwd_dkdv_kernel<true, true, true, 7>;
+        // Diagnostics of the bulk reduction (bits 12..14 over bit 8, without bit 4).
+        if ((variant & (256 | 4096)) == (256 | 4096)) kernel = bwd::attention_bwd_dkdv_kernel<true, false, true, 8, true>;
+        if ((variant & (256 | 8192)) == (256 | 8192)) kernel = bwd::attention_bwd_dkdv_kernel<true, false, true, 16, true>;
+        if ((variant & (256 | 16384)) == (256 | 16384)) kernel = bwd::attention_bwd_dkdv_kernel<true, false, true, 32, true>;
         smem = bwd::kKvSmemBytesFused;
       }
 #endif
@@ -1203,6 +1233,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       }
     } else if (!q_items.empty()) {
       bp.items = reinterpret_cast<const int2*>(ws + w.q_items);
+      bp.heads_inner = heads_inner(H, plan.lk, 3 * kHeadDim);  // K, V, Kᵀ
       auto kernel = bwd::attention_bwd_dq_kernel;
       MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kQSmemBytes)),
