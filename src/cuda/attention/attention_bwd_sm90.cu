@@ -364,7 +364,8 @@ __device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
 // kDiag (diagnostics of the fused form, experiment builds; dQ is wrong under them): bit 0 no
 // reduction into dq_acc, bit 1 no dQ GEMM either, bit 2 no dS tile (no named barriers) either;
 // with kBulkDq: bit 3 no wait for the previous reductions to have read the staging boxes (racy),
-// bit 4 no stores into the boxes, bit 5 no reductions issued.
+// bit 4 no stores into the boxes, bit 5 no reductions issued, bit 6 no proxy fence after the
+// stores (racy), bit 7 the raw accumulator stored (no scale loads, multiplies or selects).
 // kBulkDq (experiment, with kFusedDq; MXFLASH_BWD_VARIANT bit 8): dQ reduced into dq_acc from
 // shared memory by bulk tensor reductions (cp.reduce.async.bulk.tensor, one per warp and 16 x 32
 // box) instead of red.global.add.v2.f32 from registers.
@@ -551,14 +552,14 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int jn = 0; jn < 8; ++jn) {
               const int col = 8 * jn + 2 * me.quad, chunk = 2 * (jn % 4) + me.quad / 2;
               const float2 k2 = sm90::ld_shared_f32x2(&f.kts[me.cw * kHalf + col]);
-              const float a = valid ? g[4 * jn + 2 * r] * (scale_b * k2.x) : 0.f;
-              const float c = valid ? g[4 * jn + 2 * r + 1] * (scale_b * k2.y) : 0.f;
+              const float a = (kDiag & 128) ? g[4 * jn + 2 * r] : valid ? g[4 * jn + 2 * r] * (scale_b * k2.x) : 0.f;
+              const float c = (kDiag & 128) ? g[4 * jn + 2 * r + 1] : valid ? g[4 * jn + 2 * r + 1] * (scale_b * k2.y) : 0.f;
               const uint32_t at = box0 + (jn / 4) * 2048 + lr * 128 + ((chunk ^ (lr % 8)) << 4) + 8 * (me.quad % 2);
               if constexpr ((kDiag & 16) == 0)
                 asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(at), "f"(a), "f"(c) : "memory");
             }
           }
-          sm90::fence_proxy_async_smem();
+          if constexpr ((kDiag & 64) == 0) sm90::fence_proxy_async_smem();
           __syncwarp();
           if ((kDiag & 32) == 0 && me.lane == 0 && q0 < w.Lq) {
             const int tok0 = int(p.cu_q[w.qb]) + q0;
@@ -1205,10 +1206,12 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
         if ((variant & (16 | 32)) == (16 | 32)) kernel = bwd::attention_bwd_dkdv_kernel<true, true, true, 1>;
         if ((variant & (16 | 64)) == (16 | 64)) kernel = bwd::attention_bwd_dkdv_kernel<true, true, true, 3>;
         if ((variant & (16 | 128)) == (16 | 128)) kernel = bwd::attention_bwd_dkdv_kernel<true, true, true, 7>;
-        // Diagnostics of the bulk reduction (bits 12..14 over bit 8, without bit 4).
+        // Diagnostics of the bulk reduction (bits 12..16 over bit 8, without bit 4).
         if ((variant & (256 | 4096)) == (256 | 4096)) kernel = bwd::attention_bwd_dkdv_kernel<true, false, true, 8, true>;
         if ((variant & (256 | 8192)) == (256 | 8192)) kernel = bwd::attention_bwd_dkdv_kernel<true, false, true, 16, true>;
         if ((variant & (256 | 16384)) == (256 | 16384)) kernel = bwd::attention_bwd_dkdv_kernel<true, false, true, 32, true>;
+        if ((variant & (256 | 32768)) == (256 | 32768)) kernel = bwd::attention_bwd_dkdv_kernel<true, false, true, 64, true>;
+        if ((variant & (256 | 65536)) == (256 | 65536)) kernel = bwd::attention_bwd_dkdv_kernel<true, false, true, 128, true>;
         smem = bwd::kKvSmemBytesFused;
       }
 #endif
