@@ -378,6 +378,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                               const BwdParams p) {
   static_assert(!kBulkDq || kFusedDq, "the bulk reduction is of the fused form's dQ");
   static_assert(!kFusedDq || kPersistent, "the fused form is built on the persistent schedule");
+  // The dQ kernel, launched next with programmatic stream serialization, reads nothing this kernel
+  // writes: its CTAs may take the SMs this kernel's CTAs leave in its last round.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* const smem_base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   KvSmem& s = *reinterpret_cast<KvSmem*>(smem_base);
@@ -885,6 +888,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   // ------------------------------------------------------------------------------ epilogue
+  // Launched as the dK/dV kernel's programmatic dependent (it may start while that kernel's last
+  // CTAs run): the last CTA waits for that kernel to complete, so that this kernel's completion,
+  // which the stream's next work waits for, implies it (dK, dV written and visible).
+  if (blockIdx.x == gridDim.x - 1) asm volatile("griddepcontrol.wait;" ::: "memory");
   const float* kts = p.kt_scale + (int64_t(w.b) * p.heads + w.h) * kHeadDim;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -938,8 +945,8 @@ size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 
 // Kernel variants of experiment builds (-DMXFLASH_FWD_EXPERIMENTS=1), picked with the environment
 // variable MXFLASH_BWD_VARIANT for A/B runs of one binary: bit 0 one CTA per dK/dV item instead of
-// the persistent dK/dV kernel, bit 1 dV promoted per 64-query half (kDvPerHalf). Other builds run
-// variant 0.
+// the persistent dK/dV kernel, bit 1 dV promoted per 64-query half (kDvPerHalf), bit 17 the dQ
+// kernel launched without programmatic stream serialization. Other builds run variant 0.
 int bwd_variant() {
 #if MXFLASH_FWD_EXPERIMENTS
   static const int v = [] {
@@ -1241,9 +1248,19 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kQSmemBytes)),
           "cudaFuncSetAttribute(attention_bwd_dq_kernel)"));
-      kernel<<<unsigned(int64_t(q_items.size()) * H), bwd::kThreads, bwd::kQSmemBytes, stream>>>(
-          tm_q, tm_k, tm_v, tm_do, tm_kt, bp);
-      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_bwd_dq_kernel launch"));
+      // Programmatic dependent of the dK/dV kernel (independent work: see the dQ kernel's epilogue).
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(unsigned(int64_t(q_items.size()) * H));
+      cfg.blockDim = dim3(bwd::kThreads);
+      cfg.dynamicSmemBytes = bwd::kQSmemBytes;
+      cfg.stream = stream;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[0].val.programmaticStreamSerializationAllowed = (bwd_variant() & 131072) == 0 ? 1 : 0;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaLaunchKernelEx(&cfg, kernel, tm_q, tm_k, tm_v, tm_do, tm_kt, bp),
+                                         "attention_bwd_dq_kernel launch"));
     }
     if (p.broadcast_q && !fused && p.Tq > 0) {
       const int64_t n = p.Tq * H * kHeadDim;
