@@ -35,6 +35,7 @@
 #include "cuda/attention/attention_fwd_prepare.cuh"
 #include "cuda/attention/attention_sm90_common.cuh"
 #include "cuda/attention/tma_map.h"
+#include "cuda/attention/work_list.cuh"
 #include "cuda/quantize/mx_device.cuh"
 #include "cuda/quantize/quantize_cuda.h"
 
@@ -208,14 +209,9 @@ struct BwdParams {
   const int32_t* cu_q_sf;
   const int32_t* cu_k;
   const int32_t* cu_k_sf;
-  // Per tile of the work list (K/V tiles for the dK/dV kernel, Q tiles for the dQ kernel), sequences
-  // with the most work per tile first: (sequence b, list position of b's first tile). Work item
-  // `index` of the items x heads is item_of's (b, head, tile): a sequence's items are its heads,
-  // each with its tiles in a row, so that the CTAs working at once share one or two heads' Q-side
-  // (dK/dV) or K/V-side (dQ) tiles and dQ accumulator rows in L2, unless heads_inner.
-  const int2* items;
+  const int2* items;  // the work list (work_list.cuh): K/V tiles (dK/dV kernel) or Q tiles (dQ kernel)
   int num_items;      // items x heads: the persistent dK/dV kernel's work list
-  bool heads_inner;   // heads in turn per tile instead (heads_in_turn)
+  bool heads_inner;   // its order within a sequence (heads_in_turn)
   int heads;
   int64_t Pq, Pk, Po;
   bool broadcast_q;
@@ -251,10 +247,10 @@ __device__ __forceinline__ Item item_of(const BwdParams& p, unsigned index) {
   w.qb = p.broadcast_q ? 0 : w.b;
   w.Lq = p.cu_q[w.qb + 1] - p.cu_q[w.qb];
   w.Lk = p.cu_k[w.b + 1] - p.cu_k[w.b];
-  const unsigned tiles = unsigned(((kKvTiles ? w.Lk : w.Lq) + kTile - 1) / kTile);  // >= 1: b has items
-  const unsigned off = index - unsigned(it.y) * unsigned(p.heads);  // within b's items x heads
-  w.h = int(p.heads_inner ? off % unsigned(p.heads) : off / tiles);
-  w.blk = int(p.heads_inner ? off / unsigned(p.heads) : off % tiles);
+  const unsigned tiles = unsigned(((kKvTiles ? w.Lk : w.Lq) + kTile - 1) / kTile);
+  const attn::HeadTile ht = attn::head_and_tile(index, unsigned(it.y), tiles, unsigned(p.heads), p.heads_inner);
+  w.h = ht.h;
+  w.blk = ht.tile;
   w.o_pad0 = p.broadcast_q ? int64_t(w.b) * p.lq_pad : int64_t(p.cu_q_sf[w.b]);
   return w;
 }
@@ -966,7 +962,7 @@ bool fused_dq_variant() { return (bwd_variant() & 8) != 0; }
 // `bytes_per_token` each, per head.
 bool heads_inner(int64_t heads, const std::vector<int>& len, int64_t bytes_per_token) {
   const int64_t longest = len.empty() ? 0 : *std::max_element(len.begin(), len.end());
-  return heads_in_turn(heads, longest * bytes_per_token);
+  return attn::heads_in_turn(heads, longest * bytes_per_token);
 }
 
 struct BwdWorkspace {
@@ -1012,20 +1008,6 @@ BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n
   return w;
 }
 
-// The work list (BwdParams::items) of tiles_of[b] tiles per sequence b: the sequences with the most
-// work per tile first, each as (b, list position of its first tile) once per tile.
-std::vector<int2> items_by_work(int batch, const std::vector<int>& tiles_of, const std::vector<int>& work_of) {
-  std::vector<int> order(static_cast<size_t>(batch));
-  for (int b = 0; b < batch; ++b) order[size_t(b)] = b;
-  std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return work_of[size_t(x)] > work_of[size_t(y)]; });
-  std::vector<int2> items;
-  for (const int b : order) {
-    const int first = int(items.size());
-    for (int t = 0; t < tiles_of[size_t(b)]; ++t) items.push_back(make_int2(b, first));
-  }
-  return items;
-}
-
 // Output padding, work lists and workspace layout of a problem (host metadata only).
 struct BwdPlan {
   int64_t lq_pad = 0, Po = 0;  // broadcast_q: each output sequence padded to lq_pad rows
@@ -1051,8 +1033,8 @@ BwdPlan plan_of(const AttentionBwdProblem& p) {
     q_tiles[size_t(b)] = (pl.lq[size_t(b)] + bwd::kTile - 1) / bwd::kTile;
     k_tiles[size_t(b)] = (pl.lk[size_t(b)] + bwd::kTile - 1) / bwd::kTile;
   }
-  pl.kv_items = items_by_work(p.batch, k_tiles, pl.lq);  // dK/dV: K/V tiles
-  pl.q_items = items_by_work(p.batch, q_tiles, pl.lk);   // dQ: Q tiles
+  pl.kv_items = attn::work_list(k_tiles, pl.lq);  // dK/dV: K/V tiles
+  pl.q_items = attn::work_list(q_tiles, pl.lk);   // dQ: Q tiles
   pl.w = bwd_layout(p, pl.Po, pl.kv_items.size(), pl.q_items.size());
   return pl;
 }

@@ -23,6 +23,7 @@
 #include "cuda/attention/attention_fwd_prepare.cuh"
 #include "cuda/attention/attention_sm90_common.cuh"
 #include "cuda/attention/tma_map.h"
+#include "cuda/attention/work_list.cuh"
 #include "cuda/common/sm90_primitives.cuh"
 #include "cuda/common/upload.h"
 
@@ -95,12 +96,8 @@ struct FwdParams {
   const float* q_scale;  // (H, Pq)
   const float* k_scale;  // (H, Pk / 128)
   const float* v_scale;  // (B, H, 128); kVariantVTile: (H, Pk / 128)
-  // Per Q tile, sequences facing the most keys first: (sequence b, list position of b's first Q
-  // tile). Work item `index` of the tiles x heads is work_item's (b, head, Q tile): a sequence's
-  // items are its heads, each with its Q tiles in a row, so that the CTAs working at once share
-  // one or two heads' K/V in L2, unless heads_inner.
-  const int2* tiles;
-  bool heads_inner;  // heads in turn per Q tile instead (heads_in_turn)
+  const int2* tiles;  // the work list of Q tiles (work_list.cuh), sequences facing the most keys first
+  bool heads_inner;   // its order within a sequence (heads_in_turn)
   int heads;
   int64_t Pq, Pk, To;
   float scale_log2;
@@ -276,10 +273,10 @@ __device__ __forceinline__ WorkItem work_item(const FwdParams& p, unsigned index
   w.b = work.x;
   w.qb = p.broadcast_q ? 0 : w.b;
   w.Lq = p.cu_q[w.qb + 1] - p.cu_q[w.qb];
-  const unsigned tiles = unsigned((w.Lq + kTile - 1) / kTile);   // >= 1: b has work items
-  const unsigned off = index - unsigned(work.y) * unsigned(p.heads);  // within b's tiles x heads
-  w.h = int(p.heads_inner ? off % unsigned(p.heads) : off / tiles);
-  w.m_block = int(p.heads_inner ? off / unsigned(p.heads) : off % tiles);
+  const unsigned tiles = unsigned((w.Lq + kTile - 1) / kTile);
+  const HeadTile ht = head_and_tile(index, unsigned(work.y), tiles, unsigned(p.heads), p.heads_inner);
+  w.h = ht.h;
+  w.m_block = ht.tile;
   w.Lk = p.cu_k[w.b + 1] - p.cu_k[w.b];
   w.n_tiles = (w.Lk + kTile - 1) / kTile;
   w.q_row = int64_t(w.h) * p.Pq + p.cu_q_sf[w.qb] + int64_t(w.m_block) * kTile;
@@ -729,19 +726,16 @@ WorkspaceLayout layout_of(int batch, int heads, int64_t Pq, int64_t Pk, int64_t 
 }
 
 // The work list (FwdParams::tiles): the Q tiles of every sequence, the sequences facing the most
-// keys first (a jagged batch then finishes its long sequences while short ones fill the gaps).
+// keys first.
 std::vector<int2> schedule(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k, int batch,
                            bool broadcast_q) {
-  std::vector<int> order(static_cast<size_t>(batch));
-  for (int b = 0; b < batch; ++b) order[size_t(b)] = b;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int x, int y) { return cu_k[x + 1] - cu_k[x] > cu_k[y + 1] - cu_k[y]; });
-  std::vector<int2> tiles;
-  for (const int b : order) {
-    const int qb = broadcast_q ? 0 : b, first = int(tiles.size());
-    for (int m = 0; m * attn::kTile < cu_q[qb + 1] - cu_q[qb]; ++m) tiles.push_back(make_int2(b, first));
+  std::vector<int> tiles_of(static_cast<size_t>(batch)), keys_of(static_cast<size_t>(batch));
+  for (int b = 0; b < batch; ++b) {
+    const int qb = broadcast_q ? 0 : b;
+    tiles_of[size_t(b)] = (cu_q[qb + 1] - cu_q[qb] + attn::kTile - 1) / attn::kTile;
+    keys_of[size_t(b)] = cu_k[b + 1] - cu_k[b];
   }
-  return tiles;
+  return attn::work_list(tiles_of, keys_of);
 }
 
 }  // namespace
@@ -829,7 +823,7 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   fp.heads = p.heads;
   int64_t max_lk = 0;
   for (int b = 0; b < p.batch; ++b) max_lk = std::max<int64_t>(max_lk, (*p.host_cu_k)[b + 1] - (*p.host_cu_k)[b]);
-  fp.heads_inner = heads_in_turn(H, max_lk * 2 * kHeadDim);  // K and V, e4m3
+  fp.heads_inner = attn::heads_in_turn(H, max_lk * 2 * kHeadDim);  // K and V, e4m3
   fp.Pq = p.Pq;
   fp.Pk = p.Pk;
   fp.To = p.To;

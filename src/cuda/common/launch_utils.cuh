@@ -4,7 +4,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "mxflash/status.h"
@@ -26,32 +25,6 @@ inline Status check_aligned(const void* p, int bytes, const char* name) {
   if (reinterpret_cast<uintptr_t>(p) % uintptr_t(bytes) == 0) return Status::Ok();
   return Status::Invalid(std::string(name) + ": the CUDA kernels need a " + std::to_string(bytes) +
                          "-byte aligned data pointer");
-}
-
-// The order of an attention kernel's work list (FwdParams::tiles, BwdParams::items): a sequence's
-// items take its heads in turn per tile (true), or run each head's tiles in a row. The CTAs
-// running at once then read the other side's operands (K/V for the forward, Q-side for dK/dV, K/V
-// for dQ) of all heads, or of one or two heads. Heads in turn while all heads' operands
-// (heads x longest sequence's bytes per head) fit in a third of L2. Measured on an H200
-// (docs/performance.md): tiles in a row ran llm-long 4% faster both ways (64 MB of Q-side operands
-// over 16 heads in the backward, 32 MB of K/V in the forward; DRAM reads of the dK/dV kernel 1.29
-// GB -> 0.21 GB), and cross and jagged 4-5% slower backward (under 1 MB). The environment variable
-// MXFLASH_WORK_ORDER=heads|tiles forces one order (A/B runs; the GPU tests check that both give
-// the same bytes).
-inline bool heads_in_turn(int64_t heads, int64_t bytes_per_head) {
-  if (const char* e = std::getenv("MXFLASH_WORK_ORDER")) {
-    if (std::string(e) == "heads") return true;
-    if (std::string(e) == "tiles") return false;
-  }
-  static const int l2 = [] {
-    int dev = 0, bytes = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, dev) != cudaSuccess) {
-      cudaGetLastError();  // only a sizing hint
-      bytes = 50 << 20;
-    }
-    return bytes;
-  }();
-  return heads * bytes_per_head <= int64_t(l2) / 3;
 }
 
 // The current device's SM count.
