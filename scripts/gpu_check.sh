@@ -122,7 +122,7 @@ if want ab && [ -x "$BIN/exp/mxflash_tests_gpu" ]; then
     MXFLASH_BWD_VARIANT=$v "$BIN/exp/mxflash-bench" --preset all --workload bwd --impl mxfp8 \
       --warmup-s 0.3 --window-s 1 2>/dev/null | grep -E "^(llm|cross|jagged)"
   done
-  # Work-list order forced each way (src/cuda/common/launch_utils.cuh, heads_in_turn; default build).
+  # Work-list order forced each way (src/cuda/attention/work_list.cuh, heads_in_turn; default build).
   for o in heads tiles; do
     note "work order $o: speed"
     MXFLASH_WORK_ORDER=$o "$BIN/mxflash-bench" --preset all --workload fwd,bwd --impl mxfp8,mxfp8-exec \

@@ -92,7 +92,7 @@ inline ::testing::AssertionResult same_bytes(const std::vector<uint8_t>& cpu, co
 }
 
 // Runs `launch` once in each work-list order of the attention kernels (MXFLASH_WORK_ORDER=heads
-// and =tiles, src/cuda/common/launch_utils.cuh: the order chosen by problem size), `outputs`
+// and =tiles, src/cuda/attention/work_list.cuh: the order chosen by problem size), `outputs`
 // poisoned first, and expects them byte for byte as they are now: the order only moves work items
 // between CTAs and in time, so no value may depend on it.
 inline void expect_same_bytes_in_every_work_order(const std::vector<DeviceBuffer*>& outputs,
