@@ -1,0 +1,190 @@
+// mxflash-overlap-probe: do Hopper's tensor cores and the MUFU / FMA pipes run at full rate at the
+// same time? One CTA per SM of four warpgroups, each running one fixed stream of work for a fixed
+// count, timed by its own SM clock reads:
+//   warpgroup 0: FP8 wgmma chains (m64n128k32, operands in shared memory; `rs`: A in registers),
+//   warpgroup 1: MUFU.EX2 (16 independent chains per thread, one FMUL each),
+//   warpgroup 2: FFMA (16 independent chains per thread),
+//   warpgroup 3: a second MUFU stream.
+// A run names the streams that work (the others return at once); each stream's rate is printed, so
+// a stream's rate alone and beside another shows what running together costs it. The attention
+// forward's per-tile trace (docs/attention.md) suggested that its exponentials slow down while the
+// tensor cores run; this measures that without the attention kernel around it.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda/common/sm90_primitives.cuh"
+
+namespace {
+
+constexpr int kWarpgroups = 4, kThreads = 128 * kWarpgroups;
+// k32 steps per commit group; every group accumulates into the same registers (a group that
+// started from zero would let the compiler drop the groups before it as dead).
+constexpr int kWgmmaPerGroup = 8;
+enum Stream : int { kTensor = 1, kMufu = 2, kFma = 4, kMufu2 = 8, kRs = 16 };
+
+struct alignas(1024) Smem {
+  uint8_t a[64 * 128];   // 64 rows x 128 bytes, 128-byte swizzle (contents: e4m3 1.0)
+  uint8_t b[128 * 128];  // 128 rows x 128 bytes
+};
+
+__device__ __forceinline__ uint64_t clock64_now() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
+  return t;
+}
+
+template <bool kRsA>
+__global__ void __launch_bounds__(kThreads, 1)
+    probe_kernel(int streams, int n_tensor, int n_mufu, int n_fma, unsigned long long* cycles, float* sink,
+                 bool random) {
+  extern __shared__ uint8_t raw[];
+  Smem& s = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+  for (int i = threadIdx.x; i < int(sizeof(Smem) / 4); i += blockDim.x)
+    reinterpret_cast<uint32_t*>(&s)[i] = random ? (uint32_t(i) * 2654435761u) & 0x77777777u : 0x38383838u;
+  mxflash::sm90::fence_proxy_async_smem();
+  __syncthreads();
+  const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  const bool on = wg == 0 ? (streams & kTensor) : wg == 1 ? (streams & kMufu) : wg == 2 ? (streams & kFma)
+                                                                                      : (streams & kMufu2);
+  if (!on) return;
+  float acc = 0.f;
+  const uint64_t t0 = clock64_now();
+  if (wg == 0) {
+    float d[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) d[i] = 0.f;
+    const uint64_t da = mxflash::sm90::make_desc_k128b(s.a), db = mxflash::sm90::make_desc_k128b(s.b);
+    const uint32_t a[4] = {0x38383838u, 0x38383838u, 0x38383838u, 0x38383838u};
+    for (int it = 0; it < n_tensor; ++it) {
+      mxflash::sm90::wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kWgmmaPerGroup; ++k) {
+        if constexpr (kRsA)
+          mxflash::sm90::wgmma_m64n128k32_rs(d, a, db + 2 * (k % 4), (it | k) != 0);
+        else
+          mxflash::sm90::wgmma_m64n128k32_ss(d, da + 2 * (k % 4), db + 2 * (k % 4), (it | k) != 0);
+      }
+      mxflash::sm90::wgmma_commit();
+      mxflash::sm90::wgmma_wait<0>();
+    }
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc += d[i];
+  } else if (wg == 2) {
+    float x[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) x[i] = 0.001f * float(t + i);
+    for (int it = 0; it < n_fma; ++it) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) x[i] = fmaf(x[i], 0.999f, 0.001f);
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) acc += x[i];
+  } else {
+    float x[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) x[i] = 0.01f * float((t + i) % 64);
+    for (int it = 0; it < n_mufu; ++it) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        float y;
+        asm volatile("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x[i]));
+        x[i] = y * 0.5f;  // [0.5, 1) stays in [0.5, 1)
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) acc += x[i];
+  }
+  const uint64_t t1 = clock64_now();
+  if (t == 0) cycles[blockIdx.x * kWarpgroups + wg] = t1 - t0;
+  if (acc == 12345.f) sink[0] = acc;  // keeps the streams alive
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "overlap_probe: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int n_tensor = 2000, n_mufu = 8000, n_fma = 60000;
+  bool random = false;  // --random 1: operand bytes from a hash (finite e4m3) instead of all 1.0
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--random")) random = std::atoi(argv[i + 1]) != 0;
+    if (!std::strcmp(argv[i], "--tensor")) n_tensor = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--mufu")) n_mufu = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--fma")) n_fma = std::atoi(argv[i + 1]);
+  }
+  int sms = 0;
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
+  const size_t smem = sizeof(Smem) + 1024;
+  check(cudaFuncSetAttribute(probe_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "smem");
+  check(cudaFuncSetAttribute(probe_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "smem");
+  unsigned long long* d_cycles = nullptr;
+  float* d_sink = nullptr;
+  check(cudaMalloc(&d_cycles, sizeof(unsigned long long) * sms * kWarpgroups), "malloc");
+  check(cudaMalloc(&d_sink, sizeof(float)), "malloc");
+  struct Run { const char* name; int streams; };
+  const Run runs[] = {
+      {"tensor (SS)", kTensor}, {"tensor (RS)", kTensor | kRs}, {"mufu", kMufu}, {"fma", kFma},
+      {"mufu + mufu", kMufu | kMufu2}, {"tensor (SS) + mufu", kTensor | kMufu},
+      {"tensor (RS) + mufu", kTensor | kRs | kMufu}, {"tensor (SS) + fma", kTensor | kFma},
+      {"tensor (RS) + fma", kTensor | kRs | kFma}, {"tensor (SS) + mufu + mufu", kTensor | kMufu | kMufu2},
+      {"tensor (SS) + mufu + fma", kTensor | kMufu | kFma},
+  };
+  std::printf("%-28s %14s %14s %14s %14s   (per SM and cycle, medians over %d SMs)\n", "streams", "tensor FLOP",
+              "mufu (wg 1)", "ffma (wg 2)", "mufu (wg 3)", sms);
+  cudaEvent_t e0, e1;
+  check(cudaEventCreate(&e0), "event");
+  check(cudaEventCreate(&e1), "event");
+  for (const Run& r : runs) {
+    float ms = 0.f;
+    for (int rep = 0; rep < 2; ++rep) {  // the first launch warms up
+      auto kernel = (r.streams & kRs) ? probe_kernel<true> : probe_kernel<false>;
+      check(cudaEventRecord(e0), "event");
+      kernel<<<sms, kThreads, smem>>>(r.streams, n_tensor, n_mufu, n_fma, d_cycles, d_sink, random);
+      check(cudaGetLastError(), "launch");
+      check(cudaEventRecord(e1), "event");
+      check(cudaDeviceSynchronize(), "run");
+      check(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+    }
+    std::vector<unsigned long long> c(size_t(sms) * kWarpgroups);
+    check(cudaMemcpy(c.data(), d_cycles, c.size() * sizeof(c[0]), cudaMemcpyDeviceToHost), "copy");
+    auto median = [&](int wg) {
+      std::vector<unsigned long long> v;
+      for (int b = 0; b < sms; ++b) v.push_back(c[size_t(b) * kWarpgroups + size_t(wg)]);
+      std::sort(v.begin(), v.end());
+      return double(v[v.size() / 2]);
+    };
+    const double work[kWarpgroups] = {double(n_tensor) * kWgmmaPerGroup * 64 * 128 * 32 * 2,
+                                      double(n_mufu) * 16 * 128, double(n_fma) * 16 * 128,
+                                      double(n_mufu) * 16 * 128};
+    const int bit[kWarpgroups] = {kTensor, kMufu, kFma, kMufu2};
+    std::printf("%-28s", r.name);
+    for (int wg = 0; wg < kWarpgroups; ++wg) {
+      if (r.streams & bit[wg]) std::printf(" %14.1f", work[wg] / median(wg));
+      else std::printf(" %14s", "-");
+    }
+    // Wall-clock cross-check: the tensor stream's TFLOP/s over the whole launch, and the SM clock
+    // that the cycle counts imply.
+    const double max_cycles = [&] {
+      double m = 0;
+      for (int wg = 0; wg < kWarpgroups; ++wg)
+        if (r.streams & bit[wg]) m = std::max(m, median(wg));
+      return m;
+    }();
+    std::printf("   %.3f ms, %.2f GHz", ms, max_cycles / (ms * 1e6));
+    if (r.streams & kTensor) std::printf(", tensor %.0f TFLOP/s", work[0] * sms / (ms * 1e9));
+    std::printf("\n");
+  }
+  return 0;
+}
