@@ -21,6 +21,8 @@ SECTIONS=${SECTIONS:-"tests sanitizer python report bench accuracy peers"}
 # (EXPERIMENTS=1 scripts/stage_gpu_bin.sh): their GPU tests and speed; and both work-list orders.
 # "accuracy_full" (not in the default list): issue 4's whole forward accuracy matrix (minutes).
 # "accuracy_bwd" (not in the default list): issue 5's backward accuracy matrix (minutes).
+# "probe" (not in the default list): mxflash-overlap-probe (tensor cores beside MUFU / FMA work on
+# one SM, seconds) and, with $BIN/exp staged, the forward's per-tile consumer trace on llm-long.
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 status=0
 note() { echo "== $*" | tee -a "$OUT/summary.txt"; }
@@ -93,6 +95,17 @@ if want bench && [ -x "$BIN/mxflash-bench" ]; then
   note "mxflash-bench attention presets (mxfp8 vs cuDNN BF16 and FP8, --check)"
   "$BIN/mxflash-bench" --preset all --workload fwd,bwd --check ${BENCH_ARGS:-} --json "$OUT/bench_attention.json" > "$OUT/bench_attention.log" 2>"$OUT/bench_attention.err" || { status=1; note "BENCH ATTENTION FAILED"; }
   cat "$OUT/bench_attention.log"
+fi
+if want probe && [ -x "$BIN/mxflash-overlap-probe" ]; then
+  note "mxflash-overlap-probe (random operands)"
+  "$BIN/mxflash-overlap-probe" --random 1 > "$OUT/probe.log" 2>&1 || { status=1; note "PROBE FAILED"; }
+  cat "$OUT/probe.log"
+  if [ -x "$BIN/exp/mxflash-bench" ]; then  # 294993 = the operands default 32849 + the trace bit 18
+    note "forward consumer trace (llm-long, variant 294993)"
+    MXFLASH_FWD_VARIANT=294993 MXFLASH_FWD_TRACE="$OUT/fwd_trace.txt" "$BIN/exp/mxflash-bench" --preset llm-long \
+      --workload fwd --impl mxfp8-exec --warmup-s 0.3 --window-s 0.5 2>/dev/null | grep -E "^llm" || status=1
+    python3 scripts/fwd_trace.py "$OUT/fwd_trace.txt" --tiles 10:11 || status=1
+  fi
 fi
 if want ab && [ -x "$BIN/exp/mxflash_tests_gpu" ]; then
   # Attention forward variants (docs/attention.md): on MX tensors 17 the default (tree reductions,

@@ -37,8 +37,6 @@ inline constexpr int kWarpgroupThreads = 128;
 inline constexpr int kThreads = kWarpgroupThreads * (1 + kConsumerWarpgroups);
 inline constexpr int kRowsPerConsumer = 64;  // wgmma M
 inline constexpr int kTileBytes = kTile * kHeadDim;
-inline constexpr int kOnesBytes = 8 * 128;  // kVariantRowSumMma: 8 rows of ones after each V tile
-inline constexpr int kVStageBytes = kTileBytes + kOnesBytes;
 inline constexpr int kProducerRegs = 24;
 inline constexpr int kConsumerRegs = 240;
 inline constexpr float kPScaleLog2 = 8.f;  // P stored as e4m3(256 p)
@@ -73,24 +71,12 @@ inline constexpr int kVariantNoTurn = 8192;
 // alternate; the loop is unrolled by two), instead of after the wait for P.V(j-1): only the
 // promotion is left behind that wait. 16 registers more.
 inline constexpr int kVariantPackEarly = 32768;
-// Bit 17 (experiment): P's row sums from the tensor cores. Every V stage carries 8 more B rows of
-// ones (e4m3 1.0) after its tile, P.V runs as m64n136k32, and accumulator columns 128..135 return
-// the tile's row sums of the quantized P (the sum of e4m3(256 p), in every thread of the row's
-// quad), promoted with O: the softmax loses its 64 FADDs per tile and thread, the epilogue its quad
-// reduction; the tensor cores do 6% more P.V work. l is then the sum of the P that multiplies V.
-inline constexpr int kVariantRowSumMma = 131072;
-// Bit 18 (experiments build only; diagnostic, correct output): lane 0 of each consumer warpgroup's
-// first warp in a few CTAs records the SM clock at seven points of every K/V tile of the
-// pack-early loop into g_fwd_trace, and the host writes that table to the file named by
-// MXFLASH_FWD_TRACE after the 30th launch: the consumers' timeline, phase by phase.
+// Bit 18 (experiments build only; a diagnostic with correct output): lane 0 of the first warp of
+// each consumer warpgroup in four CTAs (0, 700, 1400, 1900) reads the SM clock at seven points of
+// every K/V tile of the pack-early loop (turn taken / GEMMs issued / S done / row maxima / exps
+// done / P.V done / promoted) into g_fwd_trace; the host writes the table to the file named by
+// MXFLASH_FWD_TRACE after the 30th launch (scripts/fwd_trace.py prints it by phase).
 inline constexpr int kVariantTrace = 262144;
-// Bit 19 (turns for the exponentials, named barriers around each tile's exp phase): measured -2%,
-// and ptxas moved most exponentials above the barrier anyway; removed (docs/attention.md).
-// Bit 20 (experiment, with bit 15): P through shared memory. Each warpgroup stores P of tile j
-// (packed e4m3, 16 words per thread) into one of two 8 KB tiles in the 128-byte-swizzled K-major
-// layout, and P.V runs with both operands in shared memory (SS) instead of P as the register A
-// operand (RS): in mxflash-overlap-probe, RS wgmma next to FMA-pipe work ran 15% slower than SS.
-inline constexpr int kVariantPSmem = 1048576;
 inline constexpr int kTraceCtas = 4, kTraceTiles = 64, kTraceEvents = 8;
 #if MXFLASH_FWD_EXPERIMENTS
 __device__ uint32_t g_fwd_trace[kTraceCtas][kConsumerWarpgroups][kTraceTiles][kTraceEvents];
@@ -98,6 +84,10 @@ __device__ uint32_t g_fwd_trace[kTraceCtas][kConsumerWarpgroups][kTraceTiles][kT
 __device__ __forceinline__ int trace_slot(unsigned cta) {
   return cta == 0 ? 0 : cta == 700 ? 1 : cta == 1400 ? 2 : cta == 1900 ? 3 : -1;
 }
+// Bits 17 (P's row sums from the tensor cores: V' plus 8 rows of ones, P.V as m64n136k32, the 64
+// FADDs per tile and thread gone), 19 (turns for the exponentials: named barriers around each
+// tile's exp phase) and 20 (P through shared memory, P.V as SS wgmma): measured 2026-11-29 night,
+// +-0, -2% and -10%; removed (docs/attention.md; commit 241577e has the code of 17 and 20).
 __host__ __device__ constexpr int variant_diag(int v) { return (v >> 1) & 3; }
 static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs * kWarpgroupThreads * kConsumerWarpgroups <= 65536,
               "register budget exceeds the register file");
@@ -106,8 +96,7 @@ static_assert(kRowsPerConsumer * kConsumerWarpgroups == kTile, "consumers must c
 struct SharedStorage {
   alignas(1024) uint8_t q[kTileBytes];
   alignas(1024) uint8_t k[kStages][kTileBytes];
-  alignas(1024) uint8_t v[kStages][kVStageBytes];  // the V' tile, then kOnesBytes (kVariantRowSumMma)
-  alignas(1024) uint8_t p[kConsumerWarpgroups][2][kRowsPerConsumer * kTile];  // kVariantPSmem: P tiles
+  alignas(1024) uint8_t v[kStages][kTileBytes];
   float k_scale[kStages];  // each stage's K tile scale, stored by the producer before it arms `full`
   float v_scale[kStages];  // kVariantVTile: each stage's V tile scale, stored alike
   alignas(8) uint64_t q_full;
@@ -142,7 +131,6 @@ __device__ __forceinline__ int stage_of(int n) { return int(unsigned(n) % kStage
 __device__ __forceinline__ uint32_t phase_of(int n) { return (unsigned(n) / kStages) & 1u; }
 
 inline constexpr int kTurnBarrier0 = 1;  // named barriers 1, 2: the consumers' GEMM turns (0 is __syncthreads)
-inline constexpr int kPBarrier0 = 3;     // named barriers 3, 4: each warpgroup's P tile stored (kVariantPSmem)
 
 // S(64x128) = Q(64 rows of this warpgroup) . K(tile)^T, 4 k32 steps over the head dim.
 __device__ __forceinline__ void issue_s(float (&sc)[64], uint64_t desc_q, uint64_t desc_k) {
@@ -153,57 +141,21 @@ __device__ __forceinline__ void issue_s(float (&sc)[64], uint64_t desc_q, uint64
 }
 
 // O_tile(64x128) = P(64x128 keys, registers) . V'(tile), fresh accumulators (promoted by the caller).
-// With 68 accumulators (kVariantRowSumMma), the 8 rows of ones after the V' tile too: columns
-// 128..135 are the rows' sums of P.
-template <int N>
-__device__ __forceinline__ void issue_pv(float (&ot)[N], const uint32_t (&pa)[16], uint64_t desc_v) {
-  static_assert(N == 64 || N == 68, "P.V accumulators: 64, or 68 with the row sums");
+__device__ __forceinline__ void issue_pv(float (&ot)[64], const uint32_t (&pa)[16], uint64_t desc_v) {
   sm90::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kTile / 32; ++kk) {
     const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
-    if constexpr (N == 68)
-      sm90::wgmma_m64n136k32_rs(ot, a, desc_v + 2 * kk, kk);
-    else
-      sm90::wgmma_m64n128k32_rs(ot, a, desc_v + 2 * kk, kk);
+    sm90::wgmma_m64n128k32_rs(ot, a, desc_v + 2 * kk, kk);
   }
   sm90::wgmma_commit();
-}
-
-// kVariantPSmem: O_tile = P(64x128 keys, shared) . V'(tile), both operands in shared memory.
-__device__ __forceinline__ void issue_pv_ss(float (&ot)[64], uint64_t desc_p, uint64_t desc_v) {
-  sm90::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < kTile / 32; ++kk) sm90::wgmma_m64n128k32_ss(ot, desc_p + 2 * kk, desc_v + 2 * kk, kk);
-  sm90::wgmma_commit();
-}
-
-// kVariantPSmem: this thread's P fragments (the register A operand layout of issue_pv: pa[4 kk +
-// 2 h + i] holds row r0 + 8 i, keys 32 kk + 16 h + 4 quad .. + 3) stored where the SS wgmma reads
-// them: a 64-row K-major tile of 128-byte rows with the 128-byte swizzle (16-byte chunk c of row m
-// at chunk c ^ (m % 8)), then made visible to the tensor cores and to the warpgroup's other warps.
-__device__ __forceinline__ void store_p(uint8_t* tile, const uint32_t (&pa)[16], int warp, int lane, int cw) {
-  const int r = 16 * warp + lane / 4, quad = lane % 4;
-  const uint32_t base = sm90::smem_u32(tile) + uint32_t((r / 8) * 1024 + (r % 8) * 128 + 4 * quad);
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const uint32_t addr = base + uint32_t(1024 * i + (((2 * kk + h) ^ (r % 8)) * 16));
-        asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(pa[4 * kk + 2 * h + i]) : "memory");
-      }
-  sm90::fence_proxy_async_smem();
-  sm90::named_barrier_sync(kPBarrier0 + cw, kWarpgroupThreads);
 }
 
 // Online softmax of one S tile held as wgmma accumulators: this thread's rows r0 and r0 + 8,
 // columns 8j + 2q + {0, 1}. Produces the tile's P fragments (e4m3 of 256 p, computed as
 // exp2(x + 8)) and the rescale factor of O; the row sums l carry the factor 256 (removed in the
 // epilogue). Only a sequence's last tile can hold masked keys, so the mask is compiled there alone.
-// kSum = false (kVariantRowSumMma): l is left alone (the tensor cores sum P).
-template <bool kTree, bool kSum = true>
+template <bool kTree>
 struct TileSoftmax {
   float row_mult[2];      // Q row scale * softmax_scale * log2 e
   int Lk;
@@ -269,7 +221,7 @@ struct TileSoftmax {
       rows.m_new[r] = fmaxf(m[r], quad_max(mx) * rows.mult[r]);
       alpha[r] = fast_exp2(m[r] - rows.m_new[r]);
       m[r] = rows.m_new[r];
-      if constexpr (kSum) l[r] *= alpha[r];
+      l[r] *= alpha[r];
     }
     return rows;
   }
@@ -293,7 +245,7 @@ struct TileSoftmax {
         const float e = fmaf(masked(16 * c + t), mult[r], kPScaleLog2 - m_new[r]);
         x[t] = fast_exp2(e);  // 256 p
       }
-      if constexpr (kSum) sum_chunk(x, l);
+      sum_chunk(x, l);
       if constexpr (kInPlace) {
 #pragma unroll
         for (int t = 0; t < 16; ++t) sc[16 * c + t] = x[t];
@@ -400,8 +352,7 @@ __device__ __forceinline__ float pow2i_exact(int n) {
 struct VTileUnit {
   int e_ref = -1000, e_max = -1000;  // before the first tile: O = 0, any unit
 };
-template <int N>
-__device__ __forceinline__ void promote_vtile(float (&o)[64], const float (&ot)[N], const float (&alpha)[2], float vs,
+__device__ __forceinline__ void promote_vtile(float (&o)[64], const float (&ot)[64], const float (&alpha)[2], float vs,
                                               VTileUnit& u) {
   const uint32_t bits = __float_as_uint(vs);
   const int e = int((bits >> 23) & 0xFFu) - 127;  // vs = 2^e for the quantizer's scales
@@ -456,8 +407,7 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   const uint64_t desc_q = sm90::make_desc_k128b(s.q + cw * kRowsPerConsumer * kHeadDim);
   // Stage n's K and V tiles: the stage-0 descriptors plus n stages in the 16-byte address field.
   const uint64_t desc_k0 = sm90::make_desc_k128b(s.k[0]), desc_v0 = sm90::make_desc_k128b(s.v[0]);
-  constexpr uint64_t kStageDesc = kTileBytes >> 4, kVStageDesc = kVStageBytes >> 4;
-  constexpr bool kRowSumMma = (kVariant & kVariantRowSumMma) != 0;
+  constexpr uint64_t kStageDesc = kTileBytes >> 4;
   constexpr bool kTrace = (kVariant & kVariantTrace) != 0;
   const int trace_cta = kTrace && !kPersistent && warp == 0 && lane == 0 ? trace_slot(blockIdx.x) : -1;
   auto stamp = [&](int j, int event) {
@@ -471,8 +421,7 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
 #endif
     }
   };
-  constexpr int kOt = kRowSumMma ? 68 : 64;  // P.V accumulators (+ the row sums' columns)
-  const TileSoftmax<(kVariant & kVariantTree) != 0, !kRowSumMma> sm{{row_mult[0], row_mult[1]}, Lk, quad};
+  const TileSoftmax<(kVariant & kVariantTree) != 0> sm{{row_mult[0], row_mult[1]}, Lk, quad};
 
   constexpr int kDiag = variant_diag(kVariant);
   auto wait_full = [&](int j) {
@@ -486,17 +435,8 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
       issue_s(sc, desc_q, desc_k0 + uint64_t(stage) * kStageDesc);
     }
   };
-  constexpr bool kPSmem = (kVariant & kVariantPSmem) != 0;
-  static_assert(!kPSmem || ((kVariant & kVariantPackEarly) != 0 && !kRowSumMma), "P in shared memory: pack-early loop");
-  const uint64_t desc_p0 = sm90::make_desc_k128b(s.p[cw][0]);  // kVariantPSmem: buffer 1 is 8 KB on
-  // P.V of the tile in `stage`; its P is in pa (registers) or, with kVariantPSmem, in P tile `pbuf`.
-  auto gemm_pv = [&](float (&ot)[kOt], const uint32_t (&pa)[16], int stage, int pbuf) {
-    if constexpr (kPSmem) {
-      if constexpr (kOt == 64)
-        issue_pv_ss(ot, desc_p0 + uint64_t(pbuf) * (kRowsPerConsumer * kTile >> 4), desc_v0 + uint64_t(stage) * kVStageDesc);
-    } else if constexpr (kDiag != 3) {
-      issue_pv(ot, pa, desc_v0 + uint64_t(stage) * kVStageDesc);
-    }
+  auto gemm_pv = [&](float (&ot)[64], const uint32_t (&pa)[16], int stage) {
+    if constexpr (kDiag != 3) issue_pv(ot, pa, desc_v0 + uint64_t(stage) * kStageDesc);
   };
   // The K tile scale of tile j, from its stage (valid once wait_full(j) returned).
   auto k_tile_scale = [&](int j) { return sm90::ld_shared_f32(&s.k_scale[stage_of(it + j)]); };
@@ -523,11 +463,10 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   auto take_turn = [&] {
     if constexpr (kTurns) sm90::named_barrier_sync(my_turn, kTurnThreads);
   };
-
   VTileUnit vunit;  // kVariantVTile: O's unit (promote_vtile)
   uint32_t pa[16];
   float alpha[2];
-  float ot[kOt];  // P.V accumulators of one tile (each P.V starts them from zero)
+  float ot[64];  // P.V accumulators of one tile (each P.V starts them from zero)
   // O = O alpha + the P.V of the tile in `stage`, and the stage released (kVariantVTile, overlapped
   // schedule only: V's tile scale from the stage, read before its release).
   auto promote = [&](int stage) {
@@ -540,10 +479,6 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
 #pragma unroll
       for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i % 4) / 2], ot[i]);
     }
-    if constexpr (kRowSumMma) {  // the row sums: ot[64] (row r0, column 128 + 2 quad), ot[66] (row r0 + 8)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) l[r] = fmaf(l[r], alpha[r], ot[64 + 2 * r]);
-    }
   };
   {
     wait_full(0);
@@ -555,10 +490,9 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
     sm90::wgmma_wait<0>();
     fence_all(sc);
     softmax(sc, 0, ks, alpha, pa);
-    if constexpr (kPSmem) store_p(s.p[cw][0], pa, warp, lane, cw);
   }
 #pragma unroll
-  for (int i = 0; i < kOt; ++i) ot[i] = 0.f;
+  for (int i = 0; i < 64; ++i) ot[i] = 0.f;
   constexpr bool kPackEarly = (kVariant & kVariantPackEarly) != 0;
   static_assert(!kPackEarly || ((kVariant & kVariantOverlap) != 0 && kDiag == 0),
                 "P packed early: the overlapped schedule");
@@ -568,7 +502,7 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
     wait_full(j);
     take_turn();
     gemm_s(sc, stage);
-    gemm_pv(ot, p_in, prev, (j - 1) & 1);
+    gemm_pv(ot, p_in, prev);
     hand_over(j);
   };
   // The overlapped schedule's softmax of tile j, while P.V(j-1) may still run: the row maxima and
@@ -605,16 +539,12 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
       issue(j, sc, p_in);
       stamp(j, 1);
       softmax_under_pv(j, sc, p_out, alpha_new);
-      // kVariantPSmem: P(j) into the tile P.V(j-2) read (done: waited for in iteration j-1).
-      if constexpr (kPSmem) store_p(s.p[cw][j & 1], p_out, warp, lane, cw);
       stamp(j, 4);
       sm90::wgmma_wait<0>();
       fence_all(ot);
       stamp(j, 5);
-      if constexpr (!kPSmem) {
 #pragma unroll
-        for (int i = 0; i < 16; ++i) sm90::fence_regs(p_in[i]);  // P of tile j-1 was read until here
-      }
+      for (int i = 0; i < 16; ++i) sm90::fence_regs(p_in[i]);  // P of tile j-1 was read until here
       promote(stage_of(it + j - 1));
       stamp(j, 6);
       alpha[0] = alpha_new[0];
@@ -663,9 +593,9 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   if constexpr (kPersistent) sm90::mbar_arrive(&s.q_empty);  // every S is done: Q may be replaced
   const int last = stage_of(it + n_tiles - 1);
   if (kPackEarly && last_in_pb)  // (no register copy: a move into a wgmma operand serializes them)
-    gemm_pv(ot, pb, last, (n_tiles - 1) & 1);
+    gemm_pv(ot, pb, last);
   else
-    gemm_pv(ot, pa, last, (n_tiles - 1) & 1);
+    gemm_pv(ot, pa, last);
   sm90::wgmma_wait<0>();
   fence_all(ot);
   promote(last);
@@ -674,7 +604,7 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   const float* v_scale = p.v_scale + (int64_t(b) * p.heads + h) * kHeadDim;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float lsum = kRowSumMma ? l[r] : quad_sum(l[r]);  // kRowSumMma: every thread of the quad has it
+    const float lsum = quad_sum(l[r]);
     const int i = m_block * kTile + rows[r];
     if (i >= Lq) continue;
     const int64_t tok = tok_base + i;
@@ -697,19 +627,6 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
 // The kernels' shared storage: the dynamic shared memory rounded up to 1024 bytes.
 __device__ __forceinline__ SharedStorage& shared_storage(uint8_t* raw) {
   return *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
-}
-
-// kVariantRowSumMma: the rows of ones after every V stage, written once (the TMA never writes
-// there), made visible to the tensor cores' reads (async proxy) before the CTA barrier that follows.
-template <int kVariant>
-__device__ __forceinline__ void fill_ones(SharedStorage& s) {
-  if constexpr ((kVariant & kVariantRowSumMma) != 0) {
-    constexpr int kVecs = kOnesBytes / 16;
-    for (int i = int(threadIdx.x); i < kStages * kVecs; i += int(blockDim.x))
-      reinterpret_cast<uint4*>(s.v[i / kVecs] + kTileBytes)[i % kVecs] =
-          make_uint4(0x38383838u, 0x38383838u, 0x38383838u, 0x38383838u);  // e4m3 1.0
-    sm90::fence_proxy_async_smem();
-  }
 }
 
 // Thread 0 initializes the mbarriers (q_empty only for the persistent kernel), then a CTA barrier.
@@ -736,7 +653,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = warpgroup_index();
   const int tid = threadIdx.x % kWarpgroupThreads;
   const WorkItem w = work_item(p, blockIdx.x);
-  fill_ones<kVariant>(s);
   init_barriers<false>(s);
 
   if (wg == 0) {  // ------------------------------------------------------------ producer
@@ -766,7 +682,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   SharedStorage& s = shared_storage(smem_raw);
   const int wg = warpgroup_index();
   const int tid = threadIdx.x % kWarpgroupThreads;
-  fill_ones<kVariant>(s);
   init_barriers<true>(s);
   // Both roles count the K/V tiles (it) and Q tiles (qi) of the items before, alike.
   int it = 0, qi = 0;
@@ -971,17 +886,8 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
     case kDefaultVariantVTile | attn::kVariantNoTurn:
       kernel = attn::attention_fwd_kernel<kDefaultVariantVTile | attn::kVariantNoTurn>;
       break;
-    case kDefaultVariantVTile | attn::kVariantRowSumMma:
-      kernel = attn::attention_fwd_kernel<kDefaultVariantVTile | attn::kVariantRowSumMma>;
-      break;
     case kDefaultVariantVTile | attn::kVariantTrace:
       kernel = attn::attention_fwd_kernel<kDefaultVariantVTile | attn::kVariantTrace>;
-      break;
-    case kDefaultVariantVTile | attn::kVariantPSmem:
-      kernel = attn::attention_fwd_kernel<kDefaultVariantVTile | attn::kVariantPSmem>;
-      break;
-    case kDefaultVariantVTile | attn::kVariantPSmem | attn::kVariantTrace:
-      kernel = attn::attention_fwd_kernel<kDefaultVariantVTile | attn::kVariantPSmem | attn::kVariantTrace>;
       break;
     default: break;
   }
@@ -997,7 +903,6 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
     case 145: kernel = attn::attention_fwd_kernel<kDefaultVariant>; break;
     case 17 | attn::kVariantNoTurn: kernel = attn::attention_fwd_kernel<17 | attn::kVariantNoTurn>; break;
     case 17 | attn::kVariantPackEarly: kernel = attn::attention_fwd_kernel<17 | attn::kVariantPackEarly>; break;
-    case 17 | attn::kVariantRowSumMma: kernel = attn::attention_fwd_kernel<17 | attn::kVariantRowSumMma>; break;
     default: break;
   }
   persistent = experiment_variant() >= 0 && (experiment_variant() & attn::kVariantPersistent) != 0;
