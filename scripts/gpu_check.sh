@@ -100,9 +100,9 @@ if want probe && [ -x "$BIN/mxflash-overlap-probe" ]; then
   note "mxflash-overlap-probe (random operands)"
   "$BIN/mxflash-overlap-probe" --random 1 > "$OUT/probe.log" 2>&1 || { status=1; note "PROBE FAILED"; }
   cat "$OUT/probe.log"
-  if [ -x "$BIN/exp/mxflash-bench" ]; then  # 294993 = the operands default 32849 + the trace bit 18
-    note "forward consumer trace (llm-long, variant 294993)"
-    MXFLASH_FWD_VARIANT=294993 MXFLASH_FWD_TRACE="$OUT/fwd_trace.txt" "$BIN/exp/mxflash-bench" --preset llm-long \
+  if [ -x "$BIN/exp/mxflash-bench" ]; then  # 827473 = the operands default 565329 + the trace bit 18
+    note "forward consumer trace (llm-long, variant 827473)"
+    MXFLASH_FWD_VARIANT=827473 MXFLASH_FWD_TRACE="$OUT/fwd_trace.txt" "$BIN/exp/mxflash-bench" --preset llm-long \
       --workload fwd --impl mxfp8-exec --warmup-s 0.3 --window-s 0.5 2>/dev/null | grep -E "^llm" || status=1
     python3 scripts/fwd_trace.py "$OUT/fwd_trace.txt" --tiles 10:11 || status=1
   fi

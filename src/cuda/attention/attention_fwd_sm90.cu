@@ -85,9 +85,17 @@ __device__ __forceinline__ int trace_slot(unsigned cta) {
   return cta == 0 ? 0 : cta == 700 ? 1 : cta == 1400 ? 2 : cta == 1900 ? 3 : -1;
 }
 // Bits 17 (P's row sums from the tensor cores: V' plus 8 rows of ones, P.V as m64n136k32, the 64
-// FADDs per tile and thread gone), 19 (turns for the exponentials: named barriers around each
-// tile's exp phase) and 20 (P through shared memory, P.V as SS wgmma): measured 2026-11-29 night,
-// +-0, -2% and -10%; removed (docs/attention.md; commit 241577e has the code of 17 and 20).
+// FADDs per tile and thread gone) and 20 (P through shared memory, P.V as SS wgmma): measured
+// 2026-11-29 night, +-0 and -10%; removed (docs/attention.md; commit 241577e has their code).
+// Bit 19 (experiment): the consumer warpgroups take turns for their exponentials (named barriers 3,
+// 4 around each loop tile's exp phase), so that one warpgroup's exponentials never share the SM
+// sub-partitions' issue slots and MUFUs with the other's. Pinned in the SASS by data: the exp
+// phase reads its row maxima plus a zero loaded from shared memory after the barrier, and the
+// row sums are stored to shared memory before the hand-over (a first version without the pins
+// had 36 of 64 MUFUs hoisted above the barrier by ptxas).
+inline constexpr int kVariantExpTurn = 524288;
+// Bit 21 (the exponential turn taken before the wait for S, so that the whole softmax alternates):
+// measured 5-7% slower than bit 19 alone, removed.
 __host__ __device__ constexpr int variant_diag(int v) { return (v >> 1) & 3; }
 static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs * kWarpgroupThreads * kConsumerWarpgroups <= 65536,
               "register budget exceeds the register file");
@@ -103,6 +111,8 @@ struct SharedStorage {
   uint64_t full[kStages];
   uint64_t empty[kStages];
   uint64_t q_empty;  // persistent kernel: the consumers are done with Q
+  float turn_zero;   // kVariantExpTurn: 0, read after each exp turn is taken
+  float turn_sink[kConsumerWarpgroups * kWarpgroupThreads];  // kVariantExpTurn: row sums before each hand-over
 };
 inline constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
 
@@ -131,6 +141,7 @@ __device__ __forceinline__ int stage_of(int n) { return int(unsigned(n) % kStage
 __device__ __forceinline__ uint32_t phase_of(int n) { return (unsigned(n) / kStages) & 1u; }
 
 inline constexpr int kTurnBarrier0 = 1;  // named barriers 1, 2: the consumers' GEMM turns (0 is __syncthreads)
+inline constexpr int kExpBarrier0 = 3;   // named barriers 3, 4: their exponential turns (kVariantExpTurn)
 
 // S(64x128) = Q(64 rows of this warpgroup) . K(tile)^T, 4 k32 steps over the head dim.
 __device__ __forceinline__ void issue_s(float (&sc)[64], uint64_t desc_q, uint64_t desc_k) {
@@ -463,6 +474,24 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   auto take_turn = [&] {
     if constexpr (kTurns) sm90::named_barrier_sync(my_turn, kTurnThreads);
   };
+  // kVariantExpTurn: the exponentials of tiles 1.. alternate between the warpgroups, warpgroup 0
+  // first (warpgroup 1 arrives once in advance and skips its hand-over after its last tile).
+  constexpr bool kExpTurns = (kVariant & kVariantExpTurn) != 0;
+  if (kExpTurns && cw == 1 && n_tiles > 1) sm90::named_barrier_arrive(kExpBarrier0, kTurnThreads);
+  auto take_exp_turn = [&]() -> float {
+    if constexpr (kExpTurns) {
+      sm90::named_barrier_sync(kExpBarrier0 + cw, kTurnThreads);
+      return sm90::ld_shared_f32(&s.turn_zero);
+    }
+    return 0.f;
+  };
+  auto hand_over_exp = [&](int j) {
+    if constexpr (kExpTurns) {
+      asm volatile("st.shared.f32 [%0], %1;" ::"r"(sm90::smem_u32(&s.turn_sink[cw * kWarpgroupThreads + warp * 32 + lane])),
+                   "f"(l[0] + l[1]) : "memory");
+      if (!(cw == 1 && j == n_tiles - 1)) sm90::named_barrier_arrive(kExpBarrier0 + 1 - cw, kTurnThreads);
+    }
+  };
   VTileUnit vunit;  // kVariantVTile: O's unit (promote_vtile)
   uint32_t pa[16];
   float alpha[2];
@@ -520,12 +549,24 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
     // softmax, which then no longer overlapped the P.V (docs/attention.md;
     // tests/sass/check_fwd_schedule.py guards this).
     if (sm.masked_tile(j)) {
-      const auto rows = sm.template max_phase<true>(sc, j, ks, m, l, alpha_new);
+      auto rows = sm.template max_phase<true>(sc, j, ks, m, l, alpha_new);
+      if constexpr (kExpTurns) {
+        const float z = take_exp_turn();
+        rows.m_new[0] += z;
+        rows.m_new[1] += z;
+      }
       sm.template exp_phase<true, 64, !kPackEarly>(sc, j, rows, l, p_out);
+      hand_over_exp(j);
     } else {
-      const auto rows = sm.template max_phase<false>(sc, j, ks, m, l, alpha_new);
+      auto rows = sm.template max_phase<false>(sc, j, ks, m, l, alpha_new);
       stamp(j, 3);
+      if constexpr (kExpTurns) {
+        const float z = take_exp_turn();
+        rows.m_new[0] += z;
+        rows.m_new[1] += z;
+      }
       sm.template exp_phase<false, 64, !kPackEarly>(sc, j, rows, l, p_out);
+      hand_over_exp(j);
     }
   };
   uint32_t pb[16];          // kVariantPackEarly: P of odd tiles
@@ -634,6 +675,7 @@ template <bool kPersistent>
 __device__ __forceinline__ void init_barriers(SharedStorage& s) {
   if (threadIdx.x == 0) {
     sm90::mbar_init(&s.q_full, 1);
+    s.turn_zero = 0.f;
     if (kPersistent) sm90::mbar_init(&s.q_empty, kConsumerWarpgroups * kWarpgroupThreads);
     for (int i = 0; i < kStages; ++i) {
       sm90::mbar_init(&s.full[i], 1);
@@ -722,8 +764,12 @@ namespace {
 // computed (kVariantPackEarly, 2026-11-29 evening: +4-5% against the same loop without it, same
 // run); on the MX tensors' operands that form gained ~1% but keeps a spilled register in its loop
 // (tests/sass/check_fwd_schedule.py), so that path stays without it.
+// Since 2026-11-29 night the operands kernel also has its warpgroups take turns for their
+// exponentials instead of for their GEMMs (kVariantExpTurn | kVariantNoTurn: +1-2% on every
+// preset against kPrevDefaultVariantVTile in two same-binary runs, docs/attention.md).
 constexpr int kDefaultVariant = attn::kVariantTree | attn::kVariantOverlap;
-constexpr int kDefaultVariantVTile = kDefaultVariant | attn::kVariantVTile | attn::kVariantPackEarly;
+constexpr int kPrevDefaultVariantVTile = kDefaultVariant | attn::kVariantVTile | attn::kVariantPackEarly;
+constexpr int kDefaultVariantVTile = kPrevDefaultVariantVTile | attn::kVariantExpTurn | attn::kVariantNoTurn;
 
 #if MXFLASH_FWD_EXPERIMENTS
 // MXFLASH_FWD_VARIANT (experiment builds only): the attn kernel variant to launch (see kVariantTree
@@ -878,16 +924,18 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   if (ops.v_per_tile) switch (experiment_variant()) {
     case 81 | attn::kVariantNoTurn: kernel = attn::attention_fwd_kernel<81 | attn::kVariantNoTurn>; break;
     case 81: kernel = attn::attention_fwd_kernel<81>; break;
-    // The default persistent (one CTA per SM walking the work list; measured -0.5 to -1.5%) or
-    // without turns (measured -1%), 2026-11-29 evening.
+    // The default persistent (one CTA per SM walking the work list; measured -0.5 to -1.5% as the
+    // default of 2026-11-29 evening), and the default with the consumer trace (bit 18).
     case kDefaultVariantVTile | attn::kVariantPersistent:
       kernel = attn::attention_fwd_persistent_kernel<kDefaultVariantVTile>;
       break;
-    case kDefaultVariantVTile | attn::kVariantNoTurn:
-      kernel = attn::attention_fwd_kernel<kDefaultVariantVTile | attn::kVariantNoTurn>;
-      break;
     case kDefaultVariantVTile | attn::kVariantTrace:
       kernel = attn::attention_fwd_kernel<kDefaultVariantVTile | attn::kVariantTrace>;
+      break;
+    // The default before the exponential turns (GEMM turns instead), and its trace.
+    case kPrevDefaultVariantVTile: kernel = attn::attention_fwd_kernel<kPrevDefaultVariantVTile>; break;
+    case kPrevDefaultVariantVTile | attn::kVariantTrace:
+      kernel = attn::attention_fwd_kernel<kPrevDefaultVariantVTile | attn::kVariantTrace>;
       break;
     default: break;
   }
@@ -903,6 +951,9 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
     case 145: kernel = attn::attention_fwd_kernel<kDefaultVariant>; break;
     case 17 | attn::kVariantNoTurn: kernel = attn::attention_fwd_kernel<17 | attn::kVariantNoTurn>; break;
     case 17 | attn::kVariantPackEarly: kernel = attn::attention_fwd_kernel<17 | attn::kVariantPackEarly>; break;
+    case 17 | attn::kVariantExpTurn | attn::kVariantNoTurn:
+      kernel = attn::attention_fwd_kernel<17 | attn::kVariantExpTurn | attn::kVariantNoTurn>;
+      break;
     default: break;
   }
   persistent = experiment_variant() >= 0 && (experiment_variant() & attn::kVariantPersistent) != 0;
