@@ -22,7 +22,8 @@ SECTIONS=${SECTIONS:-"tests sanitizer python report bench accuracy peers"}
 # "accuracy_full" (not in the default list): issue 4's whole forward accuracy matrix (minutes).
 # "accuracy_bwd" (not in the default list): issue 5's backward accuracy matrix (minutes).
 # "probe" (not in the default list): mxflash-overlap-probe (tensor cores beside MUFU / FMA work on
-# one SM, seconds) and, with $BIN/exp staged, the forward's per-tile consumer trace on llm-long.
+# one SM, seconds) and, with $BIN/exp staged, the forward's and the dK/dV kernel's consumer traces
+# on llm-long (scripts/attn_trace.py).
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 status=0
 note() { echo "== $*" | tee -a "$OUT/summary.txt"; }
@@ -104,7 +105,11 @@ if want probe && [ -x "$BIN/mxflash-overlap-probe" ]; then
     note "forward consumer trace (llm-long, variant 827473)"
     MXFLASH_FWD_VARIANT=827473 MXFLASH_FWD_TRACE="$OUT/fwd_trace.txt" "$BIN/exp/mxflash-bench" --preset llm-long \
       --workload fwd --impl mxfp8-exec --warmup-s 0.3 --window-s 0.5 2>/dev/null | grep -E "^llm" || status=1
-    python3 scripts/fwd_trace.py "$OUT/fwd_trace.txt" --tiles 10:11 || status=1
+    python3 scripts/attn_trace.py "$OUT/fwd_trace.txt" --slots 10:11 || status=1
+    note "backward dK/dV consumer trace (llm-long, MXFLASH_BWD_VARIANT=1024)"
+    MXFLASH_BWD_VARIANT=1024 MXFLASH_BWD_TRACE="$OUT/bwd_trace.txt" "$BIN/exp/mxflash-bench" --preset llm-long \
+      --workload bwd --impl mxfp8 --warmup-s 0.3 --window-s 0.5 2>/dev/null | grep -E "^llm" || status=1
+    python3 scripts/attn_trace.py "$OUT/bwd_trace.txt" --kind bwd --slots 20:23 || status=1
   fi
 fi
 if want ab && [ -x "$BIN/exp/mxflash_tests_gpu" ]; then

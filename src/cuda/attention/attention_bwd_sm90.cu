@@ -35,6 +35,7 @@
 #include "cuda/attention/attention_fwd_prepare.cuh"
 #include "cuda/attention/attention_sm90_common.cuh"
 #include "cuda/attention/tma_map.h"
+#include "cuda/attention/trace.cuh"
 #include "cuda/attention/work_list.cuh"
 #include "cuda/quantize/mx_device.cuh"
 #include "cuda/quantize/quantize_cuda.h"
@@ -300,8 +301,11 @@ struct KvSmem {
   uint64_t kv_empty;  // persistent form: the consumers are done with K, V
   uint64_t full[kKvStages];
   uint64_t empty[kKvStages];
+  float turn_zero;  // kDiag bit 9 (math turns): 0, read after each turn is taken
+  float turn_sink[2 * 128];  // kDiag bit 9: each consumer thread's dS scales, stored before its hand-over
 };
 inline constexpr size_t kKvSmemBytes = sizeof(KvSmem) + 1024;
+inline constexpr int kBarMath0 = 3;  // named barriers 3, 4: the consumers' math turns (kDiag bit 9)
 
 // kFusedDq: what the dK/dV kernel adds to compute dQ too (placed after KvSmem).
 struct FusedDqSmem {
@@ -385,6 +389,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   init_pipeline(&s.kv_full, s.full, s.empty);
   if (kPersistent) {
     if (threadIdx.x == 0) {
+      s.turn_zero = 0.f;
       sm90::mbar_init(&s.kv_empty, kConsumers * kWarpgroupThreads);
       sm90::fence_barrier_init();
     }
@@ -450,6 +455,40 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int cw = wg - 1, warp = tid / 32, lane = tid % 32, quad = lane % 4;
   // One item: dK, dV of its 128 keys over the Q tiles, then the epilogue.
   auto consume = [&](const Item& w, int n_q, int it, int kv_i) {
+    // kDiag bit 8 (256; experiments builds, MXFLASH_BWD_VARIANT 1024, without the fused form): the
+    // SM clock of the first warp of each consumer warpgroup at seven points of each 64-query half of
+    // the first item of CTAs 0, 40, 80, 120 (trace.cuh): slot 2 j + hh, events 0 before S and dP, 1
+    // S, dP done, 2 P and dS computed, 3 dK GEMM done, 4 dK promoted, 5 dV GEMM done, 6 dV promoted
+    // (5, 6 on the second half only).
+    const int trace_row = (kDiag & 256) != 0 && !kFusedDq && kv_i == 0 && warp == 0 && lane == 0
+                              ? attn::trace_cta_slot(blockIdx.x, 0, 40, 80, 120)
+                              : -1;
+    auto stamp = [&](int slot, int event) {
+      if constexpr ((kDiag & 256) != 0) attn::trace_stamp(trace_row, cw, slot, event);
+    };
+    // kDiag bit 9 (512; experiments builds, MXFLASH_BWD_VARIANT 2048, persistent, not fused): the
+    // two consumer warpgroups take turns for the math of each half (P, dS, its scales, the packing;
+    // named barriers 3, 4), warpgroup 0 first, so that one warpgroup's math runs beside the other's
+    // GEMMs instead of both at once (the trace: both in their math together, ~1150-1370 cycles of
+    // a half's ~2600). Pinned in the SASS by data as the forward's exponential turns: the math's
+    // scale factors add a zero loaded after the barrier; the dS scales are stored before the arrive.
+    constexpr bool kMathTurns = (kDiag & 512) != 0;
+    static_assert(!kMathTurns || (kPersistent && !kFusedDq), "math turns: the persistent two-kernel form");
+    if (kMathTurns && cw == 1 && n_q > 0) sm90::named_barrier_arrive(kBarMath0, kConsumers * kWarpgroupThreads);
+    auto take_math_turn = [&]() -> float {
+      if constexpr (kMathTurns) {
+        sm90::named_barrier_sync(kBarMath0 + cw, kConsumers * kWarpgroupThreads);
+        return sm90::ld_shared_f32(&s.turn_zero);
+      }
+      return 0.f;
+    };
+    auto hand_over_math = [&](bool last, float token) {
+      if constexpr (kMathTurns) {
+        asm volatile("st.shared.f32 [%0], %1;" ::"r"(sm90::smem_u32(&s.turn_sink[cw * 128 + warp * 32 + lane])),
+                     "f"(token) : "memory");
+        if (!(cw == 1 && last)) sm90::named_barrier_arrive(kBarMath0 + 1 - cw, kConsumers * kWarpgroupThreads);
+      }
+    };
     float dv[64], dk[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) dv[i] = dk[i] = 0.f;
@@ -590,13 +629,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         first[0] = sm90::ld_shared_f32x4(&st.info[hh * kHalf + 2 * quad]);
         first[1] = sm90::ld_shared_f32x4(&st.info[hh * kHalf + 2 * quad + 1]);
       };
-      auto math = [&](float (&sc)[32], float (&dp)[32], const KvStage& st, int hh, const float4 (&first)[2]) {
+      auto math = [&](float (&sc)[32], float (&dp)[32], const KvStage& st, int hh, const float4 (&first)[2], float z) {
+        const float ksz = ks + z, vsz = vs + z;  // z = 0 (kDiag bit 9: loaded after the turn)
         float amax[2] = {0.f, 0.f};
 #pragma unroll
         for (int jn = 0; jn < 8; ++jn) {
           const float4 in0 = jn == 0 ? first[0] : sm90::ld_shared_f32x4(&st.info[hh * kHalf + 8 * jn + 2 * quad]);
           const float4 in1 = jn == 0 ? first[1] : sm90::ld_shared_f32x4(&st.info[hh * kHalf + 8 * jn + 2 * quad + 1]);
-          const float a0 = in0.x * ks, a1 = in1.x * ks, c0 = in0.z * vs, c1 = in1.z * vs;
+          const float a0 = in0.x * ksz, a1 = in1.x * ksz, c0 = in0.z * vsz, c1 = in1.z * vsz;
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             const int i0 = 4 * jn + 2 * r;
@@ -675,14 +715,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 1
           for (int hh = 0; hh < 2; ++hh) {
             float sc[32], dp[32];
+            stamp(2 * j + hh, 0);
             issue_sdp(sc, dp, st, hh);
             float4 first[2];
             first_info(st, hh, first);
             sm90::wgmma_wait<0>();
             attn::fence_all(sc);
             attn::fence_all(dp);
+            stamp(2 * j + hh, 1);
             if (kPersistent && !kFusedDq && j == n_q - 1 && hh == 1) sm90::mbar_arrive(&s.kv_empty);  // K, V read for the last time
-            math(sc, dp, st, hh, first);
+            const float z = take_math_turn();
+            math(sc, dp, st, hh, first, z);
+            hand_over_math(j == n_q - 1 && hh == 1, rs[0] + rs[1]);
+            stamp(2 * j + hh, 2);
             float t[64];
             if constexpr (kDvPerHalf) {
               issue_grad(t, st.dot, pa, hh);
@@ -701,14 +746,18 @@ __global__ void __launch_bounds__(kThreads, 1)
             issue_grad(t, st.qt, da, hh);
             sm90::wgmma_wait<0>();
             attn::fence_all(t);
+            stamp(2 * j + hh, 3);
             promote_dk(t);
+            stamp(2 * j + hh, 4);
           }
           if constexpr (!kDvPerHalf) {
             float t[64];
             issue_dv_tile(t, st.dot, pa0, pa);
             sm90::wgmma_wait<0>();
             attn::fence_all(t);
+            stamp(2 * j + 1, 5);
             promote_dv(t, st);
+            stamp(2 * j + 1, 6);
           }
           sm90::mbar_arrive(&s.empty[stage]);
         }
@@ -941,7 +990,8 @@ size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 
 // Kernel variants of experiment builds (-DMXFLASH_FWD_EXPERIMENTS=1), picked with the environment
 // variable MXFLASH_BWD_VARIANT for A/B runs of one binary: bit 0 one CTA per dK/dV item instead of
-// the persistent dK/dV kernel, bit 1 dV promoted per 64-query half (kDvPerHalf), bit 17 the dQ
+// the persistent dK/dV kernel, bit 1 dV promoted per 64-query half (kDvPerHalf), bit 10 the dK/dV
+// consumers' clock trace into the file named by MXFLASH_BWD_TRACE (trace.cuh), bit 17 the dQ
 // kernel launched without programmatic stream serialization. Other builds run variant 0.
 int bwd_variant() {
 #if MXFLASH_FWD_EXPERIMENTS
@@ -1181,6 +1231,13 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
 #if MXFLASH_FWD_EXPERIMENTS
       if ((variant & 2) != 0)
         kernel = persistent ? bwd::attention_bwd_dkdv_kernel<true, true> : bwd::attention_bwd_dkdv_kernel<false, true>;
+      // Bit 10: the default kernel with the consumers' clock trace (kDiag bit 8, trace.cuh); bit 11:
+      // with math turns (kDiag bit 9).
+      if ((variant & 3) == 0 && !fused) {
+        if ((variant & (1024 | 2048)) == 1024) kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, 256>;
+        if ((variant & (1024 | 2048)) == 2048) kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, 512>;
+        if ((variant & (1024 | 2048)) == (1024 | 2048)) kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, 768>;
+      }
       if (fused) {
         if ((variant & 3) != 0) return Status::Unsupported("MXFLASH_BWD_VARIANT: bit 3 (fused dQ) with bit 4 only");
         // Bit 8: dQ by bulk tensor reductions (kBulkDq).
@@ -1215,6 +1272,12 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       }
       kernel<<<unsigned(grid), bwd::kThreads, smem, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_kt, tm_dq, bp);
       MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_bwd_dkdv_kernel launch"));
+#if MXFLASH_FWD_EXPERIMENTS
+      if ((variant & 1024) != 0) {
+        static int calls = 0;  // the dK/dV consumers' timeline (MXFLASH_BWD_TRACE)
+        MXFLASH_RETURN_IF_ERROR(attn::dump_trace_when_due(calls, 10, "MXFLASH_BWD_TRACE", stream));
+      }
+#endif
     }
     if (fused) {
       if (p.Tq > 0) {

@@ -13,7 +13,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <set>
 #include <string>
@@ -24,6 +23,7 @@
 #include "cuda/attention/attention_fwd_prepare.cuh"
 #include "cuda/attention/attention_sm90_common.cuh"
 #include "cuda/attention/tma_map.h"
+#include "cuda/attention/trace.cuh"
 #include "cuda/attention/work_list.cuh"
 #include "cuda/common/sm90_primitives.cuh"
 #include "cuda/common/upload.h"
@@ -73,17 +73,10 @@ inline constexpr int kVariantNoTurn = 8192;
 inline constexpr int kVariantPackEarly = 32768;
 // Bit 18 (experiments build only; a diagnostic with correct output): lane 0 of the first warp of
 // each consumer warpgroup in four CTAs (0, 700, 1400, 1900) reads the SM clock at seven points of
-// every K/V tile of the pack-early loop (turn taken / GEMMs issued / S done / row maxima / exps
-// done / P.V done / promoted) into g_fwd_trace; the host writes the table to the file named by
-// MXFLASH_FWD_TRACE after the 30th launch (scripts/fwd_trace.py prints it by phase).
+// every K/V tile of the pack-early loop (before the GEMM turn / GEMMs issued / S done / row maxima /
+// exps done / P.V done / promoted; trace.cuh); the host writes the table to the file named by
+// MXFLASH_FWD_TRACE after the 30th launch (scripts/attn_trace.py prints it by phase).
 inline constexpr int kVariantTrace = 262144;
-inline constexpr int kTraceCtas = 4, kTraceTiles = 64, kTraceEvents = 8;
-#if MXFLASH_FWD_EXPERIMENTS
-__device__ uint32_t g_fwd_trace[kTraceCtas][kConsumerWarpgroups][kTraceTiles][kTraceEvents];
-#endif
-__device__ __forceinline__ int trace_slot(unsigned cta) {
-  return cta == 0 ? 0 : cta == 700 ? 1 : cta == 1400 ? 2 : cta == 1900 ? 3 : -1;
-}
 // Bits 17 (P's row sums from the tensor cores: V' plus 8 rows of ones, P.V as m64n136k32, the 64
 // FADDs per tile and thread gone) and 20 (P through shared memory, P.V as SS wgmma): measured
 // 2026-11-29 night, +-0 and -10%; removed (docs/attention.md; commit 241577e has their code).
@@ -420,17 +413,10 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   const uint64_t desc_k0 = sm90::make_desc_k128b(s.k[0]), desc_v0 = sm90::make_desc_k128b(s.v[0]);
   constexpr uint64_t kStageDesc = kTileBytes >> 4;
   constexpr bool kTrace = (kVariant & kVariantTrace) != 0;
-  const int trace_cta = kTrace && !kPersistent && warp == 0 && lane == 0 ? trace_slot(blockIdx.x) : -1;
+  const int trace_row =
+      kTrace && !kPersistent && warp == 0 && lane == 0 ? trace_cta_slot(blockIdx.x, 0, 700, 1400, 1900) : -1;
   auto stamp = [&](int j, int event) {
-    if constexpr (kTrace) {
-#if MXFLASH_FWD_EXPERIMENTS
-      if (trace_cta >= 0 && j < kTraceTiles) {
-        uint32_t t;
-        asm volatile("mov.u32 %0, %%clock;" : "=r"(t)::"memory");
-        g_fwd_trace[trace_cta][cw][j][event] = t;
-      }
-#endif
-    }
+    if constexpr (kTrace) trace_stamp(trace_row, cw, j, event);
   };
   const TileSoftmax<(kVariant & kVariantTree) != 0> sm{{row_mult[0], row_mult[1]}, Lk, quad};
 
@@ -972,20 +958,8 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_fwd_kernel launch"));
 #if MXFLASH_FWD_EXPERIMENTS
   if (experiment_variant() >= 0 && (experiment_variant() & attn::kVariantTrace) != 0) {
-    static int calls = 0;
-    const char* path = std::getenv("MXFLASH_FWD_TRACE");
-    if (++calls == 30 && path) {  // the consumers' timeline of the traced CTAs (kVariantTrace)
-      std::vector<uint32_t> t(sizeof(attn::g_fwd_trace) / sizeof(uint32_t));
-      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaStreamSynchronize(stream), "trace: cudaStreamSynchronize"));
-      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaMemcpyFromSymbol(t.data(), attn::g_fwd_trace, t.size() * 4), "trace copy"));
-      if (FILE* f = std::fopen(path, "w")) {
-        for (size_t i = 0; i < t.size(); i += attn::kTraceEvents) {
-          for (int e = 0; e < attn::kTraceEvents; ++e) std::fprintf(f, e ? " %u" : "%u", t[i + size_t(e)]);
-          std::fprintf(f, "\n");
-        }
-        std::fclose(f);
-      }
-    }
+    static int calls = 0;  // the consumers' timeline of the traced CTAs (kVariantTrace)
+    MXFLASH_RETURN_IF_ERROR(attn::dump_trace_when_due(calls, 30, "MXFLASH_FWD_TRACE", stream));
   }
 #endif
   return Status::Ok();
