@@ -301,11 +301,8 @@ struct KvSmem {
   uint64_t kv_empty;  // persistent form: the consumers are done with K, V
   uint64_t full[kKvStages];
   uint64_t empty[kKvStages];
-  float turn_zero;  // kDiag bit 9 (math turns): 0, read after each turn is taken
-  float turn_sink[2 * 128];  // kDiag bit 9: each consumer thread's dS scales, stored before its hand-over
 };
 inline constexpr size_t kKvSmemBytes = sizeof(KvSmem) + 1024;
-inline constexpr int kBarMath0 = 3;  // named barriers 3, 4: the consumers' math turns (kDiag bit 9)
 
 // kFusedDq: what the dK/dV kernel adds to compute dQ too (placed after KvSmem).
 struct FusedDqSmem {
@@ -389,7 +386,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   init_pipeline(&s.kv_full, s.full, s.empty);
   if (kPersistent) {
     if (threadIdx.x == 0) {
-      s.turn_zero = 0.f;
       sm90::mbar_init(&s.kv_empty, kConsumers * kWarpgroupThreads);
       sm90::fence_barrier_init();
     }
@@ -466,29 +462,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto stamp = [&](int slot, int event) {
       if constexpr ((kDiag & 256) != 0) attn::trace_stamp(trace_row, cw, slot, event);
     };
-    // kDiag bit 9 (512; experiments builds, MXFLASH_BWD_VARIANT 2048, persistent, not fused): the
-    // two consumer warpgroups take turns for the math of each half (P, dS, its scales, the packing;
-    // named barriers 3, 4), warpgroup 0 first, so that one warpgroup's math runs beside the other's
-    // GEMMs instead of both at once (the trace: both in their math together, ~1150-1370 cycles of
-    // a half's ~2600). Pinned in the SASS by data as the forward's exponential turns: the math's
-    // scale factors add a zero loaded after the barrier; the dS scales are stored before the arrive.
-    constexpr bool kMathTurns = (kDiag & 512) != 0;
-    static_assert(!kMathTurns || (kPersistent && !kFusedDq), "math turns: the persistent two-kernel form");
-    if (kMathTurns && cw == 1 && n_q > 0) sm90::named_barrier_arrive(kBarMath0, kConsumers * kWarpgroupThreads);
-    auto take_math_turn = [&]() -> float {
-      if constexpr (kMathTurns) {
-        sm90::named_barrier_sync(kBarMath0 + cw, kConsumers * kWarpgroupThreads);
-        return sm90::ld_shared_f32(&s.turn_zero);
-      }
-      return 0.f;
-    };
-    auto hand_over_math = [&](bool last, float token) {
-      if constexpr (kMathTurns) {
-        asm volatile("st.shared.f32 [%0], %1;" ::"r"(sm90::smem_u32(&s.turn_sink[cw * 128 + warp * 32 + lane])),
-                     "f"(token) : "memory");
-        if (!(cw == 1 && last)) sm90::named_barrier_arrive(kBarMath0 + 1 - cw, kConsumers * kWarpgroupThreads);
-      }
-    };
+    // kDiag bit 9 (math turns: the two consumer warpgroups alternating their P / dS math per half,
+    // pinned by data, MXFLASH_BWD_VARIANT 2048): measured +-1% on 2026-11-29 night, removed
+    // (docs/backward.md; commit ed1004c has the code).
     float dv[64], dk[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) dv[i] = dk[i] = 0.f;
@@ -629,14 +605,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         first[0] = sm90::ld_shared_f32x4(&st.info[hh * kHalf + 2 * quad]);
         first[1] = sm90::ld_shared_f32x4(&st.info[hh * kHalf + 2 * quad + 1]);
       };
-      auto math = [&](float (&sc)[32], float (&dp)[32], const KvStage& st, int hh, const float4 (&first)[2], float z) {
-        const float ksz = ks + z, vsz = vs + z;  // z = 0 (kDiag bit 9: loaded after the turn)
+      auto math = [&](float (&sc)[32], float (&dp)[32], const KvStage& st, int hh, const float4 (&first)[2]) {
         float amax[2] = {0.f, 0.f};
 #pragma unroll
         for (int jn = 0; jn < 8; ++jn) {
           const float4 in0 = jn == 0 ? first[0] : sm90::ld_shared_f32x4(&st.info[hh * kHalf + 8 * jn + 2 * quad]);
           const float4 in1 = jn == 0 ? first[1] : sm90::ld_shared_f32x4(&st.info[hh * kHalf + 8 * jn + 2 * quad + 1]);
-          const float a0 = in0.x * ksz, a1 = in1.x * ksz, c0 = in0.z * vsz, c1 = in1.z * vsz;
+          const float a0 = in0.x * ks, a1 = in1.x * ks, c0 = in0.z * vs, c1 = in1.z * vs;
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             const int i0 = 4 * jn + 2 * r;
@@ -724,9 +699,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             attn::fence_all(dp);
             stamp(2 * j + hh, 1);
             if (kPersistent && !kFusedDq && j == n_q - 1 && hh == 1) sm90::mbar_arrive(&s.kv_empty);  // K, V read for the last time
-            const float z = take_math_turn();
-            math(sc, dp, st, hh, first, z);
-            hand_over_math(j == n_q - 1 && hh == 1, rs[0] + rs[1]);
+            math(sc, dp, st, hh, first);
             stamp(2 * j + hh, 2);
             float t[64];
             if constexpr (kDvPerHalf) {
@@ -1231,13 +1204,8 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
 #if MXFLASH_FWD_EXPERIMENTS
       if ((variant & 2) != 0)
         kernel = persistent ? bwd::attention_bwd_dkdv_kernel<true, true> : bwd::attention_bwd_dkdv_kernel<false, true>;
-      // Bit 10: the default kernel with the consumers' clock trace (kDiag bit 8, trace.cuh); bit 11:
-      // with math turns (kDiag bit 9).
-      if ((variant & 3) == 0 && !fused) {
-        if ((variant & (1024 | 2048)) == 1024) kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, 256>;
-        if ((variant & (1024 | 2048)) == 2048) kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, 512>;
-        if ((variant & (1024 | 2048)) == (1024 | 2048)) kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, 768>;
-      }
+      // Bit 10: the default kernel with the consumers' clock trace (kDiag bit 8, trace.cuh).
+      if ((variant & 1024) != 0 && (variant & 3) == 0 && !fused) kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, 256>;
       if (fused) {
         if ((variant & 3) != 0) return Status::Unsupported("MXFLASH_BWD_VARIANT: bit 3 (fused dQ) with bit 4 only");
         // Bit 8: dQ by bulk tensor reductions (kBulkDq).
