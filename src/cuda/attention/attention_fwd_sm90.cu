@@ -464,12 +464,15 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   // first (warpgroup 1 arrives once in advance and skips its hand-over after its last tile).
   constexpr bool kExpTurns = (kVariant & kVariantExpTurn) != 0;
   if (kExpTurns && cw == 1 && n_tiles > 1) sm90::named_barrier_arrive(kExpBarrier0, kTurnThreads);
-  auto take_exp_turn = [&]() -> float {
+  // Taking the turn adds the zero loaded after the barrier to the rows' maxima, which the
+  // exponentials read: that keeps ptxas from moving them above the barrier.
+  auto take_exp_turn = [&](auto& rows) {
     if constexpr (kExpTurns) {
       sm90::named_barrier_sync(kExpBarrier0 + cw, kTurnThreads);
-      return sm90::ld_shared_f32(&s.turn_zero);
+      const float z = sm90::ld_shared_f32(&s.turn_zero);
+      rows.m_new[0] += z;
+      rows.m_new[1] += z;
     }
-    return 0.f;
   };
   auto hand_over_exp = [&](int j) {
     if constexpr (kExpTurns) {
@@ -536,21 +539,13 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
     // tests/sass/check_fwd_schedule.py guards this).
     if (sm.masked_tile(j)) {
       auto rows = sm.template max_phase<true>(sc, j, ks, m, l, alpha_new);
-      if constexpr (kExpTurns) {
-        const float z = take_exp_turn();
-        rows.m_new[0] += z;
-        rows.m_new[1] += z;
-      }
+      take_exp_turn(rows);
       sm.template exp_phase<true, 64, !kPackEarly>(sc, j, rows, l, p_out);
       hand_over_exp(j);
     } else {
       auto rows = sm.template max_phase<false>(sc, j, ks, m, l, alpha_new);
       stamp(j, 3);
-      if constexpr (kExpTurns) {
-        const float z = take_exp_turn();
-        rows.m_new[0] += z;
-        rows.m_new[1] += z;
-      }
+      take_exp_turn(rows);
       sm.template exp_phase<false, 64, !kPackEarly>(sc, j, rows, l, p_out);
       hand_over_exp(j);
     }

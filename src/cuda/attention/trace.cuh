@@ -9,9 +9,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <vector>
-
 #include <string>
+#include <vector>
 
 #include "mxflash/status.h"
 
