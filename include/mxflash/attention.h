@@ -145,4 +145,57 @@ Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTens
 size_t attention_backward_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
                                          const AttentionBackwardOptions& opt);
 
+// ------------------------------------------------------ backward operands in the execution layout
+// The fast backward's operands as its kernels read them (docs/backward.md): MX values (RCEIL,
+// 32-blocks) re-expressed to coarser power-of-two scales, as attention_backward's prepare passes do
+// for MX tensors, except that Q and K along tokens get one scale per (head, 128-token tile) instead
+// of per (sequence, head, channel), so that each output is one pass over its input. Shapes (Pq, Pk:
+// the metadata's padded token counts):
+//   q (H, Pq, 128) e4m3, q_scale (H, Pq) fp32 and k (H, Pk, 128), k_scale (H, Pk/128): Q and K along
+//     the head dim, the same bytes as AttentionFwdOperands' q and k;
+//   v (H, Pk, 128), v_scale (H, Pk/128): V along the head dim, per 128-key tile (as k);
+//   qt (H, 128, Pq), qt_scale (H, Pq/128) and kt (H, 128, Pk), kt_scale (H, Pk/128): Q and K along
+//     tokens, token-contiguous in the kernels' fragment order, per 128-token tile (as the forward's v).
+// Written by quantize_attention_backward (one pass per output), they spare attention_backward its
+// five prepare passes (8-20% of the backward on the H200, docs/performance.md).
+struct AttentionBwdOperands {
+  TensorView q, q_scale, k, k_scale, v, v_scale, qt, qt_scale, kt, kt_scale;
+};
+struct AttentionBwdOperandShapes {
+  int64_t q[3], q_scale[2], k[3], k_scale[2], v[3], v_scale[2], qt[3], qt_scale[2], kt[3], kt_scale[2];
+};
+AttentionBwdOperandShapes attention_bwd_operand_shapes(const JaggedMeta& q_meta, const JaggedMeta& k_meta,
+                                                       int64_t heads);
+// The ten tensors in the order q, k, v, qt, kt, q_scale, k_scale, v_scale, qt_scale, kt_scale: their
+// byte sizes, and views of them over caller buffers (e4m3 payloads, fp32 scales) on `device`.
+inline constexpr int kAttentionBwdOperandCount = 10;
+void attention_bwd_operand_bytes(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
+                                 size_t bytes[kAttentionBwdOperandCount]);
+AttentionBwdOperands attention_bwd_operand_views(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
+                                                 void* const data[kAttentionBwdOperandCount], Device device,
+                                                 int device_id = 0);
+
+// q (Tq, H, 128), k and v (Tk, H, 128): bf16 or fp32 (all three alike), contiguous; the same
+// inputs the forward quantizes. Every byte of `ops` is written (padding included). CPU tensors: the
+// CPU reference (ref::attention_fwd_operands' rules applied to each output); CUDA: five kernels,
+// bit-identical to it.
+Status quantize_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const JaggedMeta& q_meta, const JaggedMeta& k_meta,
+                                   const AttentionBwdOperands& ops, void* stream = nullptr);
+
+// Device workspace of the backward on operands (the MX-tensor backward's less the operands' room);
+// 0 for metadata the call would reject and in a build without CUDA.
+size_t attention_backward_operands_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
+                                                  const AttentionBackwardOptions& opt);
+
+// The backward on operands from quantize_attention_backward (same q_meta, k_meta); out, dout, lse,
+// options and outputs as for attention_backward on MX tensors. CPU tensors: the exact-MX reference
+// on the operands' values; CUDA: the fast kernels without their prepare passes. opt.exact_mx is not
+// supported here (the exact path takes MX tensors).
+Status attention_backward(const AttentionBwdOperands& ops, TensorView out, TensorView dout, TensorView lse,
+                          const JaggedMeta& q_meta, const JaggedMeta& k_meta, const AttentionBackwardOptions& opt,
+                          TensorView dq, TensorView dk, TensorView dv, TensorView dk_scales = {},
+                          TensorView dv_scales = {}, void* workspace = nullptr, size_t workspace_bytes = 0,
+                          void* stream = nullptr);
+
 }  // namespace mxflash

@@ -261,41 +261,82 @@ cuda::FwdExecOperands exec_operands(const AttentionFwdOperands& ops) {
           /*v_per_tile=*/true};
 }
 
-// The values of CPU operands, (T, H, 128) fp32 each (exact: e4m3 times a power of two).
-void dequantized_operands(const AttentionFwdOperands& ops, const JaggedMeta& qm, const JaggedMeta& km, int64_t H,
-                          std::vector<float>* q, std::vector<float>* k, std::vector<float>* v) {
-  // V' position of token i of a 32-group: the inverse of the fragment order, derived here on its own
+// The quantizers' inputs: q (Tq, H, 128), k and v (Tk, H, 128), bf16 or fp32 alike, contiguous,
+// 16-byte aligned; metadata with one Q sequence or one per K/V sequence. *heads from q.
+Status check_quantize_inputs(const TensorView& q, const TensorView& k, const TensorView& v, const JaggedMeta& q_meta,
+                             const JaggedMeta& k_meta, int64_t* heads) {
+  if (q_meta.batch() < 1) return Status::Invalid("q_meta: empty metadata");
+  if (k_meta.batch() < 1) return Status::Invalid("k_meta: empty metadata");
+  // Q is quantized over its own sequences: one shared sequence (broadcast_q), or one per K/V sequence.
+  if (q_meta.batch() != 1 && q_meta.batch() != k_meta.batch())
+    return Status::Invalid("q_meta: has " + std::to_string(q_meta.batch()) + " sequences but k_meta has " +
+                           std::to_string(k_meta.batch()) + " (only one shared Q sequence may differ)");
+  if (q.ndim != 3) return Status::Invalid("q: must be 3-D (Tq, H, 128), got " + q.shape_string());
+  const int64_t H = q.shape[1];
+  const int64_t qs[3] = {q_meta.total_tokens(), H, kHeadDim}, ks[3] = {k_meta.total_tokens(), H, kHeadDim};
+  MXFLASH_RETURN_IF_ERROR(check_dense(q, "q", {DType::kBFloat16, DType::kFloat32}, 3, qs));
+  MXFLASH_RETURN_IF_ERROR(check_dense(k, "k", {q.dtype}, 3, ks));
+  MXFLASH_RETURN_IF_ERROR(check_dense(v, "v", {q.dtype}, 3, ks));
+  for (const auto& [t, n] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}})
+    MXFLASH_RETURN_IF_ERROR(check_alignment(*t, n, 16));  // (check_dense checked non-null data)
+  *heads = H;
+  return Status::Ok();
+}
+
+// A CPU bf16 or fp32 tensor's values.
+std::vector<float> as_f32(const TensorView& x) {
+  std::vector<float> f(size_t(x.numel()));
+  for (size_t i = 0; i < f.size(); ++i)
+    f[i] = x.dtype == DType::kFloat32 ? x.ptr<const float>()[i] : bf16_to_float(x.ptr<const uint16_t>()[i]);
+  return f;
+}
+
+// The values of CPU operands, (T, H, 128) fp32 (exact: e4m3 times a power of two). A rows operand
+// (H, P, 128), its scale per row (per_row) or per 128-token tile (H, P / 128):
+void rows_values(const TensorView& x, const TensorView& sc, const JaggedMeta& m, int64_t H, bool per_row,
+                 std::vector<float>* out) {
+  const int64_t P = m.padded_tokens();
+  const uint8_t* x8 = x.ptr<const uint8_t>();
+  const float* s = sc.ptr<const float>();
+  out->assign(size_t(m.total_tokens() * H * kHeadDim), 0.f);
+  for (int b = 0; b < m.batch(); ++b)
+    for (int64_t t = m.cu_seqlens()[b]; t < m.cu_seqlens()[b + 1]; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t row = h * P + m.cu_seqlens_sf()[b] + t - m.cu_seqlens()[b];
+        const float f = per_row ? s[row] : s[h * (P / kTileTokens) + (row - h * P) / kTileTokens];
+        for (int d = 0; d < kHeadDim; ++d) (*out)[size_t((t * H + h) * kHeadDim + d)] = e4m3_to_float(x8[row * kHeadDim + d]) * f;
+      }
+}
+// A token-contiguous operand (H, 128, P) whose 32-token groups are in the kernels' fragment order,
+// its scale per 128-token tile (H, P / 128).
+void tokens_values(const TensorView& x, const TensorView& sc, const JaggedMeta& m, int64_t H, std::vector<float>* out) {
+  // Position of token i of a 32-group: the inverse of the fragment order, derived here on its own
   // (not from ref::attention_fwd_operands' copy), so a CPU round trip through the operands checks it.
   int at_pos[32];
   for (int pos = 0; pos < 32; ++pos) {
     const int i = 16 * (pos / 16) + 2 * ((pos % 16) / 4) + 8 * ((pos % 4) / 2) + pos % 2;
     at_pos[i] = pos;
   }
-  const int64_t Pq = qm.padded_tokens(), Pk = km.padded_tokens();
-  const uint8_t *q8 = ops.q.ptr<const uint8_t>(), *k8 = ops.k.ptr<const uint8_t>(), *v8 = ops.v.ptr<const uint8_t>();
-  const float *qs = ops.q_scale.ptr<const float>(), *ks = ops.k_scale.ptr<const float>(),
-              *vs = ops.v_scale.ptr<const float>();
-  q->assign(size_t(qm.total_tokens() * H * kHeadDim), 0.f);
-  k->assign(size_t(km.total_tokens() * H * kHeadDim), 0.f);
-  v->assign(k->size(), 0.f);
-  for (int b = 0; b < qm.batch(); ++b)
-    for (int64_t t = qm.cu_seqlens()[b]; t < qm.cu_seqlens()[b + 1]; ++t)
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t row = h * Pq + qm.cu_seqlens_sf()[b] + t - qm.cu_seqlens()[b];
-        for (int d = 0; d < kHeadDim; ++d)
-          (*q)[size_t((t * H + h) * kHeadDim + d)] = e4m3_to_float(q8[row * kHeadDim + d]) * qs[row];
-      }
-  for (int b = 0; b < km.batch(); ++b)
-    for (int64_t t = km.cu_seqlens()[b]; t < km.cu_seqlens()[b + 1]; ++t) {
-      const int64_t tp = km.cu_seqlens_sf()[b] + t - km.cu_seqlens()[b], tile = tp / kTileTokens;
+  const int64_t P = m.padded_tokens();
+  const uint8_t* x8 = x.ptr<const uint8_t>();
+  const float* s = sc.ptr<const float>();
+  out->assign(size_t(m.total_tokens() * H * kHeadDim), 0.f);
+  for (int b = 0; b < m.batch(); ++b)
+    for (int64_t t = m.cu_seqlens()[b]; t < m.cu_seqlens()[b + 1]; ++t) {
+      const int64_t tp = m.cu_seqlens_sf()[b] + t - m.cu_seqlens()[b], tile = tp / kTileTokens;
       const int64_t col = tile * kTileTokens + 32 * ((tp % kTileTokens) / 32) + at_pos[tp % 32];
       for (int64_t h = 0; h < H; ++h)
-        for (int d = 0; d < kHeadDim; ++d) {
-          const size_t o = size_t((t * H + h) * kHeadDim + d);
-          (*k)[o] = e4m3_to_float(k8[(h * Pk + tp) * kHeadDim + d]) * ks[h * (Pk / kTileTokens) + tile];
-          (*v)[o] = e4m3_to_float(v8[(h * kHeadDim + d) * Pk + col]) * vs[h * (Pk / kTileTokens) + tile];
-        }
+        for (int d = 0; d < kHeadDim; ++d)
+          (*out)[size_t((t * H + h) * kHeadDim + d)] =
+              e4m3_to_float(x8[(h * kHeadDim + d) * P + col]) * s[h * (P / kTileTokens) + tile];
     }
+}
+
+void dequantized_operands(const AttentionFwdOperands& ops, const JaggedMeta& qm, const JaggedMeta& km, int64_t H,
+                          std::vector<float>* q, std::vector<float>* k, std::vector<float>* v) {
+  rows_values(ops.q, ops.q_scale, qm, H, true, q);
+  rows_values(ops.k, ops.k_scale, km, H, false, k);
+  tokens_values(ops.v, ops.v_scale, km, H, v);
 }
 
 }  // namespace
@@ -339,32 +380,14 @@ size_t attention_forward_operands_workspace_size(const JaggedMeta& q_meta, const
 Status quantize_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                                   const JaggedMeta& q_meta, const JaggedMeta& k_meta, const AttentionFwdOperands& ops,
                                   void* stream) {
-  if (q_meta.batch() < 1) return Status::Invalid("q_meta: empty metadata");
-  if (k_meta.batch() < 1) return Status::Invalid("k_meta: empty metadata");
-  // Q is quantized over its own sequences: one shared sequence (broadcast_q), or one per K/V sequence.
-  if (q_meta.batch() != 1 && q_meta.batch() != k_meta.batch())
-    return Status::Invalid("q_meta: has " + std::to_string(q_meta.batch()) + " sequences but k_meta has " +
-                           std::to_string(k_meta.batch()) + " (only one shared Q sequence may differ)");
-  if (q.ndim != 3) return Status::Invalid("q: must be 3-D (Tq, H, 128), got " + q.shape_string());
-  const int64_t H = q.shape[1];
-  const int64_t qs[3] = {q_meta.total_tokens(), H, kHeadDim}, ks[3] = {k_meta.total_tokens(), H, kHeadDim};
-  MXFLASH_RETURN_IF_ERROR(check_dense(q, "q", {DType::kBFloat16, DType::kFloat32}, 3, qs));
-  MXFLASH_RETURN_IF_ERROR(check_dense(k, "k", {q.dtype}, 3, ks));
-  MXFLASH_RETURN_IF_ERROR(check_dense(v, "v", {q.dtype}, 3, ks));
-  for (const auto& [t, n] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}})
-    MXFLASH_RETURN_IF_ERROR(check_alignment(*t, n, 16));  // (check_dense checked non-null data)
+  int64_t H = 0;
+  MXFLASH_RETURN_IF_ERROR(check_quantize_inputs(q, k, v, q_meta, k_meta, &H));
   int64_t oh = 0;
   Device od = Device::kCPU, xd = Device::kCPU;
   MXFLASH_RETURN_IF_ERROR(check_operands(ops, q_meta, k_meta, &oh, &od));
   if (oh != H) return Status::Invalid("ops.q: has " + std::to_string(oh) + " heads, q has " + std::to_string(H));
   MXFLASH_RETURN_IF_ERROR(check_same_device({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&ops.q, "ops.q"}}, &xd));
   if (xd == Device::kCPU) {
-    auto as_f32 = [](const TensorView& x) {
-      std::vector<float> f(size_t(x.numel()));
-      for (size_t i = 0; i < f.size(); ++i)
-        f[i] = x.dtype == DType::kFloat32 ? x.ptr<const float>()[i] : bf16_to_float(x.ptr<const uint16_t>()[i]);
-      return f;
-    };
     ref::AttnFwdOperands r;
     const std::vector<float> qf = as_f32(q), kf = as_f32(k), vf = as_f32(v);
     MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(q_meta, k_meta, H, qf.data(), kf.data(), vf.data(), &r));
@@ -449,24 +472,12 @@ Status store_mxfp8(const std::vector<double>& x, const JaggedMeta& km, int64_t H
   return Status::Ok();
 }
 
-// CPU: the exact-MX reference on the dequantized operands (each operand as given, in its own
-// orientation), out / lse as the forward delivered them, dout rounded from bf16.
-Status backward_cpu(const MxTensor& q, const MxTensor& q_seq, const MxTensor& k, const MxTensor& k_seq, const MxTensor& v,
-                    TensorView out, TensorView dout, TensorView lse, const JaggedMeta& qm, const JaggedMeta& km, int64_t H,
-                    float scale, const AttentionBackwardOptions& opt, TensorView dq, TensorView dk, TensorView dv,
-                    TensorView dk_scales, TensorView dv_scales) {
-  ref::AttnOperands ops;
-  auto take = [&](const MxTensor& t, const JaggedMeta& m, std::vector<double>* dst) {
-    std::vector<float> x;
-    MXFLASH_RETURN_IF_ERROR(dequantized(t, m, H, &x));
-    dst->assign(x.begin(), x.end());
-    return Status::Ok();
-  };
-  MXFLASH_RETURN_IF_ERROR(take(q, qm, &ops.q_s));
-  MXFLASH_RETURN_IF_ERROR(take(q_seq, qm, &ops.q_dk));
-  MXFLASH_RETURN_IF_ERROR(take(k, km, &ops.k_s));
-  MXFLASH_RETURN_IF_ERROR(take(k_seq, km, &ops.k_dq));
-  MXFLASH_RETURN_IF_ERROR(take(v, km, &ops.v_dp));
+// CPU: the exact-MX reference on operand values (each operand in its own orientation), out / lse as
+// the forward delivered them, dout rounded from bf16.
+Status backward_cpu_values(const ref::AttnOperands& ops, TensorView out, TensorView dout, TensorView lse,
+                           const JaggedMeta& qm, const JaggedMeta& km, int64_t H, float scale,
+                           const AttentionBackwardOptions& opt, TensorView dq, TensorView dk, TensorView dv,
+                           TensorView dk_scales, TensorView dv_scales) {
   const int64_t no = out.shape[0] * H * kHeadDim;
   ref::AttnForwardResult fwd;
   fwd.out.resize(size_t(no));
@@ -505,6 +516,86 @@ Status backward_cpu(const MxTensor& q, const MxTensor& q_seq, const MxTensor& k,
   return Status::Ok();
 }
 
+// CPU: the reference on the dequantized MX operands.
+Status backward_cpu(const MxTensor& q, const MxTensor& q_seq, const MxTensor& k, const MxTensor& k_seq, const MxTensor& v,
+                    TensorView out, TensorView dout, TensorView lse, const JaggedMeta& qm, const JaggedMeta& km, int64_t H,
+                    float scale, const AttentionBackwardOptions& opt, TensorView dq, TensorView dk, TensorView dv,
+                    TensorView dk_scales, TensorView dv_scales) {
+  ref::AttnOperands ops;
+  auto take = [&](const MxTensor& t, const JaggedMeta& m, std::vector<double>* dst) {
+    std::vector<float> x;
+    MXFLASH_RETURN_IF_ERROR(dequantized(t, m, H, &x));
+    dst->assign(x.begin(), x.end());
+    return Status::Ok();
+  };
+  MXFLASH_RETURN_IF_ERROR(take(q, qm, &ops.q_s));
+  MXFLASH_RETURN_IF_ERROR(take(q_seq, qm, &ops.q_dk));
+  MXFLASH_RETURN_IF_ERROR(take(k, km, &ops.k_s));
+  MXFLASH_RETURN_IF_ERROR(take(k_seq, km, &ops.k_dq));
+  MXFLASH_RETURN_IF_ERROR(take(v, km, &ops.v_dp));
+  return backward_cpu_values(ops, out, dout, lse, qm, km, H, scale, opt, dq, dk, dv, dk_scales, dv_scales);
+}
+
+// The backward's tensors other than its operands: out, dout, lse, dq, dk, dv (and MXFP8 dK, dV
+// scales) for the metadata and head count.
+Status check_backward_io(const TensorView& out, const TensorView& dout, const TensorView& lse, const TensorView& dq,
+                         const TensorView& dk, const TensorView& dv, const TensorView& dk_scales,
+                         const TensorView& dv_scales, const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t H,
+                         const AttentionBackwardOptions& opt) {
+  const int64_t To = out_tokens(q_meta, k_meta, opt.broadcast_q);
+  const int64_t o_shape[3] = {To, H, kHeadDim}, lse_shape[2] = {H, To};
+  const int64_t q_shape[3] = {q_meta.total_tokens(), H, kHeadDim}, k_shape[3] = {k_meta.total_tokens(), H, kHeadDim};
+  MXFLASH_RETURN_IF_ERROR(check_dense(out, "out", {DType::kBFloat16}, 3, o_shape));
+  MXFLASH_RETURN_IF_ERROR(check_dense(dout, "dout", {DType::kBFloat16}, 3, o_shape));
+  MXFLASH_RETURN_IF_ERROR(check_dense(lse, "lse", {DType::kFloat32}, 2, lse_shape));
+  MXFLASH_RETURN_IF_ERROR(check_dense(dq, "dq", {DType::kBFloat16}, 3, q_shape));
+  if (opt.output_mxfp8_dkv) {
+    const int64_t s_shape[3] = {k_meta.total_tokens(), H, kHeadDim / kBlockSize};
+    MXFLASH_RETURN_IF_ERROR(check_dense(dk, "dk", {DType::kE4M3, DType::kUInt8}, 3, k_shape));
+    MXFLASH_RETURN_IF_ERROR(check_dense(dv, "dv", {DType::kE4M3, DType::kUInt8}, 3, k_shape));
+    MXFLASH_RETURN_IF_ERROR(check_dense(dk_scales, "dk_scales", {DType::kE8M0, DType::kUInt8}, 3, s_shape));
+    MXFLASH_RETURN_IF_ERROR(check_dense(dv_scales, "dv_scales", {DType::kE8M0, DType::kUInt8}, 3, s_shape));
+  } else {
+    MXFLASH_RETURN_IF_ERROR(check_dense(dk, "dk", {DType::kBFloat16}, 3, k_shape));
+    MXFLASH_RETURN_IF_ERROR(check_dense(dv, "dv", {DType::kBFloat16}, 3, k_shape));
+    for (const auto& [t, n] : {std::pair{&dk_scales, "dk_scales"}, std::pair{&dv_scales, "dv_scales"}})
+      if (t->data != nullptr || t->ndim != 0)
+        return Status::Invalid(std::string(n) + ": only with output_mxfp8_dkv (leave it empty for bf16 dK, dV)");
+  }
+  return Status::Ok();
+}
+
+// Options outside the CUDA paths' model are refused, never ignored.
+Status check_cuda_backward_options(const AttentionBackwardOptions& opt) {
+  const std::string path = opt.exact_mx ? "the exact GPU path" : "the fast CUDA kernel";
+  if (opt.dq_accum != DqAccum::kFp32)
+    return Status::Unsupported("dq_accum: fp16 accumulation is modelled by the CPU reference only; " + path +
+                               " accumulates dQ in fp32" + (opt.exact_mx ? "" : " registers (no atomics)"));
+  if (opt.p_scale != PScaleMode::kConstant)
+    return Status::Unsupported("p_scale: dynamic P scales are modelled by the CPU reference only, not by " + path);
+  if (opt.output_mxfp8_dkv && opt.exact_mx)
+    return Status::Unsupported("output_mxfp8_dkv: MXFP8 dK, dV come from the CPU reference and the fast CUDA kernel, "
+                               "not from the exact GPU path");
+  return Status::Ok();
+}
+
+// The problem's outputs and forward tensors (device pointers).
+void set_backward_io(cuda::AttentionBwdProblem* p, const TensorView& out, const TensorView& dout, const TensorView& lse,
+                     const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& dk_scales,
+                     const TensorView& dv_scales, const AttentionBackwardOptions& opt) {
+  p->out = out.data;
+  p->dout = dout.data;
+  p->lse = lse.ptr<const float>();
+  p->dq = dq.data;
+  p->dk = dk.data;
+  p->dv = dv.data;
+  if (opt.output_mxfp8_dkv) {
+    p->mxfp8_dkv = true;
+    p->dk_scales = dk_scales.ptr<uint8_t>();
+    p->dv_scales = dv_scales.ptr<uint8_t>();
+  }
+}
+
 }  // namespace
 
 size_t attention_backward_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
@@ -534,25 +625,7 @@ Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTens
   MXFLASH_RETURN_IF_ERROR(check_operand(k_seq, "k_seq", Orientation::kSeq, k_meta, &H));
   MXFLASH_RETURN_IF_ERROR(check_operand(v, "v", Orientation::kHdim, k_meta, &H));
   const int64_t To = out_tokens(q_meta, k_meta, opt.broadcast_q);
-  const int64_t o_shape[3] = {To, H, kHeadDim}, lse_shape[2] = {H, To};
-  const int64_t q_shape[3] = {q_meta.total_tokens(), H, kHeadDim}, k_shape[3] = {k_meta.total_tokens(), H, kHeadDim};
-  MXFLASH_RETURN_IF_ERROR(check_dense(out, "out", {DType::kBFloat16}, 3, o_shape));
-  MXFLASH_RETURN_IF_ERROR(check_dense(dout, "dout", {DType::kBFloat16}, 3, o_shape));
-  MXFLASH_RETURN_IF_ERROR(check_dense(lse, "lse", {DType::kFloat32}, 2, lse_shape));
-  MXFLASH_RETURN_IF_ERROR(check_dense(dq, "dq", {DType::kBFloat16}, 3, q_shape));
-  if (opt.output_mxfp8_dkv) {
-    const int64_t s_shape[3] = {k_meta.total_tokens(), H, kHeadDim / kBlockSize};
-    MXFLASH_RETURN_IF_ERROR(check_dense(dk, "dk", {DType::kE4M3, DType::kUInt8}, 3, k_shape));
-    MXFLASH_RETURN_IF_ERROR(check_dense(dv, "dv", {DType::kE4M3, DType::kUInt8}, 3, k_shape));
-    MXFLASH_RETURN_IF_ERROR(check_dense(dk_scales, "dk_scales", {DType::kE8M0, DType::kUInt8}, 3, s_shape));
-    MXFLASH_RETURN_IF_ERROR(check_dense(dv_scales, "dv_scales", {DType::kE8M0, DType::kUInt8}, 3, s_shape));
-  } else {
-    MXFLASH_RETURN_IF_ERROR(check_dense(dk, "dk", {DType::kBFloat16}, 3, k_shape));
-    MXFLASH_RETURN_IF_ERROR(check_dense(dv, "dv", {DType::kBFloat16}, 3, k_shape));
-    for (const auto& [t, n] : {std::pair{&dk_scales, "dk_scales"}, std::pair{&dv_scales, "dv_scales"}})
-      if (t->data != nullptr || t->ndim != 0)
-        return Status::Invalid(std::string(n) + ": only with output_mxfp8_dkv (leave it empty for bf16 dK, dV)");
-  }
+  MXFLASH_RETURN_IF_ERROR(check_backward_io(out, dout, lse, dq, dk, dv, dk_scales, dv_scales, q_meta, k_meta, H, opt));
   Device dev = Device::kCPU;
   MXFLASH_RETURN_IF_ERROR(check_same_device({{&q.payload, "q.payload"},
                                              {&q.scales, "q.scales"},
@@ -579,16 +652,7 @@ Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTens
   if (dev == Device::kCPU)
     return backward_cpu(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, H, scale, opt, dq, dk, dv, dk_scales,
                         dv_scales);
-  // Options outside the CUDA paths' model are refused, never ignored.
-  const std::string path = opt.exact_mx ? "the exact GPU path" : "the fast CUDA kernel";
-  if (opt.dq_accum != DqAccum::kFp32)
-    return Status::Unsupported("dq_accum: fp16 accumulation is modelled by the CPU reference only; " + path +
-                               " accumulates dQ in fp32" + (opt.exact_mx ? "" : " registers (no atomics)"));
-  if (opt.p_scale != PScaleMode::kConstant)
-    return Status::Unsupported("p_scale: dynamic P scales are modelled by the CPU reference only, not by " + path);
-  if (opt.output_mxfp8_dkv && opt.exact_mx)
-    return Status::Unsupported("output_mxfp8_dkv: MXFP8 dK, dV come from the CPU reference and the fast CUDA kernel, "
-                               "not from the exact GPU path");
+  MXFLASH_RETURN_IF_ERROR(check_cuda_backward_options(opt));
   MXFLASH_RETURN_IF_ERROR(check_cuda_call(q.payload.device_id, "q.payload", q_meta, k_meta));
   cuda::AttentionBwdProblem p;
   fill_problem(q_meta, k_meta, H, To, opt.broadcast_q, scale, &p);
@@ -599,18 +663,206 @@ Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTens
   p.k = device_operand(k);
   p.k_seq = device_operand(k_seq);
   p.v = device_operand(v);
-  p.out = out.data;
-  p.dout = dout.data;
-  p.lse = lse.ptr<const float>();
-  p.dq = dq.data;
-  p.dk = dk.data;
-  p.dv = dv.data;
-  if (opt.output_mxfp8_dkv) {
-    p.mxfp8_dkv = true;
-    p.dk_scales = dk_scales.ptr<uint8_t>();
-    p.dv_scales = dv_scales.ptr<uint8_t>();
-  }
+  set_backward_io(&p, out, dout, lse, dq, dk, dv, dk_scales, dv_scales, opt);
   if (opt.exact_mx) return cuda::attention_backward_exact(p, stream);
+  return cuda::attention_backward(p, workspace, workspace_bytes, stream);  // checks the workspace size first
+}
+
+// -------------------------------------------------------------------- backward operands
+namespace {
+
+// The backward operands' checks, as check_operands' for the forward's. Heads from ops.q.
+Status check_bwd_operands(const AttentionBwdOperands& ops, const JaggedMeta& q_meta, const JaggedMeta& k_meta,
+                          int64_t* heads, Device* dev) {
+  if (ops.q.ndim != 3) return Status::Invalid("ops.q: must be 3-D (H, Pq, 128), got " + ops.q.shape_string());
+  const int64_t H = ops.q.shape[0];
+  if (H < 1) return Status::Invalid("ops.q: head count must be >= 1");
+  const AttentionBwdOperandShapes sh = attention_bwd_operand_shapes(q_meta, k_meta, H);
+  const struct {
+    const TensorView* t;
+    const char* name;
+    bool bytes;
+    const int64_t* shape;
+  } items[] = {{&ops.q, "ops.q", true, sh.q},           {&ops.q_scale, "ops.q_scale", false, sh.q_scale},
+               {&ops.k, "ops.k", true, sh.k},           {&ops.k_scale, "ops.k_scale", false, sh.k_scale},
+               {&ops.v, "ops.v", true, sh.v},           {&ops.v_scale, "ops.v_scale", false, sh.v_scale},
+               {&ops.qt, "ops.qt", true, sh.qt},        {&ops.qt_scale, "ops.qt_scale", false, sh.qt_scale},
+               {&ops.kt, "ops.kt", true, sh.kt},        {&ops.kt_scale, "ops.kt_scale", false, sh.kt_scale}};
+  for (const auto& it : items) {
+    if (it.bytes)
+      MXFLASH_RETURN_IF_ERROR(check_dense(*it.t, it.name, {DType::kE4M3, DType::kUInt8}, 3, it.shape));
+    else
+      MXFLASH_RETURN_IF_ERROR(check_dense(*it.t, it.name, {DType::kFloat32}, 2, it.shape));
+    MXFLASH_RETURN_IF_ERROR(check_alignment(*it.t, it.name, it.bytes ? 16 : 4));
+  }
+  *heads = H;
+  return check_same_device({{&ops.q, "ops.q"},
+                            {&ops.q_scale, "ops.q_scale"},
+                            {&ops.k, "ops.k"},
+                            {&ops.k_scale, "ops.k_scale"},
+                            {&ops.v, "ops.v"},
+                            {&ops.v_scale, "ops.v_scale"},
+                            {&ops.qt, "ops.qt"},
+                            {&ops.qt_scale, "ops.qt_scale"},
+                            {&ops.kt, "ops.kt"},
+                            {&ops.kt_scale, "ops.kt_scale"}},
+                           dev);
+}
+
+cuda::BwdExecOperands bwd_exec_operands(const AttentionBwdOperands& ops) {
+  cuda::BwdExecOperands e;
+  e.q = static_cast<uint8_t*>(ops.q.data);
+  e.k = static_cast<uint8_t*>(ops.k.data);
+  e.v = static_cast<uint8_t*>(ops.v.data);
+  e.qt = static_cast<uint8_t*>(ops.qt.data);
+  e.kt = static_cast<uint8_t*>(ops.kt.data);
+  e.q_scale = static_cast<float*>(ops.q_scale.data);
+  e.k_scale = static_cast<float*>(ops.k_scale.data);
+  e.v_scale = static_cast<float*>(ops.v_scale.data);
+  e.qt_scale = static_cast<float*>(ops.qt_scale.data);
+  e.kt_scale = static_cast<float*>(ops.kt_scale.data);
+  return e;
+}
+
+}  // namespace
+
+AttentionBwdOperandShapes attention_bwd_operand_shapes(const JaggedMeta& q_meta, const JaggedMeta& k_meta,
+                                                       int64_t heads) {
+  const int64_t Pq = q_meta.padded_tokens(), Pk = k_meta.padded_tokens();
+  return {{heads, Pq, kHeadDim}, {heads, Pq},           {heads, Pk, kHeadDim}, {heads, Pk / kTileTokens},
+          {heads, Pk, kHeadDim}, {heads, Pk / kTileTokens}, {heads, kHeadDim, Pq}, {heads, Pq / kTileTokens},
+          {heads, kHeadDim, Pk}, {heads, Pk / kTileTokens}};
+}
+
+void attention_bwd_operand_bytes(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
+                                 size_t bytes[kAttentionBwdOperandCount]) {
+  void* none[kAttentionBwdOperandCount] = {};
+  const AttentionBwdOperands v = attention_bwd_operand_views(q_meta, k_meta, heads, none, Device::kCPU);
+  const TensorView* parts[kAttentionBwdOperandCount] = {&v.q,       &v.k,       &v.v,        &v.qt,       &v.kt,
+                                                        &v.q_scale, &v.k_scale, &v.v_scale, &v.qt_scale, &v.kt_scale};
+  for (int i = 0; i < kAttentionBwdOperandCount; ++i) bytes[i] = size_t(parts[i]->nbytes());
+}
+
+AttentionBwdOperands attention_bwd_operand_views(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
+                                                 void* const data[kAttentionBwdOperandCount], Device device,
+                                                 int device_id) {
+  const AttentionBwdOperandShapes sh = attention_bwd_operand_shapes(q_meta, k_meta, heads);
+  AttentionBwdOperands o;
+  o.q = make_view(data[0], DType::kE4M3, device, 3, sh.q, device_id);
+  o.k = make_view(data[1], DType::kE4M3, device, 3, sh.k, device_id);
+  o.v = make_view(data[2], DType::kE4M3, device, 3, sh.v, device_id);
+  o.qt = make_view(data[3], DType::kE4M3, device, 3, sh.qt, device_id);
+  o.kt = make_view(data[4], DType::kE4M3, device, 3, sh.kt, device_id);
+  o.q_scale = make_view(data[5], DType::kFloat32, device, 2, sh.q_scale, device_id);
+  o.k_scale = make_view(data[6], DType::kFloat32, device, 2, sh.k_scale, device_id);
+  o.v_scale = make_view(data[7], DType::kFloat32, device, 2, sh.v_scale, device_id);
+  o.qt_scale = make_view(data[8], DType::kFloat32, device, 2, sh.qt_scale, device_id);
+  o.kt_scale = make_view(data[9], DType::kFloat32, device, 2, sh.kt_scale, device_id);
+  return o;
+}
+
+Status quantize_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const JaggedMeta& q_meta, const JaggedMeta& k_meta, const AttentionBwdOperands& ops,
+                                   void* stream) {
+  int64_t H = 0;
+  MXFLASH_RETURN_IF_ERROR(check_quantize_inputs(q, k, v, q_meta, k_meta, &H));
+  int64_t oh = 0;
+  Device od = Device::kCPU, xd = Device::kCPU;
+  MXFLASH_RETURN_IF_ERROR(check_bwd_operands(ops, q_meta, k_meta, &oh, &od));
+  if (oh != H) return Status::Invalid("ops.q: has " + std::to_string(oh) + " heads, q has " + std::to_string(H));
+  MXFLASH_RETURN_IF_ERROR(check_same_device({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&ops.q, "ops.q"}}, &xd));
+  if (xd == Device::kCPU) {
+    const std::vector<float> qf = as_f32(q), kf = as_f32(k), vf = as_f32(v);
+    // The forward's rules per output: Q', K' as the forward's q, k; V rows as its k (per tile); Qᵀ',
+    // Kᵀ' as its v (token-contiguous per tile), each on its own sequences.
+    ref::AttnFwdOperands fwd, kv, qq;
+    MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(q_meta, k_meta, H, qf.data(), kf.data(), vf.data(), &fwd));
+    MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(k_meta, k_meta, H, kf.data(), vf.data(), kf.data(), &kv));
+    MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(q_meta, q_meta, H, qf.data(), qf.data(), qf.data(), &qq));
+    auto put = [](const auto& src, const TensorView& dst) {
+      using T = typename std::decay_t<decltype(src)>::value_type;
+      std::copy(src.begin(), src.end(), static_cast<T*>(dst.data));
+    };
+    put(fwd.q, ops.q);
+    put(fwd.q_scale, ops.q_scale);
+    put(fwd.k, ops.k);
+    put(fwd.k_scale, ops.k_scale);
+    put(kv.k, ops.v);
+    put(kv.k_scale, ops.v_scale);
+    put(kv.v, ops.kt);
+    put(kv.v_scale, ops.kt_scale);
+    put(qq.v, ops.qt);
+    put(qq.v_scale, ops.qt_scale);
+    return Status::Ok();
+  }
+  MXFLASH_RETURN_IF_ERROR(check_cuda_call(q.device_id, "q", q_meta, k_meta));
+  cuda::AttentionBwdProblem p;
+  fill_problem(q_meta, k_meta, H, q_meta.total_tokens(), false, 1.f, &p);
+  p.broadcast_q = q_meta.batch() != k_meta.batch();  // the kernels take Q's sequence count from it
+  return cuda::quantize_attention_bwd_operands(p, q.data, k.data, v.data, q.dtype == DType::kFloat32,
+                                               bwd_exec_operands(ops), stream);
+}
+
+size_t attention_backward_operands_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
+                                                  const AttentionBackwardOptions& opt) {
+  if (!sizable(q_meta, k_meta, heads, opt.broadcast_q)) return 0;
+  cuda::AttentionBwdProblem p;
+  fill_problem(q_meta, k_meta, heads, out_tokens(q_meta, k_meta, opt.broadcast_q), opt.broadcast_q, 1.f, &p);
+  p.Tq = q_meta.total_tokens();
+  p.Tk = k_meta.total_tokens();
+  p.mxfp8_dkv = opt.output_mxfp8_dkv;
+  const cuda::BwdExecOperands none;
+  p.exec = &none;  // (sizes only)
+  return cuda::attention_bwd_workspace_bytes(p);
+}
+
+Status attention_backward(const AttentionBwdOperands& ops, TensorView out, TensorView dout, TensorView lse,
+                          const JaggedMeta& q_meta, const JaggedMeta& k_meta, const AttentionBackwardOptions& opt,
+                          TensorView dq, TensorView dk, TensorView dv, TensorView dk_scales, TensorView dv_scales,
+                          void* workspace, size_t workspace_bytes, void* stream) {
+  MXFLASH_RETURN_IF_ERROR(check_metas(q_meta, k_meta, opt.broadcast_q));
+  const float scale = resolved_scale(opt.softmax_scale);
+  MXFLASH_RETURN_IF_ERROR(check_scale(scale));
+  MXFLASH_RETURN_IF_ERROR(check_backward_options(opt));
+  if (opt.exact_mx)
+    return Status::Unsupported("opt.exact_mx: the exact-MX path takes MX tensors, not execution-layout operands");
+  int64_t H = 0;
+  Device dev = Device::kCPU;
+  MXFLASH_RETURN_IF_ERROR(check_bwd_operands(ops, q_meta, k_meta, &H, &dev));
+  MXFLASH_RETURN_IF_ERROR(check_backward_io(out, dout, lse, dq, dk, dv, dk_scales, dv_scales, q_meta, k_meta, H, opt));
+  MXFLASH_RETURN_IF_ERROR(check_same_device(
+      {{&ops.q, "ops.q"}, {&out, "out"}, {&dout, "dout"}, {&lse, "lse"}, {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}}, &dev));
+  if (opt.output_mxfp8_dkv) {
+    Device scales_dev = dev;
+    MXFLASH_RETURN_IF_ERROR(
+        check_same_device({{&dk, "dk"}, {&dk_scales, "dk_scales"}, {&dv_scales, "dv_scales"}}, &scales_dev));
+  }
+  if (dev == Device::kCPU) {
+    ref::AttnOperands r;
+    std::vector<float> x;
+    auto keep = [&](std::vector<double>* dst) { dst->assign(x.begin(), x.end()); };
+    rows_values(ops.q, ops.q_scale, q_meta, H, true, &x);
+    keep(&r.q_s);
+    tokens_values(ops.qt, ops.qt_scale, q_meta, H, &x);
+    keep(&r.q_dk);
+    rows_values(ops.k, ops.k_scale, k_meta, H, false, &x);
+    keep(&r.k_s);
+    tokens_values(ops.kt, ops.kt_scale, k_meta, H, &x);
+    keep(&r.k_dq);
+    rows_values(ops.v, ops.v_scale, k_meta, H, false, &x);
+    keep(&r.v_dp);
+    return backward_cpu_values(r, out, dout, lse, q_meta, k_meta, H, scale, opt, dq, dk, dv, dk_scales, dv_scales);
+  }
+  MXFLASH_RETURN_IF_ERROR(check_cuda_backward_options(opt));
+  MXFLASH_RETURN_IF_ERROR(check_cuda_call(ops.q.device_id, "ops.q", q_meta, k_meta));
+  MXFLASH_RETURN_IF_ERROR(check_tma_coordinates("ops.q", H, q_meta, k_meta));
+  cuda::AttentionBwdProblem p;
+  fill_problem(q_meta, k_meta, H, out_tokens(q_meta, k_meta, opt.broadcast_q), opt.broadcast_q, scale, &p);
+  p.Tq = q_meta.total_tokens();
+  p.Tk = k_meta.total_tokens();
+  const cuda::BwdExecOperands exec = bwd_exec_operands(ops);
+  p.exec = &exec;
+  set_backward_io(&p, out, dout, lse, dq, dk, dv, dk_scales, dv_scales, opt);
   return cuda::attention_backward(p, workspace, workspace_bytes, stream);  // checks the workspace size first
 }
 

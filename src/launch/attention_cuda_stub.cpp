@@ -22,6 +22,10 @@ Status attention_forward_exec(const AttentionFwdProblem&, const FwdExecOperands&
 Status attention_backward_exact(const AttentionBwdProblem&, void*) {
   return Status::Unsupported("mxflash was built without CUDA");
 }
+Status quantize_attention_bwd_operands(const AttentionBwdProblem&, const void*, const void*, const void*, bool,
+                                       const BwdExecOperands&, void*) {
+  return Status::Unsupported("mxflash was built without CUDA");
+}
 size_t attention_bwd_workspace_bytes(const AttentionBwdProblem&) { return 0; }
 Status attention_backward(const AttentionBwdProblem&, void*, size_t, void*) {
   return Status::Unsupported("mxflash was built without CUDA");

@@ -63,4 +63,22 @@ struct HostOperands {
   HostOperands(const HostOperands&) = delete;
 };
 
+// Backward operands in the execution layout (AttentionBwdOperands) over owned host buffers, every
+// byte set to `fill`.
+struct HostBwdOperands {
+  std::vector<uint8_t> parts[kAttentionBwdOperandCount];  // q, k, v, qt, kt, then their scales
+  AttentionBwdOperands ops;
+  HostBwdOperands(const JaggedMeta& qm, const JaggedMeta& km, int64_t H, uint8_t fill = kPoison) {
+    size_t bytes[kAttentionBwdOperandCount];
+    void* ptr[kAttentionBwdOperandCount];
+    attention_bwd_operand_bytes(qm, km, H, bytes);
+    for (int i = 0; i < kAttentionBwdOperandCount; ++i) {
+      parts[i].assign(bytes[i], fill);
+      ptr[i] = parts[i].data();
+    }
+    ops = attention_bwd_operand_views(qm, km, H, ptr, Device::kCPU);
+  }
+  HostBwdOperands(const HostBwdOperands&) = delete;
+};
+
 }  // namespace mxflash::test

@@ -331,5 +331,98 @@ TEST_F(AttentionBwdApi, RejectsMixedDevicesAndCudaTensors) {
   }
 }
 
+// ------------------------------------------------------------ operands in the execution layout
+// quantize_attention_backward on CPU tensors, and the backward on its operands: Q', K' are the
+// forward's operands byte for byte; the gradients stay within 0.5 dB (vs FP64) of the backward on
+// MX tensors and above the reference system's floors. A wrong layout or orientation of any operand
+// (e.g. Qᵀ' read as rows, or a fragment-order slip) costs far more than that.
+TEST_F(AttentionBwdApi, OperandsRoundTripOnJaggedBatch) {
+  for (const bool bcast : {false, true}) {
+    SCOPED_TRACE(bcast ? "broadcast_q" : "jagged");
+    if (bcast)
+      build({70}, {33, 1, 0, 200}, true);
+    else
+      build({40, 17, 70, 129}, {33, 1, 0, 300}, false);
+    auto x = [&](std::vector<float>& v, const JaggedMeta& m) {
+      return make_view(v.data(), DType::kFloat32, Device::kCPU, {m.total_tokens(), H, kHeadDim});
+    };
+    test::HostBwdOperands ops(qm, km, H);
+    Status st = quantize_attention_backward(x(qf, qm), x(kf, km), x(vf, km), qm, km, ops.ops);
+    ASSERT_TRUE(st.ok()) << st.message();
+    test::HostOperands fwd(qm, km, H);
+    st = quantize_attention_forward(x(qf, qm), x(kf, km), x(vf, km), qm, km, fwd.ops);
+    ASSERT_TRUE(st.ok()) << st.message();
+    EXPECT_TRUE(std::equal(ops.parts[0].begin(), ops.parts[0].end(), fwd.q.begin())) << "Q' differs from the forward's";
+    EXPECT_TRUE(std::equal(ops.parts[1].begin(), ops.parts[1].end(), fwd.k.begin())) << "K' differs from the forward's";
+    EXPECT_TRUE(std::equal(ops.parts[5].begin(), ops.parts[5].end(), fwd.q_scale.begin()));
+    EXPECT_TRUE(std::equal(ops.parts[6].begin(), ops.parts[6].end(), fwd.k_scale.begin()));
+    for (int i = 0; i < kAttentionBwdOperandCount; ++i)  // every byte written (padding included)
+      EXPECT_FALSE(std::all_of(ops.parts[i].begin(), ops.parts[i].end(), [](uint8_t b) { return b == kPoison; })) << i;
+
+    ASSERT_TRUE(call().ok());
+    const std::vector<uint16_t> mx_dq = bits(dq), mx_dk = bits(dk), mx_dv = bits(dv);
+    std::fill(dq.begin(), dq.end(), kPoison);
+    std::fill(dk.begin(), dk.end(), kPoison);
+    std::fill(dv.begin(), dv.end(), kPoison);
+    st = attention_backward(ops.ops, out_view(), dout_view(), lse_view(), qm, km, options(), dq_view(), dk_view(),
+                            dv_view());
+    ASSERT_TRUE(st.ok()) << st.message();
+    ref::AttnForwardResult fwd64;
+    ref::AttnBackwardResult exact;
+    ASSERT_TRUE(ref::attention_forward(p, ref::AttnMethod::kFp64, &fwd64).ok());
+    ASSERT_TRUE(ref::attention_backward(p, ref::AttnMethod::kFp64, fwd64, doutf.data(), &exact).ok());
+    const struct {
+      const char* name;
+      std::vector<uint16_t> mx, op;
+      const std::vector<double>* ref;
+    } grads[] = {{"dQ", mx_dq, bits(dq), &exact.dq}, {"dK", mx_dk, bits(dk), &exact.dk}, {"dV", mx_dv, bits(dv), &exact.dv}};
+    for (const auto& g : grads) {
+      const double a = sqnr_db(g.mx, *g.ref), b = sqnr_db(g.op, *g.ref);
+      std::printf("    %s SQNR vs fp64: MX tensors %.2f dB, operands %.2f dB\n", g.name, a, b);
+      EXPECT_GT(b, a - 0.5) << g.name;
+      EXPECT_GT(b, 10.0) << g.name;
+    }
+  }
+}
+
+TEST_F(AttentionBwdApi, OperandsRejected) {
+  build({40, 17}, {33, 65}, false);
+  test::HostBwdOperands ops(qm, km, H);
+  auto x = [&](std::vector<float>& v, const JaggedMeta& m) {
+    return make_view(v.data(), DType::kFloat32, Device::kCPU, {m.total_tokens(), H, kHeadDim});
+  };
+  ASSERT_TRUE(quantize_attention_backward(x(qf, qm), x(kf, km), x(vf, km), qm, km, ops.ops).ok());
+  auto run = [&](const AttentionBwdOperands& o, const AttentionBackwardOptions& opt) {
+    return attention_backward(o, out_view(), dout_view(), lse_view(), qm, km, opt, dq_view(), dk_view(), dv_view());
+  };
+  AttentionBwdOperands bad = ops.ops;
+  bad.qt = make_view(ops.parts[3].data(), DType::kE4M3, Device::kCPU, {H, qm.padded_tokens(), kHeadDim});
+  expect_rejected(run(bad, options()), "ops.qt", "shape");
+  bad = ops.ops;
+  bad.kt_scale.dtype = DType::kBFloat16;
+  expect_rejected(run(bad, options()), "ops.kt_scale", "dtype");
+  bad = ops.ops;
+  bad.v.data = nullptr;
+  expect_rejected(run(bad, options()), "ops.v", "");
+  bad = ops.ops;
+  bad.k_scale.device = Device::kCUDA;
+  bad.k_scale.data = kDummyDevicePtr;
+  expect_rejected(run(bad, options()), "ops.k_scale", "same device");
+  AttentionBackwardOptions o = options();
+  o.exact_mx = true;
+  const Status st = run(ops.ops, o);
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported) << st.message();
+  expect_rejected(st, "opt.exact_mx", "MX tensors");
+  // Operands of another head count than out / dout / lse.
+  test::HostBwdOperands three(qm, km, 3);
+  expect_rejected(run(three.ops, options()), "out", "shape");
+  // The quantizer: inputs and operands checked alike, nothing written on a failure.
+  const Status qs = quantize_attention_backward(x(qf, qm), x(vf, km), x(kf, km), qm, km, three.ops);
+  EXPECT_FALSE(qs.ok());
+  EXPECT_EQ(qs.message().rfind("ops.q", 0), 0u) << qs.message();
+  for (int i = 0; i < kAttentionBwdOperandCount; ++i)
+    EXPECT_TRUE(std::all_of(three.parts[i].begin(), three.parts[i].end(), [](uint8_t b) { return b == kPoison; }));
+}
+
 }  // namespace
 }  // namespace mxflash

@@ -4,13 +4,16 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "mxflash/mx.h"
 #include "mxflash/status.h"
 #include "mxflash/tensor.h"
 
@@ -75,6 +78,32 @@ inline ::testing::AssertionResult device_ok() {
   const cudaError_t e = cudaDeviceSynchronize();
   if (e == cudaSuccess) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "CUDA error: " << cudaGetErrorString(e);
+}
+
+// SQNR (dB) of bf16 values `got` against `want` (300 when equal); *nonfinite counts non-finite got.
+inline double sqnr_bf16(const std::vector<uint16_t>& want, const std::vector<uint16_t>& got, size_t* nonfinite) {
+  double s = 0, n = 0;
+  *nonfinite = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double w = bf16_to_float(want[i]), g = bf16_to_float(got[i]);
+    *nonfinite += !std::isfinite(g);
+    s += w * w;
+    n += (g - w) * (g - w);
+  }
+  return n == 0 ? 300.0 : 10 * std::log10(s / n);
+}
+
+// fp32 values as a kernel input: bf16 bits (bf16) or the fp32 bytes.
+inline std::vector<uint8_t> input_bytes(const std::vector<float>& x, bool bf16) {
+  std::vector<uint8_t> bytes(x.size() * (bf16 ? 2 : 4));
+  if (bf16)
+    for (size_t i = 0; i < x.size(); ++i) {
+      const uint16_t b = float_to_bf16(x[i]);
+      std::memcpy(bytes.data() + 2 * i, &b, 2);
+    }
+  else
+    std::memcpy(bytes.data(), x.data(), bytes.size());
+  return bytes;
 }
 
 inline ::testing::AssertionResult same_bytes(const std::vector<uint8_t>& cpu, const std::vector<uint8_t>& gpu) {

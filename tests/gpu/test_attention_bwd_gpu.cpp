@@ -56,16 +56,9 @@ void compare(const char* name, const std::vector<uint16_t>& want, const std::vec
 
 // SQNR (dB) of `got` against `want`, printed; every value finite.
 double sqnr_of(const char* name, const std::vector<uint16_t>& want, const std::vector<uint16_t>& got) {
-  double s = 0, n = 0;
   size_t nonfinite = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double w = bf16_to_float(want[i]), g = bf16_to_float(got[i]);
-    nonfinite += !std::isfinite(g);
-    s += w * w;
-    n += (g - w) * (g - w);
-  }
+  const double db = gputest::sqnr_bf16(want, got, &nonfinite);
   EXPECT_EQ(nonfinite, 0u) << name;
-  const double db = n == 0 ? 300.0 : 10 * std::log10(s / n);
   std::printf("    fast %s: %.2f dB against the exact-MX reference\n", name, db);
   return db;
 }

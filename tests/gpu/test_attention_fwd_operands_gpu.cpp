@@ -96,18 +96,7 @@ void run_case(const Case& c, uint64_t seed, bool attention) {
     for (auto* x : {&q, &k, &v})
       for (auto& e : *x) e = bf16_to_float(float_to_bf16(e));
   // Inputs as the kernels take them.
-  auto input = [&](const std::vector<float>& x) {
-    std::vector<uint8_t> bytes(x.size() * (c.bf16 ? 2 : 4));
-    if (c.bf16)
-      for (size_t i = 0; i < x.size(); ++i) {
-        const uint16_t b = float_to_bf16(x[i]);
-        std::memcpy(bytes.data() + 2 * i, &b, 2);
-      }
-    else
-      std::memcpy(bytes.data(), x.data(), bytes.size());
-    return bytes;
-  };
-  DeviceBuffer xq(input(q)), xk(input(k)), xv(input(v));
+  DeviceBuffer xq(gputest::input_bytes(q, c.bf16)), xk(gputest::input_bytes(k, c.bf16)), xv(gputest::input_bytes(v, c.bf16));
   const DType dt = c.bf16 ? DType::kBFloat16 : DType::kFloat32;
   auto view = [&](DeviceBuffer& b, int64_t T) { return make_view(b.get(), dt, Device::kCUDA, {T, H, kHeadDim}); };
 

@@ -5,9 +5,9 @@
 // prepare pass included, on a preallocated workspace; a timed backward is one
 // mxflash::attention_backward call on the forward's O and LSE on a preallocated workspace, its
 // preprocess (operand scale re-expression, dO quantization, D = rowsum(O∘dO)) included.
-// "mxfp8-exec": the same, but the forward takes its operands in the execution layout, written by
-// quantize_attention_forward outside timing (no prepare pass); forward only (the backward takes MX
-// tensors: it is mxfp8's).
+// "mxfp8-exec": the same, but both directions take their operands in the execution layout, written
+// from the bf16 inputs by quantize_attention_forward and quantize_attention_backward outside timing
+// (as the MX quantization is): no prepare passes; the backward's preprocess of dO is timed.
 #include <numeric>
 
 #include "bench_impl.h"
@@ -69,7 +69,7 @@ class Mxfp8Attention final : public AttnImpl {
       const uint64_t t0 = uint64_t(i) * 16;
       // Each input drawn once (generator tensor ids 1..3, as the peers), quantized in the forward's
       // orientation and, for the backward, in the other one.
-      const bool bwd = p_.need_bwd && !exec_;
+      const bool bwd = p_.need_bwd && !exec_;  // MX tensors in the backward's orientations
       const struct {
         DeviceBuffer* x;
         const SeqLayout* l;
@@ -91,18 +91,20 @@ class Mxfp8Attention final : public AttnImpl {
                                               "copy K input"));
       }
       if (exec_) MXFLASH_RETURN_IF_ERROR(operands_into(xq, xv, xk, &st.ops, s));
+      if (exec_ && p_.need_bwd) MXFLASH_RETURN_IF_ERROR(bwd_operands_into(xq, xv, xk, &st.bops, s));
       MXFLASH_RETURN_IF_ERROR(st.out.alloc(size_t(To * H * kHeadDim * 2)));
       MXFLASH_RETURN_IF_ERROR(st.lse.alloc(size_t(To * H * 4)));
-      if (!bwd) continue;
+      if (!p_.need_bwd) continue;
       // dO from the peers' generator rows (tensor 4); O and LSE from our forward.
       MXFLASH_RETURN_IF_ERROR(st.dout.alloc(size_t(To * H * kHeadDim * 2)));
       MXFLASH_RETURN_IF_ERROR(fill_normal(st.dout.get(), Elem::kBF16, 1.f, lay_o_.layout(), p_.seed, t0 + 4, s));
       MXFLASH_RETURN_IF_ERROR(run(Direction::kFwd, i, s));
     }
-    if (p_.need_bwd && !exec_) {
+    if (p_.need_bwd) {
       AttentionBackwardOptions bo;
       bo.broadcast_q = p_.broadcast_q;
-      MXFLASH_RETURN_IF_ERROR(ws_bwd_.alloc(attention_backward_workspace_size(q_meta_, k_meta_, H, bo)));
+      MXFLASH_RETURN_IF_ERROR(ws_bwd_.alloc(exec_ ? attention_backward_operands_workspace_size(q_meta_, k_meta_, H, bo)
+                                                  : attention_backward_workspace_size(q_meta_, k_meta_, H, bo)));
       MXFLASH_RETURN_IF_ERROR(dq_.alloc(size_t(Tq * H * kHeadDim * 2)));
       MXFLASH_RETURN_IF_ERROR(dk_.alloc(size_t(Tk * H * kHeadDim * 2)));
       MXFLASH_RETURN_IF_ERROR(dv_.alloc(size_t(Tk * H * kHeadDim * 2)));
@@ -126,10 +128,12 @@ class Mxfp8Attention final : public AttnImpl {
     if (d == Direction::kFwd)
       return attention_forward(st.q.view, st.k.view, st.v.view, q_meta_, k_meta_, opt_, bf16(st.out, To), lse,
                                ws_.get(), ws_.bytes(), s);
-    if (exec_) return Status::Unsupported("mxfp8-exec: forward only (its backward is mxfp8's)");
     AttentionBackwardOptions bo;
     bo.broadcast_q = p_.broadcast_q;
     bo.softmax_scale = p_.softmax_scale;
+    if (exec_)
+      return attention_backward(st.bops.view, bf16(st.out, To), bf16(st.dout, To), lse, q_meta_, k_meta_, bo,
+                                bf16(dq_, Tq), bf16(dk_, Tk), bf16(dv_, Tk), {}, {}, ws_bwd_.get(), ws_bwd_.bytes(), s);
     return attention_backward(st.q.view, st.q_seq.view, st.k.view, st.k_seq.view, st.v_hdim.view, bf16(st.out, To),
                               bf16(st.dout, To), lse, q_meta_, k_meta_, bo, bf16(dq_, Tq), bf16(dk_, Tk), bf16(dv_, Tk),
                               {}, {}, ws_bwd_.get(), ws_bwd_.bytes(), s);
@@ -158,15 +162,22 @@ class Mxfp8Attention final : public AttnImpl {
     n.push_back({"layout", "packed jagged (T, H, 128), no padding"});
     n.push_back({"operands", "Q, K MX along hdim, V MX along seq (RCEIL, plain scales), quantized outside timing"});
     if (exec_) {
-      n.push_back({"forward operands", "execution layout from quantize_attention_forward (Q per row, K per 128-key "
-                                       "tile, V per (tile, channel) scales), written outside timing"});
+      if (d == Direction::kFwd)
+        n.push_back({"forward operands", "execution layout from quantize_attention_forward (Q per row, K and V per "
+                                         "128-key tile), written outside timing"});
+      else
+        n.push_back({"backward operands", "execution layout from quantize_attention_backward (Q per row, K, V per "
+                                          "128-key tile, Q and K along tokens per 128-token tile), written outside "
+                                          "timing"});
       n.push_back({"kernel", "sm90 FP8 wgmma, no prepare pass"});
     } else {
       n.push_back({"kernel", "sm90 FP8 wgmma, prepare pass (scale re-expression) included in the timing"});
     }
     if (d == Direction::kBwd)
-      n.push_back({"backward", "dK/dV kernel + dQ kernel (S, dP recomputed in each), no atomics; preprocess of dO "
-                               "and the operands included in the timing"});
+      n.push_back({"backward", exec_ ? "dK/dV kernel + dQ kernel (S, dP recomputed in each), no atomics; preprocess "
+                                       "of dO included in the timing"
+                                     : "dK/dV kernel + dQ kernel (S, dP recomputed in each), no atomics; preprocess "
+                                       "of dO and the operands included in the timing"});
     if (p_.broadcast_q) n.push_back({"broadcast_q", "one shared Q sequence read in place (no copies)"});
     return n;
   }
@@ -180,9 +191,14 @@ class Mxfp8Attention final : public AttnImpl {
     DeviceBuffer parts[kAttentionFwdOperandCount];
     AttentionFwdOperands view;
   };
+  struct BwdOps {
+    DeviceBuffer parts[kAttentionBwdOperandCount];
+    AttentionBwdOperands view;
+  };
   struct Set {
     Mx q, k, v;
-    Ops ops;  // mxfp8-exec's forward operands
+    Ops ops;      // mxfp8-exec's forward operands
+    BwdOps bops;  // mxfp8-exec's backward operands
     Mx q_seq, k_seq, v_hdim;  // backward operands
     DeviceBuffer out, lse, dout;
   };
@@ -222,6 +238,24 @@ class Mxfp8Attention final : public AttnImpl {
       return make_view(b.get(), DType::kBFloat16, Device::kCUDA, {m.total_tokens(), H, kHeadDim});
     };
     return quantize_attention_forward(x(xq, q_meta_), x(xk, k_meta_), x(xv, k_meta_), q_meta_, k_meta_, o->view, s);
+  }
+
+  // The backward operands of the same inputs.
+  Status bwd_operands_into(const DeviceBuffer& xq, const DeviceBuffer& xk, const DeviceBuffer& xv, BwdOps* o,
+                           cudaStream_t s) {
+    const int64_t H = p_.heads;
+    size_t bytes[kAttentionBwdOperandCount];
+    void* ptr[kAttentionBwdOperandCount];
+    attention_bwd_operand_bytes(q_meta_, k_meta_, H, bytes);
+    for (int i = 0; i < kAttentionBwdOperandCount; ++i) {
+      MXFLASH_RETURN_IF_ERROR(o->parts[i].alloc(std::max<size_t>(bytes[i], 16)));
+      ptr[i] = o->parts[i].get();
+    }
+    o->view = attention_bwd_operand_views(q_meta_, k_meta_, H, ptr, Device::kCUDA);
+    auto x = [&](const DeviceBuffer& b, const JaggedMeta& m) {
+      return make_view(b.get(), DType::kBFloat16, Device::kCUDA, {m.total_tokens(), H, kHeadDim});
+    };
+    return quantize_attention_backward(x(xq, q_meta_), x(xk, k_meta_), x(xv, k_meta_), q_meta_, k_meta_, o->view, s);
   }
 
   AttnProblem p_;

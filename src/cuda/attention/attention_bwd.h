@@ -7,6 +7,15 @@
 
 namespace mxflash::cuda {
 
+// The backward's operands in its execution layout, written by quantize_attention_bwd_operands (device
+// pointers): q (H, Pq, 128) + q_scale (H, Pq) per row, k and v (H, Pk, 128) + k_scale, v_scale
+// (H, Pk / 128) per 128-key tile, qt (H, 128, Pq) and kt (H, 128, Pk) token-contiguous in the
+// kernels' fragment order + qt_scale (H, Pq / 128), kt_scale (H, Pk / 128) per 128-token tile.
+struct BwdExecOperands {
+  uint8_t *q = nullptr, *k = nullptr, *v = nullptr, *qt = nullptr, *kt = nullptr;
+  float *q_scale = nullptr, *k_scale = nullptr, *v_scale = nullptr, *qt_scale = nullptr, *kt_scale = nullptr;
+};
+
 struct AttentionBwdProblem {
   int batch = 0;  // K/V sequences (and Q sequences unless broadcast_q)
   int heads = 0;
@@ -19,7 +28,8 @@ struct AttentionBwdProblem {
   const int32_t* cu_k_sf = nullptr;
   const std::vector<int32_t>* host_cu_q = nullptr;  // host copies (the list of 32-row blocks)
   const std::vector<int32_t>* host_cu_k = nullptr;
-  MxOperand q, q_seq, k, k_seq, v;  // q, k, v: hdim; q_seq, k_seq: seq
+  MxOperand q, q_seq, k, k_seq, v;  // q, k, v: hdim; q_seq, k_seq: seq (unused with exec)
+  const BwdExecOperands* exec = nullptr;  // operands in the execution layout instead (no prepare passes)
   const void* out = nullptr;        // bf16 (To, H, 128)
   const void* dout = nullptr;       // bf16 (To, H, 128)
   const float* lse = nullptr;       // (H, To)
@@ -33,13 +43,20 @@ struct AttentionBwdProblem {
   uint8_t* dv_scales = nullptr;
 };
 
+// Q, K, V (T, H, 128) bf16 (fp32: x_fp32) quantized to MX (RCEIL) and re-expressed into the
+// backward's execution layout, one pass per output (Q and K twice: along the head dim and along
+// tokens). Bit-identical to the CPU's composition of ref::attention_fwd_operands (attention.cpp).
+Status quantize_attention_bwd_operands(const AttentionBwdProblem& p, const void* q, const void* k, const void* v,
+                                       bool x_fp32, const BwdExecOperands& out, void* stream);
+
 // The exact-MX backward (attention_bwd_exact.cu): the CPU reference's arithmetic on the GPU, step
 // for step, FP64 sums; allocates its FP64 accumulators on the stream.
 Status attention_backward_exact(const AttentionBwdProblem& p, void* stream);
 
 // The fast sm_90a backward (attention_bwd_sm90.cu): a dK/dV kernel and a dQ kernel on FP8 wgmma,
 // no atomics (deterministic). Workspace: attention_bwd_workspace_bytes(p) (O(T·H·128); device
-// pointers of p are not read), or nullptr to allocate it on the stream.
+// pointers of p are not read; smaller with p.exec, whose operands need no room), or nullptr to
+// allocate it on the stream.
 size_t attention_bwd_workspace_bytes(const AttentionBwdProblem& p);
 Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t workspace_bytes, void* stream);
 

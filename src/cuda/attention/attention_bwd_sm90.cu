@@ -219,8 +219,12 @@ struct BwdParams {
   int64_t lq_pad;
   const float* k_scale;     // (H, Pk / 128) K along hdim, per tile
   const float* v_scale;     // (H, Pk / 128) V along hdim, per tile
-  const float* qt_scale;    // (Bq, H, 128) Q along tokens, per (sequence, channel)
-  const float* kt_scale;    // (B, H, 128) K along tokens, per (sequence, channel)
+  const float* qt_scale;    // (Bq, H, 128) Q along tokens, per (sequence, channel), in the epilogue
+  const float* kt_scale;    // (B, H, 128) K along tokens, per (sequence, channel), in the epilogue
+  // kTileScales (exec operands, quantize_attention_bwd_operands): Qᵀ', Kᵀ' per 128-token tile
+  // instead, (H, Pq / 128) and (H, Pk / 128), folded into the dK / dQ promotions.
+  const float* qt_tile_scale;
+  const float* kt_tile_scale;
   const float4* info;       // (H, Po)
   const float* do_t_scale;  // (H, Po / 128, 128)
   float softmax_scale;
@@ -366,7 +370,11 @@ __device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
 // kBulkDq (experiment, with kFusedDq; MXFLASH_BWD_VARIANT bit 8): dQ reduced into dq_acc from
 // shared memory by bulk tensor reductions (cp.reduce.async.bulk.tensor, one per warp and 16 x 32
 // box) instead of red.global.add.v2.f32 from registers.
-template <bool kPersistent, bool kDvPerHalf = false, bool kFusedDq = false, int kDiag = 0, bool kBulkDq = false>
+// kTileScales: operands in the execution layout (BwdParams::qt_tile_scale): Qᵀ' scales per Q tile in
+// dK's promotions instead of per channel in the epilogue. (A template flag: testing the pointers in
+// the kernels instead measured 1-5% slower on the MX-tensor path.)
+template <bool kPersistent, bool kDvPerHalf = false, bool kFusedDq = false, int kDiag = 0, bool kBulkDq = false,
+          bool kTileScales = false>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_bwd_dkdv_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -471,6 +479,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (n_q > 0) {
       const int64_t tile_idx = int64_t(w.h) * (p.Pk / kTile) + p.cu_k_sf[w.b] / kTile + w.blk;
       const float ks = p.k_scale[tile_idx], vs = p.v_scale[tile_idx];
+      const float* q_tiles =
+          kTileScales ? p.qt_tile_scale + int64_t(w.h) * (p.Pq / kTile) + p.cu_q_sf[w.qb] / kTile : nullptr;
       sm90::mbar_wait(&s.kv_full, kv_i & 1);
       const uint64_t desc_k = sm90::make_desc_k128b(s.k + cw * kHalf * kHeadDim);
       const uint64_t desc_v = sm90::make_desc_k128b(s.v + cw * kHalf * kHeadDim);
@@ -676,15 +686,22 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       };
-      auto promote_dk = [&](const float (&t)[64]) {
+      auto promote_dk = [&](const float (&t)[64], float q_tile) {
+        if constexpr (kTileScales) {
+          const float f[2] = {rs[0] * q_tile, rs[1] * q_tile};
 #pragma unroll
-        for (int i = 0; i < 64; ++i) dk[i] = fmaf(t[i], rs[(i % 4) / 2], dk[i]);
+          for (int i = 0; i < 64; ++i) dk[i] = fmaf(t[i], f[(i % 4) / 2], dk[i]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 64; ++i) dk[i] = fmaf(t[i], rs[(i % 4) / 2], dk[i]);
+        }
       };
       {
 #pragma unroll 1
         for (int j = 0; j < n_q; ++j) {
           const int stage = (it + j) % kKvStages;
           const KvStage& st = s.st[stage];
+          const float q_tile = kTileScales ? q_tiles[j] : 1.f;  // the Q tile's Qᵀ' scale (kTileScales)
           sm90::mbar_wait(&s.full[stage], ((it + j) / kKvStages) & 1);
           uint32_t pa0[8];  // the first half's Pᵀ, for the tile's dV (default order)
 #pragma unroll 1
@@ -720,7 +737,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             sm90::wgmma_wait<0>();
             attn::fence_all(t);
             stamp(2 * j + hh, 3);
-            promote_dk(t);
+            promote_dk(t, q_tile);
             stamp(2 * j + hh, 4);
           }
           if constexpr (!kDvPerHalf) {
@@ -737,7 +754,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     // ------------------------------------------------------------------------------ epilogue
-    const float* qts = p.qt_scale + (int64_t(w.qb) * p.heads + w.h) * kHeadDim;
+    const float* qts = kTileScales ? nullptr : p.qt_scale + (int64_t(w.qb) * p.heads + w.h) * kHeadDim;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int key = w.blk * kTile + cw * kHalf + warp * 16 + lane / 4 + 8 * r;
@@ -746,7 +763,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int jn = 0; jn < 16; ++jn) {
         const int col = 8 * jn + 2 * quad;
-        const float q0 = n_q > 0 ? qts[col] * p.softmax_scale : 0.f, q1 = n_q > 0 ? qts[col + 1] * p.softmax_scale : 0.f;
+        const float q0 = n_q > 0 ? (kTileScales ? p.softmax_scale : qts[col] * p.softmax_scale) : 0.f,
+                    q1 = n_q > 0 ? (kTileScales ? p.softmax_scale : qts[col + 1] * p.softmax_scale) : 0.f;
         const float2 gv = make_float2(dv[4 * jn + 2 * r] * (1.f / kPScale), dv[4 * jn + 2 * r + 1] * (1.f / kPScale));
         const float2 gk =
             make_float2(dk[4 * jn + 2 * r] * q0 * (1.f / kPScale), dk[4 * jn + 2 * r + 1] * q1 * (1.f / kPScale));
@@ -797,6 +815,8 @@ struct QSmem {
 };
 inline constexpr size_t kQSmemBytes = sizeof(QSmem) + 1024;
 
+// kTileScales: as the dK/dV kernel's (Kᵀ' per K tile in dQ's promotions).
+template <bool kTileScales>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_bwd_dq_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                             const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -848,6 +868,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int stage = j % kQStages;
       const QStage& st = s.st[stage];
       const float ks = p.k_scale[tile0 + j], vs = p.v_scale[tile0 + j];
+      const float k_tile = kTileScales ? p.kt_tile_scale[tile0 + j] : 1.f;  // Kᵀ' per tile (kTileScales)
       sm90::mbar_wait(&s.full[stage], (j / kQStages) & 1);
       float sc[64], dp[64];
       const uint64_t desc_k = sm90::make_desc_k128b(st.k), desc_v = sm90::make_desc_k128b(st.v);
@@ -885,6 +906,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       float inv[2], rs[2];
       row_scales(amax, inv, rs);
+      if constexpr (kTileScales) {
+        rs[0] *= k_tile;
+        rs[1] *= k_tile;
+      }
 #pragma unroll
       for (int i = 0; i < 64; ++i) dp[i] *= inv[(i % 4) / 2];
       uint32_t da[16];
@@ -910,7 +935,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // CTAs run): the last CTA waits for that kernel to complete, so that this kernel's completion,
   // which the stream's next work waits for, implies it (dK, dV written and visible).
   if (blockIdx.x == gridDim.x - 1) asm volatile("griddepcontrol.wait;" ::: "memory");
-  const float* kts = p.kt_scale + (int64_t(w.b) * p.heads + w.h) * kHeadDim;
+  const float* kts = kTileScales ? nullptr : p.kt_scale + (int64_t(w.b) * p.heads + w.h) * kHeadDim;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int i = w.blk * kTile + row0 + 8 * r;
@@ -918,7 +943,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int jn = 0; jn < 16; ++jn) {
       const int col = 8 * jn + 2 * quad;
-      const float k0 = n_k > 0 ? kts[col] * p.softmax_scale : 0.f, k1 = n_k > 0 ? kts[col + 1] * p.softmax_scale : 0.f;
+      const float k0 = n_k > 0 ? (kTileScales ? p.softmax_scale : kts[col] * p.softmax_scale) : 0.f,
+                  k1 = n_k > 0 ? (kTileScales ? p.softmax_scale : kts[col + 1] * p.softmax_scale) : 0.f;
       const float x0 = dq[4 * jn + 2 * r] * k0 * (1.f / kPScale), x1 = dq[4 * jn + 2 * r + 1] * k1 * (1.f / kPScale);
       if (p.broadcast_q) {
         const int64_t at = ((int64_t(w.b) * w.Lq + i) * p.heads + w.h) * kHeadDim + col;
@@ -965,7 +991,9 @@ size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 // variable MXFLASH_BWD_VARIANT for A/B runs of one binary: bit 0 one CTA per dK/dV item instead of
 // the persistent dK/dV kernel, bit 1 dV promoted per 64-query half (kDvPerHalf), bit 10 the dK/dV
 // consumers' clock trace into the file named by MXFLASH_BWD_TRACE (trace.cuh), bit 17 the dQ
-// kernel launched without programmatic stream serialization. Other builds run variant 0.
+// kernel launched without programmatic stream serialization, bit 18 (a diagnostic: garbage out)
+// the operands' prepare passes (Q, K, V rows, Qᵀ', Kᵀ') launched on the first call only, so that
+// the time is what a backward on quantizer-written operands would take. Other builds run variant 0.
 int bwd_variant() {
 #if MXFLASH_FWD_EXPERIMENTS
   static const int v = [] {
@@ -1002,21 +1030,23 @@ BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n
     return at;
   };
   const size_t H = size_t(p.heads), D = kHeadDim, Bq = size_t(p.broadcast_q ? 1 : p.batch), B = size_t(p.batch);
-  w.q = take(H * p.Pq * D);
-  w.k = take(H * p.Pk * D);
-  w.v = take(H * p.Pk * D);
-  w.qt = take(H * p.Pq * D);
-  w.kt = take(H * p.Pk * D);
+  // The re-expressed operands: none with exec operands (p.exec), which the caller holds.
+  const size_t ops = p.exec ? 0 : 1;
+  w.q = take(ops * H * p.Pq * D);
+  w.k = take(ops * H * p.Pk * D);
+  w.v = take(ops * H * p.Pk * D);
+  w.qt = take(ops * H * p.Pq * D);
+  w.kt = take(ops * H * p.Pk * D);
   w.dout = take(H * Po * D);
   w.dot = take(H * Po * D);
   w.info = take(H * Po * sizeof(float4));
-  w.q_scale = take(H * p.Pq * sizeof(float));
-  w.k_scale = take(H * (p.Pk / bwd::kTile) * sizeof(float));
-  w.v_scale = take(H * (p.Pk / bwd::kTile) * sizeof(float));
-  w.qt_byte = take(Bq * H * D);
-  w.qt_scale = take(Bq * H * D * sizeof(float));
-  w.kt_byte = take(B * H * D);
-  w.kt_scale = take(B * H * D * sizeof(float));
+  w.q_scale = take(ops * H * p.Pq * sizeof(float));
+  w.k_scale = take(ops * H * (p.Pk / bwd::kTile) * sizeof(float));
+  w.v_scale = take(ops * H * (p.Pk / bwd::kTile) * sizeof(float));
+  w.qt_byte = take(ops * Bq * H * D);
+  w.qt_scale = take(ops * Bq * H * D * sizeof(float));
+  w.kt_byte = take(ops * B * H * D);
+  w.kt_scale = take(ops * B * H * D * sizeof(float));
   w.dot_scale = take(H * (Po / bwd::kTile) * D * sizeof(float));
   w.kv_items = take(n_kv_items * sizeof(int2));
   w.q_items = take(n_q_items * sizeof(int2));
@@ -1089,13 +1119,18 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     auto f32 = [&](size_t off) { return reinterpret_cast<float*>(ws + off); };
     // Operands re-expressed (attention_fwd_prepare.cuh): Q per row, K and V per 128-key tile, Q and
     // K along tokens per (sequence, channel).
-    if (p.Pq > 0) {
+    bool prepare = p.exec == nullptr;  // exec operands: written by the quantizer already
+#if MXFLASH_FWD_EXPERIMENTS
+    static int calls = 0;  // MXFLASH_BWD_VARIANT bit 18 (a diagnostic): the first call prepares
+    if ((bwd_variant() & 262144) != 0 && calls++ > 0) prepare = false;
+#endif
+    if (prepare && p.Pq > 0) {
       attn::prepare_rows_kernel<true><<<dim3(unsigned(p.Pq / bwd::kTile), unsigned(H)), attn::kRowThreads, 0, stream>>>(
           attn::MxRowSource{p.q.payload, p.q.scales, p.q.scale_layout, H, p.Pq}, p.cu_q, p.cu_q_sf, Bq, p.Pq, ws + w.q,
           f32(w.q_scale));
       MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "backward: prepare Q launch"));
     }
-    if (p.Pk > 0) {
+    if (prepare && p.Pk > 0) {
       for (const auto& [op, dst, sc] : {std::tuple{&p.k, w.k, w.k_scale}, std::tuple{&p.v, w.v, w.v_scale}}) {
         attn::prepare_rows_kernel<false><<<dim3(unsigned(p.Pk / bwd::kTile), unsigned(H)), attn::kRowThreads, 0, stream>>>(
             attn::MxRowSource{op->payload, op->scales, op->scale_layout, H, p.Pk}, p.cu_k, p.cu_k_sf, p.batch, p.Pk,
@@ -1112,6 +1147,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     };
     for (const Tokens& t : {Tokens{&p.q_seq, p.cu_q, p.cu_q_sf, Bq, p.Pq, w.qt, w.qt_byte, w.qt_scale},
                             Tokens{&p.k_seq, p.cu_k, p.cu_k_sf, p.batch, p.Pk, w.kt, w.kt_byte, w.kt_scale}}) {
+      if (!prepare) break;
       attn::prepare_v_scale_kernel<<<unsigned(int64_t(t.batch) * H), attn::kVScaleSlices * kHeadDim, 0, stream>>>(
           t.op->scales, t.op->scale_layout, t.cu, t.cu_sf, H, t.P, ws + t.byte, f32(t.scale));
       MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "backward: prepare channel scales launch"));
@@ -1127,7 +1163,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       d.out = static_cast<const __nv_bfloat16*>(p.out);
       d.dout = static_cast<const __nv_bfloat16*>(p.dout);
       d.lse = p.lse;
-      d.q_scale = f32(w.q_scale);
+      d.q_scale = p.exec ? p.exec->q_scale : f32(w.q_scale);
       d.cu_q = p.cu_q;
       d.cu_q_sf = p.cu_q_sf;
       d.cu_k = p.cu_k;
@@ -1153,12 +1189,18 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     const uint64_t k_rows = uint64_t(std::max<int64_t>(H * p.Pk, bwd::kTile));
     const uint64_t o_rows = uint64_t(std::max<int64_t>(H * Po, bwd::kTile));
     CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_qt, tm_kt, tm_dot, tm_dq{};
-    MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_q, ws + w.q, kHeadDim, q_rows));
-    MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_k, ws + w.k, kHeadDim, k_rows));
-    MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_v, ws + w.v, kHeadDim, k_rows));
+    // The operands: the caller's exec operands, or the workspace the prepare passes wrote.
+    const BwdExecOperands in = p.exec ? *p.exec
+                                      : BwdExecOperands{ws + w.q,          ws + w.k,          ws + w.v,
+                                                        ws + w.qt,         ws + w.kt,         f32(w.q_scale),
+                                                        f32(w.k_scale),    f32(w.v_scale),    f32(w.qt_scale),
+                                                        f32(w.kt_scale)};
+    MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_q, in.q, kHeadDim, q_rows));
+    MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_k, in.k, kHeadDim, k_rows));
+    MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_v, in.v, kHeadDim, k_rows));
     MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_do, ws + w.dout, kHeadDim, o_rows));
-    MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_qt, ws + w.qt, uint64_t(std::max<int64_t>(p.Pq, bwd::kTile)), H * kHeadDim));
-    MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_kt, ws + w.kt, uint64_t(std::max<int64_t>(p.Pk, bwd::kTile)), H * kHeadDim));
+    MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_qt, in.qt, uint64_t(std::max<int64_t>(p.Pq, bwd::kTile)), H * kHeadDim));
+    MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_kt, in.kt, uint64_t(std::max<int64_t>(p.Pk, bwd::kTile)), H * kHeadDim));
     MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_dot, ws + w.dot, uint64_t(std::max<int64_t>(Po, bwd::kTile)), H * kHeadDim));
     bwd::BwdParams bp;
     bp.cu_q = p.cu_q;
@@ -1171,10 +1213,14 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     bp.Po = Po;
     bp.broadcast_q = p.broadcast_q;
     bp.lq_pad = lq_pad;
-    bp.k_scale = f32(w.k_scale);
-    bp.v_scale = f32(w.v_scale);
-    bp.qt_scale = f32(w.qt_scale);
-    bp.kt_scale = f32(w.kt_scale);
+    bp.k_scale = in.k_scale;
+    bp.v_scale = in.v_scale;
+    // Qᵀ', Kᵀ' scales: per (sequence, channel) in the epilogues, or per tile in the promotions of the
+    // kernels' kTileScales forms.
+    bp.qt_scale = p.exec ? nullptr : in.qt_scale;
+    bp.kt_scale = p.exec ? nullptr : in.kt_scale;
+    bp.qt_tile_scale = p.exec ? in.qt_scale : nullptr;
+    bp.kt_tile_scale = p.exec ? in.kt_scale : nullptr;
     bp.info = reinterpret_cast<const float4*>(ws + w.info);
     bp.do_t_scale = f32(w.dot_scale);
     bp.softmax_scale = p.softmax_scale;
@@ -1186,6 +1232,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     bp.dk_f32 = mx ? f32(w.dk_f32) : nullptr;
     bp.dv_f32 = mx ? f32(w.dv_f32) : nullptr;
     const bool fused = fused_dq_variant();
+    if (fused && p.exec) return Status::Unsupported("MXFLASH_BWD_VARIANT bit 3 (fused dQ) takes MX tensors only");
     bp.dq_acc = f32(w.dq_acc);
     if (fused && p.Tq > 0) {
       MXFLASH_RETURN_IF_ERROR(cuda_error(
@@ -1198,7 +1245,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       const int64_t n_items = int64_t(kv_items.size()) * H;
       bp.num_items = int(n_items);
       const int variant = bwd_variant();
-      const bool persistent = (variant & 1) == 0;
+      const bool persistent = (variant & 1) == 0 || p.exec != nullptr;  // (exec: the persistent kernel, below)
       auto kernel = persistent ? bwd::attention_bwd_dkdv_kernel<true> : bwd::attention_bwd_dkdv_kernel<false>;
       size_t smem = bwd::kKvSmemBytes;
 #if MXFLASH_FWD_EXPERIMENTS
@@ -1229,6 +1276,8 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
         smem = bwd::kKvSmemBytesFused;
       }
 #endif
+      // Exec operands: the default (persistent) kernel's kTileScales form, whatever the variant.
+      if (p.exec) kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, 0, false, true>;
       MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
           "cudaFuncSetAttribute(attention_bwd_dkdv_kernel)"));
@@ -1257,7 +1306,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     } else if (!q_items.empty()) {
       bp.items = reinterpret_cast<const int2*>(ws + w.q_items);
       bp.heads_inner = heads_inner(H, plan.lk, 3 * kHeadDim);  // K, V, Kᵀ
-      auto kernel = bwd::attention_bwd_dq_kernel;
+      auto kernel = p.exec ? bwd::attention_bwd_dq_kernel<true> : bwd::attention_bwd_dq_kernel<false>;
       MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kQSmemBytes)),
           "cudaFuncSetAttribute(attention_bwd_dq_kernel)"));

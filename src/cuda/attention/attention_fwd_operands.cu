@@ -11,7 +11,9 @@
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 
+#include "cuda/attention/attention_bwd.h"
 #include "cuda/attention/attention_fwd.h"
 #include "cuda/attention/attention_fwd_prepare.cuh"
 #include "cuda/common/launch_utils.cuh"
@@ -202,8 +204,46 @@ Status launch_operands(const AttentionFwdProblem& p, const In* q, const In* k, c
   return Status::Ok();
 }
 
+// The backward's operands: Q' per row, K' and V rows per 128-key tile (the rows kernel), Qᵀ' and
+// Kᵀ' token-contiguous per 128-token tile (operand_v_kernel, as V' of the forward).
+template <typename In>
+Status launch_bwd_operands(const AttentionBwdProblem& p, const In* q, const In* k, const In* v,
+                           const BwdExecOperands& out, cudaStream_t stream) {
+  const int64_t H = p.heads;
+  const int bq = p.broadcast_q ? 1 : p.batch;
+  if (p.Pq > 0) {
+    prepare_rows_kernel<true><<<dim3(unsigned(p.Pq / kTile), unsigned(H)), kRowThreads, 0, stream>>>(
+        XRowSource<In>{q, H}, p.cu_q, p.cu_q_sf, bq, p.Pq, out.q, out.q_scale);
+    MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "quantize_attention_backward: Q launch"));
+    operand_v_kernel<In><<<dim3(unsigned(p.Pq / kTile), unsigned(H)), kOperandVThreads, 0, stream>>>(
+        q, p.cu_q, p.cu_q_sf, bq, H, p.Pq, out.qt, out.qt_scale);
+    MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "quantize_attention_backward: Q along tokens launch"));
+  }
+  if (p.Pk > 0) {
+    for (const auto& [x, o, sc] : {std::tuple{k, out.k, out.k_scale}, std::tuple{v, out.v, out.v_scale}}) {
+      prepare_rows_kernel<false><<<dim3(unsigned(p.Pk / kTile), unsigned(H)), kRowThreads, 0, stream>>>(
+          XRowSource<In>{x, H}, p.cu_k, p.cu_k_sf, p.batch, p.Pk, o, sc);
+      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "quantize_attention_backward: K / V launch"));
+    }
+    operand_v_kernel<In><<<dim3(unsigned(p.Pk / kTile), unsigned(H)), kOperandVThreads, 0, stream>>>(
+        k, p.cu_k, p.cu_k_sf, p.batch, H, p.Pk, out.kt, out.kt_scale);
+    MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "quantize_attention_backward: K along tokens launch"));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 }  // namespace attn
+
+Status quantize_attention_bwd_operands(const AttentionBwdProblem& p, const void* q, const void* k, const void* v,
+                                       bool x_fp32, const BwdExecOperands& out, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (x_fp32)
+    return attn::launch_bwd_operands(p, static_cast<const float*>(q), static_cast<const float*>(k),
+                                     static_cast<const float*>(v), out, s);
+  return attn::launch_bwd_operands(p, static_cast<const uint16_t*>(q), static_cast<const uint16_t*>(k),
+                                   static_cast<const uint16_t*>(v), out, s);
+}
 
 Status quantize_attention_fwd_operands(const AttentionFwdProblem& p, const void* q, const void* k, const void* v,
                                        bool x_fp32, const FwdExecOperands& out, void* stream) {

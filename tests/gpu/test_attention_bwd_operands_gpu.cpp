@@ -1,0 +1,215 @@
+// quantize_attention_backward on CUDA against its CPU reference (byte for byte, every byte of the ten
+// outputs, poisoned first), and attention_backward on those operands (the fast kernels without their
+// prepare passes) against the same public call on the CPU operands (the exact-MX reference on their
+// values) and against the fast backward on MX tensors of the same inputs; deterministic across runs
+// and work-list orders; a short workspace and bad operands refused before anything is written.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "attention_device_mx.h"
+#include "gpu_test_util.h"
+#include "mxflash/attention.h"
+
+namespace mxflash {
+namespace {
+using gputest::DeviceBuffer;
+using gputest::DeviceMx;
+using test::HostBwdOperands;
+
+std::vector<uint16_t> bits_of(const std::vector<uint8_t>& b) {
+  std::vector<uint16_t> x(b.size() / 2);
+  std::memcpy(x.data(), b.data(), b.size());
+  return x;
+}
+
+// SQNR (dB) of `got` against `want` (bf16 bits), printed; every value finite.
+double sqnr_of(const char* what, const std::vector<uint16_t>& want, const std::vector<uint16_t>& got) {
+  size_t nonfinite = 0;
+  const double db = gputest::sqnr_bf16(want, got, &nonfinite);
+  EXPECT_EQ(nonfinite, 0u) << what;
+  std::printf("    %s: %.2f dB\n", what, db);
+  return db;
+}
+
+struct Case {
+  std::vector<int64_t> q_lengths, k_lengths;
+  int64_t heads;
+  bool broadcast_q;
+  bool bf16;
+};
+
+void run_case(const Case& c, uint64_t seed) {
+  JaggedMeta qm, km;
+  ASSERT_TRUE(JaggedMeta::FromLengths(c.q_lengths, &qm).ok());
+  ASSERT_TRUE(JaggedMeta::FromLengths(c.k_lengths, &km).ok());
+  ASSERT_TRUE(qm.upload().ok());
+  ASSERT_TRUE(km.upload().ok());
+  const int64_t H = c.heads, Tq = qm.total_tokens(), Tk = km.total_tokens(), row = H * kHeadDim;
+  const int64_t To = c.broadcast_q ? km.batch() * Tq : Tq;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd;
+  auto draw = [&](int64_t T) {
+    std::vector<float> x(size_t(T * row));
+    for (auto& e : x) e = nd(rng);
+    return x;
+  };
+  std::vector<float> q = draw(Tq), k = draw(Tk), v = draw(Tk), g = draw(To);
+  if (c.bf16)
+    for (auto* x : {&q, &k, &v})
+      for (auto& e : *x) e = bf16_to_float(float_to_bf16(e));
+
+  // The operands: CPU reference, then the CUDA quantizer on device inputs, byte for byte.
+  auto host = [&](std::vector<float>& x, int64_t T) {
+    return make_view(x.data(), DType::kFloat32, Device::kCPU, {T, H, kHeadDim});
+  };
+  HostBwdOperands want(qm, km, H);
+  Status st = quantize_attention_backward(host(q, Tq), host(k, Tk), host(v, Tk), qm, km, want.ops);
+  ASSERT_TRUE(st.ok()) << st.message();
+  DeviceBuffer xq(gputest::input_bytes(q, c.bf16)), xk(gputest::input_bytes(k, c.bf16)), xv(gputest::input_bytes(v, c.bf16));
+  const DType dt = c.bf16 ? DType::kBFloat16 : DType::kFloat32;
+  auto dev_in = [&](DeviceBuffer& b, int64_t T) { return make_view(b.get(), dt, Device::kCUDA, {T, H, kHeadDim}); };
+  std::vector<std::unique_ptr<DeviceBuffer>> parts;
+  void* ptr[kAttentionBwdOperandCount];
+  for (int i = 0; i < kAttentionBwdOperandCount; ++i) {
+    parts.push_back(std::make_unique<DeviceBuffer>(want.parts[i].size()));
+    parts.back()->fill(gputest::kDevicePoison);
+    ptr[i] = parts.back()->get();
+  }
+  int dev = 0;
+  cudaGetDevice(&dev);
+  const AttentionBwdOperands ops = attention_bwd_operand_views(qm, km, H, ptr, Device::kCUDA, dev);
+  st = quantize_attention_backward(dev_in(xq, Tq), dev_in(xk, Tk), dev_in(xv, Tk), qm, km, ops);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_TRUE(gputest::device_ok());
+  const char* names[kAttentionBwdOperandCount] = {"q",       "k",       "v",       "qt",       "kt",
+                                                  "q_scale", "k_scale", "v_scale", "qt_scale", "kt_scale"};
+  for (int i = 0; i < kAttentionBwdOperandCount; ++i)
+    EXPECT_TRUE(gputest::same_bytes(want.parts[i], parts[size_t(i)]->download())) << names[i];
+
+  // out and lse from the CPU forward on MX tensors; dO in bf16.
+  const test::HostMx hq = test::quantize_host(q, qm, H, Orientation::kHdim);
+  const test::HostMx hqs = test::quantize_host(q, qm, H, Orientation::kSeq);
+  const test::HostMx hk = test::quantize_host(k, km, H, Orientation::kHdim);
+  const test::HostMx hks = test::quantize_host(k, km, H, Orientation::kSeq);
+  const test::HostMx hv = test::quantize_host(v, km, H, Orientation::kHdim);
+  const test::HostMx hvs = test::quantize_host(v, km, H, Orientation::kSeq);
+  AttentionOptions fo;
+  fo.broadcast_q = c.broadcast_q;
+  std::vector<uint16_t> out(size_t(To * row)), dout(out.size());
+  std::vector<float> lse(size_t(H * To));
+  ASSERT_TRUE(attention_forward(hq.t, hk.t, hvs.t, qm, km, fo,
+                                make_view(out.data(), DType::kBFloat16, Device::kCPU, {To, H, kHeadDim}),
+                                make_view(lse.data(), DType::kFloat32, Device::kCPU, {H, To}))
+                  .ok());
+  for (size_t i = 0; i < dout.size(); ++i) dout[i] = float_to_bf16(g[i]);
+
+  // The CPU backward on the CPU operands: the reference of the fast kernels on the GPU operands.
+  AttentionBackwardOptions bo;
+  bo.broadcast_q = c.broadcast_q;
+  std::vector<uint16_t> dq(size_t(Tq * row)), dk(size_t(Tk * row)), dv(dk.size());
+  auto cpu_bf16 = [&](std::vector<uint16_t>& x, int64_t T) {
+    return make_view(x.data(), DType::kBFloat16, Device::kCPU, {T, H, kHeadDim});
+  };
+  st = attention_backward(want.ops, cpu_bf16(out, To), cpu_bf16(dout, To),
+                          make_view(lse.data(), DType::kFloat32, Device::kCPU, {H, To}), qm, km, bo, cpu_bf16(dq, Tq),
+                          cpu_bf16(dk, Tk), cpu_bf16(dv, Tk));
+  ASSERT_TRUE(st.ok()) << st.message();
+
+  auto bytes16 = [](const std::vector<uint16_t>& x) {
+    std::vector<uint8_t> b(x.size() * 2);
+    std::memcpy(b.data(), x.data(), b.size());
+    return b;
+  };
+  DeviceBuffer d_out(bytes16(out)), d_dout(bytes16(dout)), d_lse(lse.size() * 4);
+  ASSERT_EQ(cudaMemcpy(d_lse.get(), lse.data(), lse.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  DeviceBuffer d_dq(dq.size() * 2), d_dk(dk.size() * 2), d_dv(dv.size() * 2);
+  auto dev_bf16 = [&](const DeviceBuffer& b, int64_t T) {
+    return make_view(b.get(), DType::kBFloat16, Device::kCUDA, {T, H, kHeadDim});
+  };
+  const TensorView d_lse_view = make_view(d_lse.get(), DType::kFloat32, Device::kCUDA, {H, To});
+  auto run = [&](const AttentionBwdOperands& o, void* ws, size_t ws_bytes) {
+    return attention_backward(o, dev_bf16(d_out, To), dev_bf16(d_dout, To), d_lse_view, qm, km, bo, dev_bf16(d_dq, Tq),
+                              dev_bf16(d_dk, Tk), dev_bf16(d_dv, Tk), {}, {}, ws, ws_bytes);
+  };
+  auto untouched = [&] {
+    for (const DeviceBuffer* b : {&d_dq, &d_dk, &d_dv}) {
+      const std::vector<uint8_t> x = b->download();
+      if (!std::all_of(x.begin(), x.end(), [](uint8_t y) { return y == gputest::kDevicePoison; })) return false;
+    }
+    return true;
+  };
+
+  // Refused before anything is written: a workspace one byte short, an operand of the wrong shape.
+  const size_t ws_bytes = attention_backward_operands_workspace_size(qm, km, H, bo);
+  ASSERT_GT(ws_bytes, 0u);
+  EXPECT_LT(ws_bytes, attention_backward_workspace_size(qm, km, H, bo)) << "the operands need no workspace room";
+  DeviceBuffer ws(ws_bytes);
+  for (DeviceBuffer* b : {&d_dq, &d_dk, &d_dv}) b->fill(gputest::kDevicePoison);
+  st = run(ops, ws.get(), ws_bytes - 1);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.message();
+  EXPECT_EQ(st.message().rfind("workspace", 0), 0u) << st.message();
+  AttentionBwdOperands bad = ops;
+  bad.kt = make_view(ptr[4], DType::kE4M3, Device::kCUDA, {H, km.padded_tokens(), kHeadDim}, dev);
+  st = run(bad, nullptr, 0);
+  EXPECT_EQ(st.message().rfind("ops.kt", 0), 0u) << st.message();
+  ASSERT_TRUE(gputest::device_ok());
+  EXPECT_TRUE(untouched()) << "a refused call wrote an output";
+
+  // The fast backward on the operands, twice (its own workspace, then the caller's): identical bits,
+  // close to the CPU backward on the same operands.
+  std::vector<uint8_t> first[3];
+  for (int r = 0; r < 2; ++r) {
+    for (DeviceBuffer* b : {&d_dq, &d_dk, &d_dv}) b->fill(gputest::kDevicePoison);
+    st = run(ops, r == 1 ? ws.get() : nullptr, r == 1 ? ws_bytes : 0);
+    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_TRUE(gputest::device_ok());
+    const std::vector<uint8_t> got[3] = {d_dq.download(), d_dk.download(), d_dv.download()};
+    if (r == 0) {
+      // Floor as the MX-tensor tests' (the fast kernels quantize dO and dS with coarser scales than
+      // the reference; a wrong index or scale gives ~0 dB or less).
+      EXPECT_GT(sqnr_of("fast dQ on operands vs the CPU reference on them", dq, bits_of(got[0])), 20.0);
+      EXPECT_GT(sqnr_of("fast dK on operands vs the CPU reference on them", dk, bits_of(got[1])), 20.0);
+      EXPECT_GT(sqnr_of("fast dV on operands vs the CPU reference on them", dv, bits_of(got[2])), 20.0);
+      for (int i = 0; i < 3; ++i) first[i] = got[i];
+    } else {
+      for (int i = 0; i < 3; ++i) EXPECT_TRUE(got[i] == first[i]) << "fast backward output " << i << " not deterministic";
+    }
+  }
+  gputest::expect_same_bytes_in_every_work_order({&d_dq, &d_dk, &d_dv}, [&] { return run(ops, nullptr, 0); });
+
+  // Against the fast backward on MX tensors of the same inputs: the two differ only in Qᵀ' and Kᵀ'
+  // (per 128-token tile here, per (sequence, channel) there), which for these inputs changes few
+  // bytes.
+  const DeviceMx mq(hq), mqs(hqs), mk(hk), mks(hks), mv(hv);
+  DeviceBuffer m_dq(dq.size() * 2), m_dk(dk.size() * 2), m_dv(dv.size() * 2);
+  st = attention_backward(mq.view, mqs.view, mk.view, mks.view, mv.view, dev_bf16(d_out, To), dev_bf16(d_dout, To),
+                          d_lse_view, qm, km, bo, dev_bf16(m_dq, Tq), dev_bf16(m_dk, Tk), dev_bf16(m_dv, Tk));
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_TRUE(gputest::device_ok());
+  EXPECT_GT(sqnr_of("fast dQ: operands vs MX tensors", bits_of(m_dq.download()), bits_of(first[0])), 40.0);
+  EXPECT_GT(sqnr_of("fast dK: operands vs MX tensors", bits_of(m_dk.download()), bits_of(first[1])), 40.0);
+  EXPECT_EQ(m_dv.download(), first[2]) << "dV does not read Qᵀ' or Kᵀ': it must not change";
+}
+
+class AttentionBwdOperandsGpu : public ::testing::Test {
+ protected:
+  void SetUp() override { MXFLASH_SKIP_WITHOUT_CUDA_DEVICE(); }
+};
+
+TEST_F(AttentionBwdOperandsGpu, JaggedHostileLengthsBf16) {
+  // several Q and K/V tiles per sequence, partial last tiles, one-key and empty sequences on either side
+  run_case({{300, 1, 700, 0, 129, 64}, {257, 1000, 1, 64, 0, 383}, 2, false, true}, 11);
+}
+
+TEST_F(AttentionBwdOperandsGpu, BroadcastQFp32) {
+  run_case({{300}, {700, 0, 129, 1}, 3, true, false}, 12);
+}
+
+}  // namespace
+}  // namespace mxflash
