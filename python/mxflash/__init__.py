@@ -20,6 +20,9 @@ Attention: :func:`attention_forward` takes MX operands (:class:`MxTensor`, e.g. 
 :func:`quantize_attention_forward` writes the forward's operands in the kernel's execution layout
 (:class:`AttentionFwdOperands`) in one pass over Q, K, V, and :func:`attention_forward_operands`
 runs the forward on them (no prepare pass: faster on CUDA than the MX-operand forward).
+:func:`attention_backward` takes MX operands in both orientations; :func:`quantize_attention_backward`
+writes the backward's operands in its execution layout (:class:`AttentionBwdOperands`) from the same
+inputs, and :func:`attention_backward_operands` runs the backward on them (no prepare passes).
 
 All argument checking is done by the C++ library: a broken rule raises ``ValueError`` whose
 message names the argument (nothing is written); other failures (no CUDA in this build, CUDA
@@ -40,6 +43,10 @@ __all__ = [
     "AttentionFwdOperands",
     "attention_forward",
     "attention_forward_operands",
+    "AttentionBwdOperands",
+    "attention_bwd_operand_shapes",
+    "quantize_attention_backward",
+    "attention_backward_operands",
     "quantize_attention_forward",
     "attention_fwd_operand_shapes",
     "attention_backward",
@@ -777,18 +784,8 @@ def attention_backward(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, so
         heads = int(qp.shape[0] if q.payload_layout == "token_contiguous" else qp.shape[1]) or 1
     o, g, l = _as_array(out, "out"), _as_array(dout, "dout"), _as_array(lse, "lse")
     mx_out = bool(output_mxfp8_dkv)
-    names_out = ("dq", "dk", "dv") + (("dk_scales", "dv_scales") if mx_out else ())
-    outs = _outputs(grads, len(names_out), ", ".join(names_out))
-    if outs is None:
-        tq, tk = q_meta.total_tokens, k_meta.total_tokens
-        dkv_dtype = "float8_e4m3fn" if mx_out else "bfloat16"
-        outs = [_empty(qp, (tq, heads, HEAD_DIM), "bfloat16"), _empty(qp, (tk, heads, HEAD_DIM), dkv_dtype),
-                _empty(qp, (tk, heads, HEAD_DIM), dkv_dtype)]
-        if mx_out:
-            outs += [_empty(qp, (tk, heads, HEAD_DIM // BLOCK_SIZE), "uint8") for _ in range(2)]
-    outs = [_as_array(x, n) for x, n in zip(outs, names_out)]
+    outs, scale_views = _backward_outputs(qp, heads, q_meta, k_meta, grads, mx_out)
     dq, dk, dv = outs[:3]
-    scale_views = [_view(x, n, True) for x, n in zip(outs[3:], names_out[3:])] + [None] * (5 - len(outs))
     workspace = ws_ptr = ws_bytes = 0
     if _is_cuda(qp) and not exact_mx:
         n = _C.attention_backward_workspace_size(q_meta._host, k_meta._host, heads, bool(broadcast_q), mx_out)
@@ -800,6 +797,132 @@ def attention_backward(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, so
                           _code(_DQ_ACCUM, dq_accum), int(dq_fp16_scale_log2), _code(_P_SCALE, p_scale),
                           bool(output_mxfp8_dkv), bool(exact_mx), _view(dq, "dq", True), _view(dk, "dk", True),
                           _view(dv, "dv", True), *scale_views, ws_ptr, ws_bytes, _stream(qp))
+    del workspace  # freed to torch's caching allocator, stream-ordered behind the kernels
+    return tuple(outs)
+
+
+def _backward_outputs(ref, heads, q_meta, k_meta, grads, mx_out):
+    """The backward's output arrays (given as grads, or new ones next to ref) and the views of the
+    MXFP8 dK, dV scales (None without output_mxfp8_dkv)."""
+    names_out = ("dq", "dk", "dv") + (("dk_scales", "dv_scales") if mx_out else ())
+    outs = _outputs(grads, len(names_out), ", ".join(names_out))
+    if outs is None:
+        tq, tk = q_meta.total_tokens, k_meta.total_tokens
+        dkv_dtype = "float8_e4m3fn" if mx_out else "bfloat16"
+        outs = [_empty(ref, (tq, heads, HEAD_DIM), "bfloat16"), _empty(ref, (tk, heads, HEAD_DIM), dkv_dtype),
+                _empty(ref, (tk, heads, HEAD_DIM), dkv_dtype)]
+        if mx_out:
+            outs += [_empty(ref, (tk, heads, HEAD_DIM // BLOCK_SIZE), "uint8") for _ in range(2)]
+    outs = [_as_array(x, n) for x, n in zip(outs, names_out)]
+    scale_views = [_view(x, n, True) for x, n in zip(outs[3:], names_out[3:])] + [None] * (5 - len(outs))
+    return outs, scale_views
+
+
+# ---------------------------------------------------------------------------- backward operands
+_BWD_OPERAND_NAMES = ("q", "q_scale", "k", "k_scale", "v", "v_scale", "qt", "qt_scale", "kt", "kt_scale")
+
+
+class AttentionBwdOperands:
+    """The attention backward's operands in the kernels' execution layout, as
+    :func:`quantize_attention_backward` writes them and :func:`attention_backward_operands` reads
+    them (no copy, no checks: the functions that take one check it). Pq, Pk: the metadata's padded
+    token counts; see :func:`attention_bwd_operand_shapes`.
+
+    q (H, Pq, 128) E4M3, q_scale (H, Pq) float32 and k (H, Pk, 128), k_scale (H, Pk/128): the same
+    bytes as :class:`AttentionFwdOperands`' q and k; v (H, Pk, 128), v_scale (H, Pk/128): V along
+    the head dim, one scale per 128-key tile; qt (H, 128, Pq), qt_scale (H, Pq/128) and kt
+    (H, 128, Pk), kt_scale (H, Pk/128): Q and K along tokens (token-contiguous, 32-groups in the
+    kernels' fragment order), one scale per 128-token tile. Iterating yields the ten arrays in that
+    order."""
+
+    __slots__ = _BWD_OPERAND_NAMES
+
+    def __init__(self, q, q_scale, k, k_scale, v, v_scale, qt, qt_scale, kt, kt_scale):
+        self.q, self.q_scale, self.k, self.k_scale, self.v, self.v_scale = q, q_scale, k, k_scale, v, v_scale
+        self.qt, self.qt_scale, self.kt, self.kt_scale = qt, qt_scale, kt, kt_scale
+
+    def __iter__(self):
+        return iter(tuple(getattr(self, n) for n in _BWD_OPERAND_NAMES))
+
+    def __repr__(self):
+        def desc(a):
+            return f"{type(a).__name__}{tuple(int(d) for d in a.shape)} {a.dtype}" if hasattr(a, "shape") else repr(a)
+        return "AttentionBwdOperands(" + ", ".join(f"{n}={desc(getattr(self, n))}" for n in _BWD_OPERAND_NAMES) + ")"
+
+
+def attention_bwd_operand_shapes(q_meta, k_meta, heads) -> dict:
+    """Shapes of the :class:`AttentionBwdOperands` for q_meta, k_meta and a head count, as a dict
+    keyed by the ten names."""
+    _check_meta(q_meta, "q_meta")
+    _check_meta(k_meta, "k_meta")
+    shapes = _C.attention_bwd_operand_shapes(q_meta._host, k_meta._host, int(heads))
+    return {n: tuple(s) for n, s in zip(_BWD_OPERAND_NAMES, shapes)}
+
+
+def _bwd_operand_arrays(ops, name):
+    """The ten arrays of an AttentionBwdOperands argument (DLPack objects wrapped, no copy)."""
+    if not isinstance(ops, AttentionBwdOperands):
+        raise TypeError(f"{name}: expected mxflash.AttentionBwdOperands (see mxflash.quantize_attention_backward), "
+                        f"got {type(ops).__name__}")
+    return tuple(_as_array(getattr(ops, n), f"ops.{n}") for n in _BWD_OPERAND_NAMES)
+
+
+def quantize_attention_backward(q, k, v, q_meta, k_meta, out=None) -> AttentionBwdOperands:
+    """Quantizes q (Tq, H, 128), k and v (Tk, H, 128), all bfloat16 or all float32, contiguous (the
+    forward's inputs), into the backward's operands in the execution layout
+    (:class:`AttentionBwdOperands`), one pass per output.
+
+    The values are the MX quantizer's (RCEIL, 32-blocks) re-expressed to coarser power-of-two
+    scales, as :func:`attention_backward`'s prepare passes do for MX tensors, except that Q and K
+    along tokens get one scale per 128-token tile (per (sequence, channel) there), so each output is
+    one pass over its input. :func:`attention_backward_operands` on them skips those passes. Payloads
+    come back float8_e4m3fn, scales float32; numpy inputs run the CPU reference, CUDA torch tensors
+    five kernels on the current stream. out= an AttentionBwdOperands to write into.
+    """
+    _check_meta(q_meta, "q_meta")
+    _check_meta(k_meta, "k_meta")
+    q, k, v = _as_array(q, "q"), _as_array(k, "k"), _as_array(v, "v")
+    if out is None:
+        shapes = attention_bwd_operand_shapes(q_meta, k_meta, _heads_of_input(q, q_meta))
+        arrays = tuple(_empty(q, shapes[n], "float32" if n.endswith("scale") else _PAYLOAD_DTYPE)
+                       for n in _BWD_OPERAND_NAMES)
+        out = AttentionBwdOperands(*arrays)
+    else:
+        arrays = _bwd_operand_arrays(out, "out")
+    _C.quantize_attention_backward(q_meta._cpp_for(q), k_meta._cpp_for(q), _view(q, "q"), _view(k, "k"),
+                                   _view(v, "v"), tuple(_view(a, f"ops.{n}", True) for a, n in
+                                                        zip(arrays, _BWD_OPERAND_NAMES)), _stream(q))
+    return out
+
+
+def attention_backward_operands(ops, out, dout, lse, q_meta, k_meta, softmax_scale=None, broadcast_q=False,
+                                dq_accum="fp32", dq_fp16_scale_log2=12, p_scale="constant", output_mxfp8_dkv=False,
+                                grads=None):
+    """:func:`attention_backward` on execution-layout operands (from :func:`quantize_attention_backward`
+    with the same q_meta and k_meta): same outputs, options (exact_mx aside) and behaviour. numpy
+    operands run the exact-MX CPU reference on the operands' values; CUDA torch tensors the fast
+    sm_90a kernels without their prepare passes, on the current stream.
+    """
+    _check_meta(q_meta, "q_meta")
+    _check_meta(k_meta, "k_meta")
+    arrays = _bwd_operand_arrays(ops, "ops")
+    qp = arrays[0]
+    heads = (int(qp.shape[0]) or 1) if qp.ndim == 3 else 1
+    o, g, l = _as_array(out, "out"), _as_array(dout, "dout"), _as_array(lse, "lse")
+    mx_out = bool(output_mxfp8_dkv)
+    outs, scale_views = _backward_outputs(qp, heads, q_meta, k_meta, grads, mx_out)
+    dq, dk, dv = outs[:3]
+    workspace = ws_ptr = ws_bytes = 0
+    if _is_cuda(qp):
+        n = _C.attention_backward_operands_workspace_size(q_meta._host, k_meta._host, heads, bool(broadcast_q), mx_out)
+        workspace, ws_ptr, ws_bytes = _torch_workspace(n, qp.device)
+    scale = float("nan") if softmax_scale is None else float(softmax_scale)
+    _C.attention_backward_operands(q_meta._cpp_for(qp), k_meta._cpp_for(qp),
+                                   tuple(_view(a, f"ops.{n}") for a, n in zip(arrays, _BWD_OPERAND_NAMES)),
+                                   _view(o, "out"), _view(g, "dout"), _view(l, "lse"), scale, bool(broadcast_q),
+                                   _code(_DQ_ACCUM, dq_accum), int(dq_fp16_scale_log2), _code(_P_SCALE, p_scale),
+                                   mx_out, _view(dq, "dq", True), _view(dk, "dk", True), _view(dv, "dv", True),
+                                   *scale_views, ws_ptr, ws_bytes, _stream(qp))
     del workspace  # freed to torch's caching allocator, stream-ordered behind the kernels
     return tuple(outs)
 

@@ -9,8 +9,10 @@ described by mxflash.JaggedMeta objects; they are quantized to MXFP8 inside, so 
 the same tensors they would give any attention. The forward quantizes Q, K, V in one pass straight
 into the kernel's execution layout (mxflash.quantize_attention_forward: the MX values, RCEIL, of Q
 and K along the head dim and V along tokens) and runs mxflash.attention_forward_operands on them
-(no prepare pass). The backward quantizes MX tensors (Q and K along the head dim and along tokens,
-V along the head dim, RCEIL) for mxflash.attention_backward. The forward and the backward run the
+(no prepare pass). The backward quantizes the saved inputs straight into the backward kernels'
+execution layout (mxflash.quantize_attention_backward: Q and K along the head dim and along tokens,
+V along the head dim, RCEIL) and runs mxflash.attention_backward_operands (no prepare passes). The
+forward and the backward run the
 sm_90a kernels on CUDA tensors (the backward is deterministic: no atomics) and the exact-MX CPU
 references on CPU tensors. Gradients come back in the inputs' dtype.
 """
@@ -34,7 +36,7 @@ def _quantizable(x):
 
 
 def _quantizable_all(q, k, v):
-    """q, k, v as quantize_attention_forward takes them (one dtype for all three): bfloat16 when all
+    """q, k, v as the attention quantizers take them (one dtype for all three): bfloat16 when all
     are bfloat16, else float32 (exact for bfloat16 and float16, so the bytes are the same)."""
     xs = [_quantizable(x) for x in (q, k, v)]
     if any(x.dtype != xs[0].dtype for x in xs):
@@ -67,14 +69,10 @@ def _make_function():
             q, k, v, out = ctx.saved_tensors
             lse = ctx.lse
             qm, km = ctx.q_meta, ctx.k_meta
-            # Q and K in both orientations, each from one read of the input (quantize_hdim_seq)
-            ops = []
-            for x, m in ((q, qm), (k, km)):
-                ph, sh, ps, ss = mxflash.quantize_hdim_seq(_quantizable(x), m)
-                ops += [mxflash.MxTensor(ph, sh, "hdim"), mxflash.MxTensor(ps, ss, "seq")]
-            ops.append(mxflash.quantize_mx(_quantizable(v), km, "hdim"))
-            dq, dk, dv = mxflash.attention_backward(*ops, out, dout.to(torch.bfloat16).contiguous(), lse, qm, km,
-                                                    softmax_scale=ctx.softmax_scale, broadcast_q=ctx.broadcast_q)
+            ops = mxflash.quantize_attention_backward(*_quantizable_all(q, k, v), qm, km)
+            dq, dk, dv = mxflash.attention_backward_operands(ops, out, dout.to(torch.bfloat16).contiguous(), lse, qm,
+                                                             km, softmax_scale=ctx.softmax_scale,
+                                                             broadcast_q=ctx.broadcast_q)
             return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
     return MxAttentionFunction

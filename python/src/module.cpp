@@ -149,6 +149,38 @@ AttentionFwdOperands to_ops(const Ops& o) {
   return t;
 }
 
+// The execution-layout backward operands: views of (q, q_scale, k, k_scale, v, v_scale, qt, qt_scale,
+// kt, kt_scale), named ops.q ... ops.kt_scale.
+using BwdOps = std::tuple<View, View, View, View, View, View, View, View, View, View>;
+
+AttentionBwdOperands to_bwd_ops(const BwdOps& o) {
+  AttentionBwdOperands t;
+  t.q = to_view(std::get<0>(o), "ops.q");
+  t.q_scale = to_view(std::get<1>(o), "ops.q_scale");
+  t.k = to_view(std::get<2>(o), "ops.k");
+  t.k_scale = to_view(std::get<3>(o), "ops.k_scale");
+  t.v = to_view(std::get<4>(o), "ops.v");
+  t.v_scale = to_view(std::get<5>(o), "ops.v_scale");
+  t.qt = to_view(std::get<6>(o), "ops.qt");
+  t.qt_scale = to_view(std::get<7>(o), "ops.qt_scale");
+  t.kt = to_view(std::get<8>(o), "ops.kt");
+  t.kt_scale = to_view(std::get<9>(o), "ops.kt_scale");
+  return t;
+}
+
+AttentionBackwardOptions backward_options(double softmax_scale, bool broadcast_q, int dq_accum, int dq_fp16_scale_log2,
+                                          int p_scale, bool output_mxfp8_dkv, bool exact_mx) {
+  AttentionBackwardOptions opt;
+  opt.softmax_scale = float(softmax_scale);
+  opt.broadcast_q = broadcast_q;
+  opt.dq_accum = DqAccum(dq_accum);
+  opt.dq_fp16_scale_log2 = dq_fp16_scale_log2;
+  opt.p_scale = PScaleMode(p_scale);
+  opt.output_mxfp8_dkv = output_mxfp8_dkv;
+  opt.exact_mx = exact_mx;
+  return opt;
+}
+
 AttentionOptions attention_options(double softmax_scale, bool broadcast_q) {
   AttentionOptions opt;
   opt.softmax_scale = float(softmax_scale);  // NaN: the library default 1/sqrt(128)
@@ -444,10 +476,7 @@ NB_MODULE(_mxflash, m) {
       "attention_backward_workspace_size",
       [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, bool broadcast_q,
          bool output_mxfp8_dkv) -> size_t {
-        AttentionBackwardOptions opt;
-        opt.broadcast_q = broadcast_q;
-        opt.output_mxfp8_dkv = output_mxfp8_dkv;
-        return attention_backward_workspace_size(q_meta, k_meta, heads, opt);
+        return attention_backward_workspace_size(q_meta, k_meta, heads, backward_options(NAN, broadcast_q, 0, 12, 0, output_mxfp8_dkv, false));
       },
       "q_meta"_a, "k_meta"_a, "heads"_a, "broadcast_q"_a, "output_mxfp8_dkv"_a);
   // Backward: the kernel options arrive as (dq_accum, dq_fp16_scale_log2, p_scale, output_mxfp8_dkv)
@@ -461,14 +490,8 @@ NB_MODULE(_mxflash, m) {
          const std::optional<View>& dv_scales, uintptr_t workspace, size_t workspace_bytes, uintptr_t stream) {
         const MxTensor tq = to_mx(q, "q"), tqs = to_mx(q_seq, "q_seq"), tk = to_mx(k, "k"),
                        tks = to_mx(k_seq, "k_seq"), tv = to_mx(v, "v");
-        AttentionBackwardOptions opt;
-        opt.softmax_scale = float(softmax_scale);
-        opt.broadcast_q = broadcast_q;
-        opt.dq_accum = DqAccum(dq_accum);
-        opt.dq_fp16_scale_log2 = dq_fp16_scale_log2;
-        opt.p_scale = PScaleMode(p_scale);
-        opt.output_mxfp8_dkv = output_mxfp8_dkv;
-        opt.exact_mx = exact_mx;
+        const AttentionBackwardOptions opt = backward_options(softmax_scale, broadcast_q, dq_accum, dq_fp16_scale_log2,
+                                                              p_scale, output_mxfp8_dkv, exact_mx);
         DeviceGuard guard(tq.payload);
         throw_if_error(attention_backward(tq, tqs, tk, tks, tv, to_view(out, "out"), to_view(dout, "dout"),
                                           to_view(lse, "lse"), q_meta, k_meta, opt, to_view(dq, "dq"),
@@ -482,6 +505,59 @@ NB_MODULE(_mxflash, m) {
       "exact_mx"_a, "dq"_a, "dk"_a, "dv"_a, "dk_scales"_a.none(), "dv_scales"_a.none(), "workspace"_a,
       "workspace_bytes"_a, "stream"_a,
       nb::call_guard<nb::gil_scoped_release>());
+
+  // Backward operands in the execution layout (written by quantize_attention_backward, read by the
+  // backward without its prepare passes). Shapes in the order q, q_scale, k, k_scale, v, v_scale, qt,
+  // qt_scale, kt, kt_scale.
+  m.def(
+      "attention_bwd_operand_shapes",
+      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads) {
+        if (heads < 1) throw nb::value_error("heads: must be >= 1");
+        const AttentionBwdOperandShapes s = attention_bwd_operand_shapes(q_meta, k_meta, heads);
+        using V = std::vector<int64_t>;
+        return std::vector<V>{V(s.q, s.q + 3),   V(s.q_scale, s.q_scale + 2), V(s.k, s.k + 3),
+                              V(s.k_scale, s.k_scale + 2), V(s.v, s.v + 3),   V(s.v_scale, s.v_scale + 2),
+                              V(s.qt, s.qt + 3), V(s.qt_scale, s.qt_scale + 2), V(s.kt, s.kt + 3),
+                              V(s.kt_scale, s.kt_scale + 2)};
+      },
+      "q_meta"_a, "k_meta"_a, "heads"_a);
+  m.def(
+      "quantize_attention_backward",
+      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, const View& q, const View& k, const View& v,
+         const BwdOps& ops, uintptr_t stream) {
+        const TensorView tq = to_view(q, "q"), tk = to_view(k, "k"), tv = to_view(v, "v");
+        const AttentionBwdOperands to = to_bwd_ops(ops);
+        DeviceGuard guard(tq);
+        throw_if_error(quantize_attention_backward(tq, tk, tv, q_meta, k_meta, to, as_stream(stream)));
+      },
+      "q_meta"_a, "k_meta"_a, "q"_a, "k"_a, "v"_a, "ops"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>());
+  m.def(
+      "attention_backward_operands_workspace_size",
+      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, bool broadcast_q,
+         bool output_mxfp8_dkv) -> size_t {
+        return attention_backward_operands_workspace_size(q_meta, k_meta, heads, backward_options(NAN, broadcast_q, 0, 12, 0, output_mxfp8_dkv, false));
+      },
+      "q_meta"_a, "k_meta"_a, "heads"_a, "broadcast_q"_a, "output_mxfp8_dkv"_a);
+  // attention_backward's overload on execution-layout operands.
+  m.def(
+      "attention_backward_operands",
+      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, const BwdOps& ops, const View& out, const View& dout,
+         const View& lse, double softmax_scale, bool broadcast_q, int dq_accum, int dq_fp16_scale_log2, int p_scale,
+         bool output_mxfp8_dkv, const View& dq, const View& dk, const View& dv, const std::optional<View>& dk_scales,
+         const std::optional<View>& dv_scales, uintptr_t workspace, size_t workspace_bytes, uintptr_t stream) {
+        const AttentionBwdOperands to = to_bwd_ops(ops);
+        const AttentionBackwardOptions opt = backward_options(softmax_scale, broadcast_q, dq_accum, dq_fp16_scale_log2,
+                                                              p_scale, output_mxfp8_dkv, false);
+        DeviceGuard guard(to.q);
+        throw_if_error(attention_backward(to, to_view(out, "out"), to_view(dout, "dout"), to_view(lse, "lse"), q_meta,
+                                          k_meta, opt, to_view(dq, "dq"), to_view(dk, "dk"), to_view(dv, "dv"),
+                                          dk_scales ? to_view(*dk_scales, "dk_scales") : TensorView{},
+                                          dv_scales ? to_view(*dv_scales, "dv_scales") : TensorView{},
+                                          reinterpret_cast<void*>(workspace), workspace_bytes, as_stream(stream)));
+      },
+      "q_meta"_a, "k_meta"_a, "ops"_a, "out"_a, "dout"_a, "lse"_a, "softmax_scale"_a, "broadcast_q"_a, "dq_accum"_a,
+      "dq_fp16_scale_log2"_a, "p_scale"_a, "output_mxfp8_dkv"_a, "dq"_a, "dk"_a, "dv"_a, "dk_scales"_a.none(),
+      "dv_scales"_a.none(), "workspace"_a, "workspace_bytes"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>());
 
   // ------------------------------------------------------------------ scalar codecs, vectorized
   m.def(

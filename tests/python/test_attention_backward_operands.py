@@ -1,0 +1,100 @@
+"""mxflash.quantize_attention_backward and mxflash.attention_backward_operands: the backward's operands
+in the kernels' execution layout. CPU (numpy): shapes and dtypes, every byte written, Q' and K' equal
+to the forward's operands, the backward on them against the MX-operand backward on the same inputs
+(vs float64), bad arguments (ValueError naming the argument, outputs untouched). CUDA: the GPU
+operands byte for byte against the CPU ones and the GPU backward on them against the CPU backward on
+the same operands. CUDA tests skip, saying why, as in test_attention_operands.py."""
+import numpy as np
+import pytest
+
+import mxflash
+from test_attention import torch_of
+from test_attention_operands import BF16, E4M3, inputs, metas, raw, sentinel, sqnr_db, untouched
+
+H = 2
+NAMES = ("q", "q_scale", "k", "k_scale", "v", "v_scale", "qt", "qt_scale", "kt", "kt_scale")
+Q_LENGTHS, K_LENGTHS = [40, 17, 70], [33, 1, 129]
+
+
+def forward_and_dout(x, qm, km, broadcast_q=False, seed=3):
+    fops = mxflash.quantize_attention_forward(*x, qm, km)
+    out, lse = mxflash.attention_forward_operands(fops, qm, km, broadcast_q=broadcast_q)
+    dout = np.random.default_rng(seed).standard_normal(out.shape).astype(BF16)
+    return fops, out, lse, dout
+
+
+def mx_backward(x, out, dout, lse, qm, km, **kw):
+    xq, xk, xv = x
+    ops = (mxflash.quantize_mx(xq, qm, "hdim"), mxflash.quantize_mx(xq, qm, "seq"), mxflash.quantize_mx(xk, km, "hdim"),
+           mxflash.quantize_mx(xk, km, "seq"), mxflash.quantize_mx(xv, km, "hdim"))
+    return mxflash.attention_backward(*ops, out, dout, lse, qm, km, **kw)
+
+
+def sentinel_operands(qm, km, heads=H):
+    shapes = mxflash.attention_bwd_operand_shapes(qm, km, heads)
+    return mxflash.AttentionBwdOperands(*(sentinel(shapes[n], np.float32 if n.endswith("scale") else E4M3)
+                                          for n in NAMES))
+
+
+@pytest.mark.parametrize("broadcast_q", [False, True])
+def test_operands_and_backward_on_them(broadcast_q):
+    q_lengths, k_lengths = ([70], [33, 1, 0, 200]) if broadcast_q else (Q_LENGTHS, K_LENGTHS)
+    qm, km = metas(q_lengths, k_lengths)
+    x = inputs(q_lengths, k_lengths, seed=4)
+    ops = mxflash.quantize_attention_backward(*x, qm, km, out=sentinel_operands(qm, km))
+    shapes = mxflash.attention_bwd_operand_shapes(qm, km, H)
+    for n in NAMES:
+        a = getattr(ops, n)
+        assert a.shape == shapes[n], n
+        assert not untouched(a), f"{n}: not written"
+    fops, out, lse, dout = forward_and_dout(x, qm, km, broadcast_q)
+    for n in ("q", "q_scale", "k", "k_scale"):
+        assert np.array_equal(raw(getattr(ops, n)), raw(getattr(fops, n))), f"{n} differs from the forward's"
+    got = mxflash.attention_backward_operands(ops, out, dout, lse, qm, km, broadcast_q=broadcast_q)
+    want = mx_backward(x, out, dout, lse, qm, km, broadcast_q=broadcast_q)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert g.dtype == BF16 and g.shape == w.shape, name
+        # the two differ only in Q, K along tokens (per tile here, per channel there)
+        assert sqnr_db(w.astype(np.float32), g.astype(np.float32)) > 40, name
+
+
+def test_bad_arguments_write_nothing():
+    qm, km = metas(Q_LENGTHS, K_LENGTHS)
+    x = inputs(Q_LENGTHS, K_LENGTHS, seed=5)
+    ops = mxflash.quantize_attention_backward(*x, qm, km)
+    _, out, lse, dout = forward_and_dout(x, qm, km)
+    grads = tuple(sentinel((t, H, 128), BF16) for t in (qm.total_tokens, km.total_tokens, km.total_tokens))
+    bad = mxflash.AttentionBwdOperands(*(getattr(ops, n) if n != "qt" else ops.qt.reshape(H, -1, 128)
+                                         for n in NAMES))
+    with pytest.raises(ValueError, match="^ops.qt: "):
+        mxflash.attention_backward_operands(bad, out, dout, lse, qm, km, grads=grads)
+    assert untouched(*grads)
+    with pytest.raises(TypeError, match="^ops: expected mxflash.AttentionBwdOperands"):
+        mxflash.attention_backward_operands(tuple(ops), out, dout, lse, qm, km, grads=grads)
+    fresh = sentinel_operands(qm, km, heads=3)
+    with pytest.raises(ValueError, match="^ops.q: has 3 heads, q has 2$"):
+        mxflash.quantize_attention_backward(*x, qm, km, out=fresh)
+    assert untouched(*fresh)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("broadcast_q", [False, True])
+def test_cuda_operands_and_backward_equal_cpu(torch_cuda, dtype, broadcast_q):
+    torch = torch_cuda
+    q_lengths, k_lengths = ([150], [300, 0, 129, 1]) if broadcast_q else ([200, 0, 130, 1], [300, 5, 0, 129])
+    qm, km = metas(q_lengths, k_lengths)
+    x = inputs(q_lengths, k_lengths, seed=6, dtype=BF16 if dtype == "bfloat16" else np.float32)
+    cpu = mxflash.quantize_attention_backward(*x, qm, km)
+    gpu = mxflash.quantize_attention_backward(*(torch_of(a, torch) for a in x), qm, km)
+    for n in NAMES:
+        g = getattr(gpu, n)
+        assert g.is_cuda and tuple(g.shape) == getattr(cpu, n).shape, n
+        assert np.array_equal(raw(g), raw(getattr(cpu, n))), f"{dtype}: {n} differs from the CPU bytes"
+    _, out, lse, dout = forward_and_dout(tuple(np.asarray(a, np.float32) for a in x), qm, km, broadcast_q)
+    want = mxflash.attention_backward_operands(cpu, out, dout, lse, qm, km, broadcast_q=broadcast_q)
+    got = mxflash.attention_backward_operands(gpu, torch_of(out, torch), torch_of(dout, torch),
+                                              torch_of(lse, torch), qm, km, broadcast_q=broadcast_q)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert g.is_cuda and g.dtype == torch.bfloat16, name
+        # the fast kernels quantize dO and dS with coarser scales than the reference
+        assert sqnr_db(w.astype(np.float32), g.float().cpu().numpy()) > 20, name
