@@ -3,8 +3,9 @@
 // build with a GPU this front end adds the gpu column: the sm_90a forward on the same inputs,
 // quantized by the library's quantizer (RCEIL, Q and K along hdim, V along seq), and the sm_90a
 // backward on the GPU forward's out and lse (Q and K in both orientations, V along hdim, dout in
-// bf16). With --gpu-exec the gpu column's forward takes its operands in the execution layout
-// instead (quantize_attention_forward on the GPU, then attention_forward on the operands).
+// bf16). With --gpu-exec the gpu column takes its operands in the execution layouts instead
+// (quantize_attention_forward / quantize_attention_backward on the GPU, then attention_forward /
+// attention_backward on the operands: what mxflash.autograd.mx_attention runs).
 #include <algorithm>
 #include <iostream>
 #include <string>
@@ -96,21 +97,28 @@ Status gpu_forward(const accuracy::Inputs& in, std::vector<double>* out, std::ve
   }, out, lse);
 }
 
+// The fp32 inputs q, k, v on the device, with views.
+Status upload_inputs(const accuracy::Inputs& in, DeviceBytes (&x)[3], TensorView (&xv)[3]) {
+  const int64_t H = in.heads, Tq = in.q_meta.total_tokens(), Tk = in.k_meta.total_tokens();
+  const std::vector<float>* src[3] = {&in.q, &in.k, &in.v};
+  for (int i = 0; i < 3; ++i) {
+    MXFLASH_RETURN_IF_ERROR(x[i].alloc(src[i]->size() * 4));
+    MXFLASH_RETURN_IF_ERROR(check(cudaMemcpy(x[i].p, src[i]->data(), src[i]->size() * 4, cudaMemcpyHostToDevice), "upload"));
+    xv[i] = make_view(x[i].p, DType::kFloat32, Device::kCUDA, {i == 0 ? Tq : Tk, H, kHeadDim});
+  }
+  return Status::Ok();
+}
+
 // --gpu-exec: the gpu column from operands in the execution layout: the fp32 inputs uploaded, then
 // quantize_attention_forward and attention_forward on the GPU (what mx_attention runs).
 Status gpu_forward_exec(const accuracy::Inputs& in, std::vector<double>* out, std::vector<double>* lse) {
   JaggedMeta qm = in.q_meta, km = in.k_meta;
   MXFLASH_RETURN_IF_ERROR(qm.upload());
   MXFLASH_RETURN_IF_ERROR(km.upload());
-  const int64_t H = in.heads, Tq = qm.total_tokens(), Tk = km.total_tokens();
+  const int64_t H = in.heads;
   DeviceBytes x[3], part[kAttentionFwdOperandCount];
-  const std::vector<float>* src[3] = {&in.q, &in.k, &in.v};
   TensorView xv[3];
-  for (int i = 0; i < 3; ++i) {
-    MXFLASH_RETURN_IF_ERROR(x[i].alloc(src[i]->size() * 4));
-    MXFLASH_RETURN_IF_ERROR(check(cudaMemcpy(x[i].p, src[i]->data(), src[i]->size() * 4, cudaMemcpyHostToDevice), "upload"));
-    xv[i] = make_view(x[i].p, DType::kFloat32, Device::kCUDA, {i == 0 ? Tq : Tk, H, kHeadDim});
-  }
+  MXFLASH_RETURN_IF_ERROR(upload_inputs(in, x, xv));
   size_t bytes[kAttentionFwdOperandCount];
   void* ptr[kAttentionFwdOperandCount];
   attention_fwd_operand_bytes(qm, km, H, bytes);
@@ -131,25 +139,15 @@ std::vector<uint16_t> to_bf16(const std::vector<double>& x) {
   return b;
 }
 
-Status gpu_backward(const accuracy::Inputs& in, const std::vector<double>& out, const std::vector<double>& lse,
+// The backward on the device: out, dout (bf16) and lse uploaded, `launch(opt, out, dout, lse, dq, dk,
+// dv)` on device views, the gradients downloaded.
+template <typename Launch>
+Status run_backward(const accuracy::Inputs& in, const JaggedMeta& qm, const JaggedMeta& km,
+                    const std::vector<double>& out, const std::vector<double>& lse, Launch launch,
                     std::vector<double>* dq, std::vector<double>* dk, std::vector<double>* dv) {
-  JaggedMeta qm = in.q_meta, km = in.k_meta;
-  MXFLASH_RETURN_IF_ERROR(qm.upload());
-  MXFLASH_RETURN_IF_ERROR(km.upload());
   const int64_t H = in.heads, Tq = qm.total_tokens(), Tk = km.total_tokens();
   const int64_t To = in.broadcast_q ? km.batch() * Tq : Tq;
-  DeviceBytes pay[5], sc[5], o, g, l, gq, gk, gv;
-  MxTensor ops[5];
-  const struct {
-    const std::vector<float>* x;
-    const JaggedMeta* m;
-    Orientation o;
-  } srcs[5] = {{&in.q, &qm, Orientation::kHdim},
-               {&in.q, &qm, Orientation::kSeq},
-               {&in.k, &km, Orientation::kHdim},
-               {&in.k, &km, Orientation::kSeq},
-               {&in.v, &km, Orientation::kHdim}};
-  for (int i = 0; i < 5; ++i) MXFLASH_RETURN_IF_ERROR(upload_mx(*srcs[i].x, *srcs[i].m, H, srcs[i].o, &pay[i], &sc[i], &ops[i]));
+  DeviceBytes o, g, l, gq, gk, gv;
   const std::vector<uint16_t> ho = to_bf16(out);
   const std::vector<uint16_t> hg = to_bf16(std::vector<double>(in.dout.begin(), in.dout.end()));
   const std::vector<float> hl(lse.begin(), lse.end());
@@ -166,9 +164,8 @@ Status gpu_backward(const accuracy::Inputs& in, const std::vector<double>& out, 
   opt.broadcast_q = in.broadcast_q;
   opt.softmax_scale = float(in.softmax_scale);
   auto bf16 = [&](void* p, int64_t T) { return make_view(p, DType::kBFloat16, Device::kCUDA, {T, H, kHeadDim}); };
-  MXFLASH_RETURN_IF_ERROR(attention_backward(ops[0], ops[1], ops[2], ops[3], ops[4], bf16(o.p, To), bf16(g.p, To),
-                                             make_view(l.p, DType::kFloat32, Device::kCUDA, {H, To}), qm, km, opt,
-                                             bf16(gq.p, Tq), bf16(gk.p, Tk), bf16(gv.p, Tk)));
+  MXFLASH_RETURN_IF_ERROR(launch(opt, bf16(o.p, To), bf16(g.p, To), make_view(l.p, DType::kFloat32, Device::kCUDA, {H, To}),
+                                 bf16(gq.p, Tq), bf16(gk.p, Tk), bf16(gv.p, Tk)));
   MXFLASH_RETURN_IF_ERROR(check(cudaDeviceSynchronize(), "attention_backward"));
   for (auto [buf, dst, T] : {std::tuple{&gq, dq, Tq}, std::tuple{&gk, dk, Tk}, std::tuple{&gv, dv, Tk}}) {
     std::vector<uint16_t> h(size_t(T * H * kHeadDim));
@@ -177,6 +174,55 @@ Status gpu_backward(const accuracy::Inputs& in, const std::vector<double>& out, 
     for (size_t i = 0; i < h.size(); ++i) (*dst)[i] = bf16_to_float(h[i]);
   }
   return Status::Ok();
+}
+
+Status gpu_backward(const accuracy::Inputs& in, const std::vector<double>& out, const std::vector<double>& lse,
+                    std::vector<double>* dq, std::vector<double>* dk, std::vector<double>* dv) {
+  JaggedMeta qm = in.q_meta, km = in.k_meta;
+  MXFLASH_RETURN_IF_ERROR(qm.upload());
+  MXFLASH_RETURN_IF_ERROR(km.upload());
+  DeviceBytes pay[5], sc[5];
+  MxTensor ops[5];
+  const struct {
+    const std::vector<float>* x;
+    const JaggedMeta* m;
+    Orientation o;
+  } srcs[5] = {{&in.q, &qm, Orientation::kHdim},
+               {&in.q, &qm, Orientation::kSeq},
+               {&in.k, &km, Orientation::kHdim},
+               {&in.k, &km, Orientation::kSeq},
+               {&in.v, &km, Orientation::kHdim}};
+  for (int i = 0; i < 5; ++i)
+    MXFLASH_RETURN_IF_ERROR(upload_mx(*srcs[i].x, *srcs[i].m, in.heads, srcs[i].o, &pay[i], &sc[i], &ops[i]));
+  return run_backward(in, qm, km, out, lse, [&](const AttentionBackwardOptions& opt, TensorView o, TensorView g,
+                                                 TensorView l, TensorView gq, TensorView gk, TensorView gv) {
+    return attention_backward(ops[0], ops[1], ops[2], ops[3], ops[4], o, g, l, qm, km, opt, gq, gk, gv);
+  }, dq, dk, dv);
+}
+
+// --gpu-exec: the backward on operands in its execution layout (quantize_attention_backward on the
+// GPU from the fp32 inputs, then attention_backward on them: what mx_attention runs).
+Status gpu_backward_exec(const accuracy::Inputs& in, const std::vector<double>& out, const std::vector<double>& lse,
+                         std::vector<double>* dq, std::vector<double>* dk, std::vector<double>* dv) {
+  JaggedMeta qm = in.q_meta, km = in.k_meta;
+  MXFLASH_RETURN_IF_ERROR(qm.upload());
+  MXFLASH_RETURN_IF_ERROR(km.upload());
+  DeviceBytes x[3], part[kAttentionBwdOperandCount];
+  TensorView xv[3];
+  MXFLASH_RETURN_IF_ERROR(upload_inputs(in, x, xv));
+  size_t bytes[kAttentionBwdOperandCount];
+  void* ptr[kAttentionBwdOperandCount];
+  attention_bwd_operand_bytes(qm, km, in.heads, bytes);
+  for (int i = 0; i < kAttentionBwdOperandCount; ++i) {
+    MXFLASH_RETURN_IF_ERROR(part[i].alloc(bytes[i]));
+    ptr[i] = part[i].p;
+  }
+  const AttentionBwdOperands ops = attention_bwd_operand_views(qm, km, in.heads, ptr, Device::kCUDA);
+  MXFLASH_RETURN_IF_ERROR(quantize_attention_backward(xv[0], xv[1], xv[2], qm, km, ops));
+  return run_backward(in, qm, km, out, lse, [&](const AttentionBackwardOptions& opt, TensorView o, TensorView g,
+                                                 TensorView l, TensorView gq, TensorView gk, TensorView gv) {
+    return attention_backward(ops, o, g, l, qm, km, opt, gq, gk, gv);
+  }, dq, dk, dv);
 }
 
 bool hopper_present() {
@@ -194,14 +240,14 @@ int main(int argc, char** argv) {
   mxflash::accuracy::GpuForward gpu;
   mxflash::accuracy::GpuBackward gpu_bwd;
   std::vector<std::string> args(argv + 1, argv + argc);
-  // --gpu-exec (this front end's flag): the gpu column's forward runs on execution-layout operands.
+  // --gpu-exec (this front end's flag): the gpu column runs on execution-layout operands.
   const auto exec_flag = std::find(args.begin(), args.end(), "--gpu-exec");
   const bool exec = exec_flag != args.end();
   if (exec) args.erase(exec_flag);
 #ifdef MXFLASH_WITH_CUDA
   if (hopper_present()) {
     gpu = exec ? gpu_forward_exec : gpu_forward;
-    gpu_bwd = gpu_backward;
+    gpu_bwd = exec ? gpu_backward_exec : gpu_backward;
   }
 #endif
   return mxflash::accuracy::run_cli(args, std::cout, std::cerr, gpu, gpu_bwd);

@@ -109,7 +109,25 @@ Status run_quantize_case(const Options& opt, const Protocol& proto, int64_t l2_b
     LaunchFn launch;
     AttentionFwdOperands ops;
     DeviceBuffer fo[kAttentionFwdOperandCount];
-    if (o == "fwd-operands") {
+    AttentionBwdOperands bops;
+    DeviceBuffer bo[kAttentionBwdOperandCount];
+    if (o == "bwd-operands") {
+      // quantize_attention_backward with x as Q, K and V: five reads of x (Q and K twice), the ten
+      // operand tensors written.
+      size_t bytes[kAttentionBwdOperandCount];
+      void* ptr[kAttentionBwdOperandCount];
+      attention_bwd_operand_bytes(meta, meta, H, bytes);
+      r.work = double(5 * x_bytes);
+      for (int i = 0; i < kAttentionBwdOperandCount && st.ok(); ++i) {
+        st = bo[i].alloc(bytes[i]);
+        ptr[i] = bo[i].get();
+        r.work += double(bytes[i]);
+      }
+      bops = attention_bwd_operand_views(meta, meta, H, ptr, Device::kCUDA, dev);
+      launch = [&](int set) {
+        return quantize_attention_backward(xv[size_t(set)], xv[size_t(set)], xv[size_t(set)], meta, meta, bops, stream);
+      };
+    } else if (o == "fwd-operands") {
       // quantize_attention_forward with x as Q, K and V: three reads of x, the six operand tensors
       // written (Q, K, V payloads; Q row, K tile, V (tile, channel) scales in fp32).
       size_t bytes[kAttentionFwdOperandCount];
