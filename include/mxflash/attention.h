@@ -178,10 +178,12 @@ AttentionBwdOperands attention_bwd_operand_views(const JaggedMeta& q_meta, const
 // q (Tq, H, 128), k and v (Tk, H, 128): bf16 or fp32 (all three alike), contiguous; the same
 // inputs the forward quantizes. Every byte of `ops` is written (padding included). CPU tensors: the
 // CPU reference (ref::attention_fwd_operands' rules applied to each output); CUDA: five kernels,
-// bit-identical to it.
+// bit-identical to it. write_qk = false: ops.q, q_scale, k, k_scale are checked but not written
+// (pass views of the forward's AttentionFwdOperands of the same inputs, which hold those bytes:
+// a training step then writes three outputs instead of five).
 Status quantize_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                                    const JaggedMeta& q_meta, const JaggedMeta& k_meta,
-                                   const AttentionBwdOperands& ops, void* stream = nullptr);
+                                   const AttentionBwdOperands& ops, void* stream = nullptr, bool write_qk = true);
 
 // Device workspace of the backward on operands (the MX-tensor backward's less the operands' room);
 // 0 for metadata the call would reject and in a build without CUDA.

@@ -867,7 +867,7 @@ def _bwd_operand_arrays(ops, name):
     return tuple(_as_array(getattr(ops, n), f"ops.{n}") for n in _BWD_OPERAND_NAMES)
 
 
-def quantize_attention_backward(q, k, v, q_meta, k_meta, out=None) -> AttentionBwdOperands:
+def quantize_attention_backward(q, k, v, q_meta, k_meta, out=None, forward=None) -> AttentionBwdOperands:
     """Quantizes q (Tq, H, 128), k and v (Tk, H, 128), all bfloat16 or all float32, contiguous (the
     forward's inputs), into the backward's operands in the execution layout
     (:class:`AttentionBwdOperands`), one pass per output.
@@ -877,21 +877,32 @@ def quantize_attention_backward(q, k, v, q_meta, k_meta, out=None) -> AttentionB
     along tokens get one scale per 128-token tile (per (sequence, channel) there), so each output is
     one pass over its input. :func:`attention_backward_operands` on them skips those passes. Payloads
     come back float8_e4m3fn, scales float32; numpy inputs run the CPU reference, CUDA torch tensors
-    five kernels on the current stream. out= an AttentionBwdOperands to write into.
+    five kernels on the current stream. out= an AttentionBwdOperands to write into. forward= the
+    :class:`AttentionFwdOperands` that :func:`quantize_attention_forward` wrote from the same inputs:
+    its q, q_scale, k, k_scale are the backward's too (the same bytes), so they are taken as they are
+    (not copied) and only the other six arrays are written (three kernels instead of five).
     """
     _check_meta(q_meta, "q_meta")
     _check_meta(k_meta, "k_meta")
     q, k, v = _as_array(q, "q"), _as_array(k, "k"), _as_array(v, "v")
     if out is None:
         shapes = attention_bwd_operand_shapes(q_meta, k_meta, _heads_of_input(q, q_meta))
-        arrays = tuple(_empty(q, shapes[n], "float32" if n.endswith("scale") else _PAYLOAD_DTYPE)
+        shared = {}
+        if forward is not None:
+            fwd = _operand_arrays(forward, "forward")
+            shared = {n: getattr(forward, n) for n in ("q", "q_scale", "k", "k_scale")}
+            del fwd
+        arrays = tuple(shared[n] if n in shared else
+                       _empty(q, shapes[n], "float32" if n.endswith("scale") else _PAYLOAD_DTYPE)
                        for n in _BWD_OPERAND_NAMES)
         out = AttentionBwdOperands(*arrays)
-    else:
-        arrays = _bwd_operand_arrays(out, "out")
+    elif forward is not None:
+        raise ValueError("forward: give either out= or forward=, not both")
+    arrays = _bwd_operand_arrays(out, "out")
     _C.quantize_attention_backward(q_meta._cpp_for(q), k_meta._cpp_for(q), _view(q, "q"), _view(k, "k"),
                                    _view(v, "v"), tuple(_view(a, f"ops.{n}", True) for a, n in
-                                                        zip(arrays, _BWD_OPERAND_NAMES)), _stream(q))
+                                                        zip(arrays, _BWD_OPERAND_NAMES)), forward is None,
+                                   _stream(q))
     return out
 
 

@@ -10,8 +10,10 @@ the same tensors they would give any attention. The forward quantizes Q, K, V in
 into the kernel's execution layout (mxflash.quantize_attention_forward: the MX values, RCEIL, of Q
 and K along the head dim and V along tokens) and runs mxflash.attention_forward_operands on them
 (no prepare pass). The backward quantizes the saved inputs straight into the backward kernels'
-execution layout (mxflash.quantize_attention_backward: Q and K along the head dim and along tokens,
-V along the head dim, RCEIL) and runs mxflash.attention_backward_operands (no prepare passes). The
+execution layout (mxflash.quantize_attention_backward: Q and K along tokens and V along the head
+dim, RCEIL; Q and K along the head dim are the forward's operands, kept from it: 1 byte per element
+of Q and K held between the passes) and runs mxflash.attention_backward_operands (no prepare
+passes). The
 forward and the backward run the
 sm_90a kernels on CUDA tensors (the backward is deterministic: no atomics) and the exact-MX CPU
 references on CPU tensors. Gradients come back in the inputs' dtype.
@@ -53,7 +55,7 @@ def _make_function():
             ops = mxflash.quantize_attention_forward(*_quantizable_all(q, k, v), q_meta, k_meta)
             out, lse = mxflash.attention_forward_operands(ops, q_meta, k_meta, softmax_scale=softmax_scale,
                                                           broadcast_q=broadcast_q)
-            del ops  # the backward quantizes MX tensors of its own
+            ctx.fwd_ops = ops  # its Q' and K' are the backward's too (quantize_attention_backward(forward=))
             ctx.save_for_backward(q, k, v, out)
             ctx.lse = lse  # an intermediate: kept on ctx rather than through save_for_backward
             ctx.q_meta, ctx.k_meta = q_meta, k_meta
@@ -69,7 +71,8 @@ def _make_function():
             q, k, v, out = ctx.saved_tensors
             lse = ctx.lse
             qm, km = ctx.q_meta, ctx.k_meta
-            ops = mxflash.quantize_attention_backward(*_quantizable_all(q, k, v), qm, km)
+            ops = mxflash.quantize_attention_backward(*_quantizable_all(q, k, v), qm, km, forward=ctx.fwd_ops)
+            ctx.fwd_ops = None
             dq, dk, dv = mxflash.attention_backward_operands(ops, out, dout.to(torch.bfloat16).contiguous(), lse, qm,
                                                              km, softmax_scale=ctx.softmax_scale,
                                                              broadcast_q=ctx.broadcast_q)

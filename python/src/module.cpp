@@ -524,13 +524,14 @@ NB_MODULE(_mxflash, m) {
   m.def(
       "quantize_attention_backward",
       [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, const View& q, const View& k, const View& v,
-         const BwdOps& ops, uintptr_t stream) {
+         const BwdOps& ops, bool write_qk, uintptr_t stream) {
         const TensorView tq = to_view(q, "q"), tk = to_view(k, "k"), tv = to_view(v, "v");
         const AttentionBwdOperands to = to_bwd_ops(ops);
         DeviceGuard guard(tq);
-        throw_if_error(quantize_attention_backward(tq, tk, tv, q_meta, k_meta, to, as_stream(stream)));
+        throw_if_error(quantize_attention_backward(tq, tk, tv, q_meta, k_meta, to, as_stream(stream), write_qk));
       },
-      "q_meta"_a, "k_meta"_a, "q"_a, "k"_a, "v"_a, "ops"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>());
+      "q_meta"_a, "k_meta"_a, "q"_a, "k"_a, "v"_a, "ops"_a, "write_qk"_a, "stream"_a,
+      nb::call_guard<nb::gil_scoped_release>());
   m.def(
       "attention_backward_operands_workspace_size",
       [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, bool broadcast_q,

@@ -763,7 +763,7 @@ AttentionBwdOperands attention_bwd_operand_views(const JaggedMeta& q_meta, const
 
 Status quantize_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                                    const JaggedMeta& q_meta, const JaggedMeta& k_meta, const AttentionBwdOperands& ops,
-                                   void* stream) {
+                                   void* stream, bool write_qk) {
   int64_t H = 0;
   MXFLASH_RETURN_IF_ERROR(check_quantize_inputs(q, k, v, q_meta, k_meta, &H));
   int64_t oh = 0;
@@ -783,10 +783,12 @@ Status quantize_attention_backward(const TensorView& q, const TensorView& k, con
       using T = typename std::decay_t<decltype(src)>::value_type;
       std::copy(src.begin(), src.end(), static_cast<T*>(dst.data));
     };
-    put(fwd.q, ops.q);
-    put(fwd.q_scale, ops.q_scale);
-    put(fwd.k, ops.k);
-    put(fwd.k_scale, ops.k_scale);
+    if (write_qk) {
+      put(fwd.q, ops.q);
+      put(fwd.q_scale, ops.q_scale);
+      put(fwd.k, ops.k);
+      put(fwd.k_scale, ops.k_scale);
+    }
     put(kv.k, ops.v);
     put(kv.k_scale, ops.v_scale);
     put(kv.v, ops.kt);
@@ -800,7 +802,7 @@ Status quantize_attention_backward(const TensorView& q, const TensorView& k, con
   fill_problem(q_meta, k_meta, H, q_meta.total_tokens(), false, 1.f, &p);
   p.broadcast_q = q_meta.batch() != k_meta.batch();  // the kernels take Q's sequence count from it
   return cuda::quantize_attention_bwd_operands(p, q.data, k.data, v.data, q.dtype == DType::kFloat32,
-                                               bwd_exec_operands(ops), stream);
+                                               bwd_exec_operands(ops), write_qk, stream);
 }
 
 size_t attention_backward_operands_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,

@@ -23,7 +23,7 @@ Status attention_backward_exact(const AttentionBwdProblem&, void*) {
   return Status::Unsupported("mxflash was built without CUDA");
 }
 Status quantize_attention_bwd_operands(const AttentionBwdProblem&, const void*, const void*, const void*, bool,
-                                       const BwdExecOperands&, void*) {
+                                       const BwdExecOperands&, bool, void*) {
   return Status::Unsupported("mxflash was built without CUDA");
 }
 size_t attention_bwd_workspace_bytes(const AttentionBwdProblem&) { return 0; }

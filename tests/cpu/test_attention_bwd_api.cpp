@@ -358,6 +358,18 @@ TEST_F(AttentionBwdApi, OperandsRoundTripOnJaggedBatch) {
     EXPECT_TRUE(std::equal(ops.parts[6].begin(), ops.parts[6].end(), fwd.k_scale.begin()));
     for (int i = 0; i < kAttentionBwdOperandCount; ++i)  // every byte written (padding included)
       EXPECT_FALSE(std::all_of(ops.parts[i].begin(), ops.parts[i].end(), [](uint8_t b) { return b == kPoison; })) << i;
+    // write_qk = false: Q', K' (the forward's, indices 0, 1, 5, 6) left alone, the rest identical.
+    test::HostBwdOperands rest(qm, km, H);
+    st = quantize_attention_backward(x(qf, qm), x(kf, km), x(vf, km), qm, km, rest.ops, nullptr, false);
+    ASSERT_TRUE(st.ok()) << st.message();
+    for (int i = 0; i < kAttentionBwdOperandCount; ++i) {
+      const bool qk = i == 0 || i == 1 || i == 5 || i == 6;
+      if (qk)
+        EXPECT_TRUE(std::all_of(rest.parts[i].begin(), rest.parts[i].end(), [](uint8_t b) { return b == kPoison; }))
+            << i << " written with write_qk = false";
+      else
+        EXPECT_EQ(rest.parts[i], ops.parts[i]) << i;
+    }
 
     ASSERT_TRUE(call().ok());
     const std::vector<uint16_t> mx_dq = bits(dq), mx_dk = bits(dk), mx_dv = bits(dv);

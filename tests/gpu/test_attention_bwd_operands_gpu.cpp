@@ -91,6 +91,22 @@ void run_case(const Case& c, uint64_t seed) {
                                                   "q_scale", "k_scale", "v_scale", "qt_scale", "kt_scale"};
   for (int i = 0; i < kAttentionBwdOperandCount; ++i)
     EXPECT_TRUE(gputest::same_bytes(want.parts[i], parts[size_t(i)]->download())) << names[i];
+  {  // write_qk = false: Q', K' (q, k, q_scale, k_scale) left alone, the other six the same bytes
+    for (auto& b : parts) b->fill(gputest::kDevicePoison);
+    st = quantize_attention_backward(dev_in(xq, Tq), dev_in(xk, Tk), dev_in(xv, Tk), qm, km, ops, nullptr, false);
+    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_TRUE(gputest::device_ok());
+    for (int i = 0; i < kAttentionBwdOperandCount; ++i) {
+      const std::vector<uint8_t> got = parts[size_t(i)]->download();
+      if (i == 0 || i == 1 || i == 5 || i == 6)
+        EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](uint8_t b) { return b == gputest::kDevicePoison; }))
+            << names[i] << " written with write_qk = false";
+      else
+        EXPECT_TRUE(gputest::same_bytes(want.parts[i], got)) << names[i] << " (write_qk = false)";
+    }
+    st = quantize_attention_backward(dev_in(xq, Tq), dev_in(xk, Tk), dev_in(xv, Tk), qm, km, ops);
+    ASSERT_TRUE(st.ok()) << st.message();
+  }
 
   // out and lse from the CPU forward on MX tensors; dO in bf16.
   const test::HostMx hq = test::quantize_host(q, qm, H, Orientation::kHdim);

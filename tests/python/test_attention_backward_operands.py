@@ -58,6 +58,22 @@ def test_operands_and_backward_on_them(broadcast_q):
         assert sqnr_db(w.astype(np.float32), g.astype(np.float32)) > 40, name
 
 
+def test_forward_operands_are_reused():
+    qm, km = metas(Q_LENGTHS, K_LENGTHS)
+    x = inputs(Q_LENGTHS, K_LENGTHS, seed=8)
+    full = mxflash.quantize_attention_backward(*x, qm, km)
+    fops = mxflash.quantize_attention_forward(*x, qm, km)
+    ops = mxflash.quantize_attention_backward(*x, qm, km, forward=fops)
+    for n in NAMES:
+        if n in ("q", "q_scale", "k", "k_scale"):
+            assert getattr(ops, n) is getattr(fops, n), f"{n}: not the forward's array"
+        assert np.array_equal(raw(getattr(ops, n)), raw(getattr(full, n))), n
+    with pytest.raises(TypeError, match="^forward: expected mxflash.AttentionFwdOperands"):
+        mxflash.quantize_attention_backward(*x, qm, km, forward=tuple(fops))
+    with pytest.raises(ValueError, match="^forward: give either out= or forward="):
+        mxflash.quantize_attention_backward(*x, qm, km, out=full, forward=fops)
+
+
 def test_bad_arguments_write_nothing():
     qm, km = metas(Q_LENGTHS, K_LENGTHS)
     x = inputs(Q_LENGTHS, K_LENGTHS, seed=5)

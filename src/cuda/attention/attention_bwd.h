@@ -46,8 +46,9 @@ struct AttentionBwdProblem {
 // Q, K, V (T, H, 128) bf16 (fp32: x_fp32) quantized to MX (RCEIL) and re-expressed into the
 // backward's execution layout, one pass per output (Q and K twice: along the head dim and along
 // tokens). Bit-identical to the CPU's composition of ref::attention_fwd_operands (attention.cpp).
+// write_qk = false: Q' and K' (the forward's operands) are left as they are.
 Status quantize_attention_bwd_operands(const AttentionBwdProblem& p, const void* q, const void* k, const void* v,
-                                       bool x_fp32, const BwdExecOperands& out, void* stream);
+                                       bool x_fp32, const BwdExecOperands& out, bool write_qk, void* stream);
 
 // The exact-MX backward (attention_bwd_exact.cu): the CPU reference's arithmetic on the GPU, step
 // for step, FP64 sums; allocates its FP64 accumulators on the stream.

@@ -208,19 +208,22 @@ Status launch_operands(const AttentionFwdProblem& p, const In* q, const In* k, c
 // Kᵀ' token-contiguous per 128-token tile (operand_v_kernel, as V' of the forward).
 template <typename In>
 Status launch_bwd_operands(const AttentionBwdProblem& p, const In* q, const In* k, const In* v,
-                           const BwdExecOperands& out, cudaStream_t stream) {
+                           const BwdExecOperands& out, bool write_qk, cudaStream_t stream) {
   const int64_t H = p.heads;
   const int bq = p.broadcast_q ? 1 : p.batch;
   if (p.Pq > 0) {
-    prepare_rows_kernel<true><<<dim3(unsigned(p.Pq / kTile), unsigned(H)), kRowThreads, 0, stream>>>(
-        XRowSource<In>{q, H}, p.cu_q, p.cu_q_sf, bq, p.Pq, out.q, out.q_scale);
-    MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "quantize_attention_backward: Q launch"));
+    if (write_qk) {
+      prepare_rows_kernel<true><<<dim3(unsigned(p.Pq / kTile), unsigned(H)), kRowThreads, 0, stream>>>(
+          XRowSource<In>{q, H}, p.cu_q, p.cu_q_sf, bq, p.Pq, out.q, out.q_scale);
+      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "quantize_attention_backward: Q launch"));
+    }
     operand_v_kernel<In><<<dim3(unsigned(p.Pq / kTile), unsigned(H)), kOperandVThreads, 0, stream>>>(
         q, p.cu_q, p.cu_q_sf, bq, H, p.Pq, out.qt, out.qt_scale);
     MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "quantize_attention_backward: Q along tokens launch"));
   }
   if (p.Pk > 0) {
-    for (const auto& [x, o, sc] : {std::tuple{k, out.k, out.k_scale}, std::tuple{v, out.v, out.v_scale}}) {
+    for (const auto& [x, o, sc, is_k] : {std::tuple{k, out.k, out.k_scale, true}, std::tuple{v, out.v, out.v_scale, false}}) {
+      if (is_k && !write_qk) continue;
       prepare_rows_kernel<false><<<dim3(unsigned(p.Pk / kTile), unsigned(H)), kRowThreads, 0, stream>>>(
           XRowSource<In>{x, H}, p.cu_k, p.cu_k_sf, p.batch, p.Pk, o, sc);
       MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "quantize_attention_backward: K / V launch"));
@@ -236,13 +239,13 @@ Status launch_bwd_operands(const AttentionBwdProblem& p, const In* q, const In* 
 }  // namespace attn
 
 Status quantize_attention_bwd_operands(const AttentionBwdProblem& p, const void* q, const void* k, const void* v,
-                                       bool x_fp32, const BwdExecOperands& out, void* stream) {
+                                       bool x_fp32, const BwdExecOperands& out, bool write_qk, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (x_fp32)
     return attn::launch_bwd_operands(p, static_cast<const float*>(q), static_cast<const float*>(k),
-                                     static_cast<const float*>(v), out, s);
+                                     static_cast<const float*>(v), out, write_qk, s);
   return attn::launch_bwd_operands(p, static_cast<const uint16_t*>(q), static_cast<const uint16_t*>(k),
-                                   static_cast<const uint16_t*>(v), out, s);
+                                   static_cast<const uint16_t*>(v), out, write_qk, s);
 }
 
 Status quantize_attention_fwd_operands(const AttentionFwdProblem& p, const void* q, const void* k, const void* v,
