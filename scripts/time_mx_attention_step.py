@@ -15,33 +15,12 @@ Usage (GPU machine, module built: scripts/gpu_check.sh's python section builds i
   PYTHONPATH=python python3 scripts/time_mx_attention_step.py [--samples 10]
 """
 import argparse
-import statistics
 
 import torch
 
 import mxflash
 from mxflash.autograd import mx_attention
-
-SHAPES = {
-    "llm": ([2048] * 8, [2048] * 8, 16, False),
-    "llm-long": ([8192] * 2, [8192] * 2, 16, False),
-    "cross": ([512], [16384] * 64, 3, True),
-}
-
-
-def timed(fn, samples):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(2):
-        fn()
-    out = []
-    for _ in range(samples):
-        start.record()
-        for _ in range(5):
-            fn()
-        end.record()
-        end.synchronize()
-        out.append(start.elapsed_time(end) / 5)
-    return statistics.median(out)
+from time_mx_attention_fwd import SHAPES, timed  # the same shapes and sampling (this directory)
 
 
 def sdpa_step(lq, heads, samples):
