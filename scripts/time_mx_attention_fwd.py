@@ -22,6 +22,16 @@ SHAPES = {
 }
 
 
+def inputs(lq, lk, heads):
+    """Uploaded metadata for lq, lk and bf16 q, k, v drawn on the GPU, with the generator (to draw more)."""
+    qm, km = mxflash.JaggedMeta.from_lengths(lq), mxflash.JaggedMeta.from_lengths(lk)
+    qm.upload()
+    km.upload()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn((sum(n), heads, 128), generator=g, device="cuda").to(torch.bfloat16) for n in (lq, lk, lk))
+    return qm, km, q, k, v, g
+
+
 def timed(fn, samples):
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(3):
@@ -42,13 +52,7 @@ def main():
     ap.add_argument("--samples", type=int, default=20)
     args = ap.parse_args()
     for name, (lq, lk, heads, bcast) in SHAPES.items():
-        qm, km = mxflash.JaggedMeta.from_lengths(lq), mxflash.JaggedMeta.from_lengths(lk)
-        qm.upload()
-        km.upload()
-        g = torch.Generator(device="cuda").manual_seed(0)
-        q = torch.randn((sum(lq), heads, 128), generator=g, device="cuda").to(torch.bfloat16)
-        k = torch.randn((sum(lk), heads, 128), generator=g, device="cuda").to(torch.bfloat16)
-        v = torch.randn((sum(lk), heads, 128), generator=g, device="cuda").to(torch.bfloat16)
+        qm, km, q, k, v, _ = inputs(lq, lk, heads)
 
         def mx():
             mq, mk = mxflash.quantize_mx(q, qm, "hdim"), mxflash.quantize_mx(k, km, "hdim")

@@ -20,7 +20,7 @@ import torch
 
 import mxflash
 from mxflash.autograd import mx_attention
-from time_mx_attention_fwd import SHAPES, timed  # the same shapes and sampling (this directory)
+from time_mx_attention_fwd import SHAPES, inputs, timed  # the same shapes, inputs and sampling (this directory)
 
 
 def sdpa_step(lq, heads, samples):
@@ -49,12 +49,7 @@ def main():
     ap.add_argument("--samples", type=int, default=10)
     args = ap.parse_args()
     for name, (lq, lk, heads, bcast) in SHAPES.items():
-        qm, km = mxflash.JaggedMeta.from_lengths(lq), mxflash.JaggedMeta.from_lengths(lk)
-        qm.upload()
-        km.upload()
-        g = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v = (torch.randn((sum(n), heads, 128), generator=g, device="cuda").to(torch.bfloat16)
-                   for n in (lq, lk, lk))
+        qm, km, q, k, v, g = inputs(lq, lk, heads)
         To = len(lk) * sum(lq) if bcast else sum(lq)
         dout = torch.randn((To, heads, 128), generator=g, device="cuda").to(torch.bfloat16)
         fops = mxflash.quantize_attention_forward(q, k, v, qm, km)

@@ -646,7 +646,23 @@ def attention_forward(q, k, v, q_meta, k_meta, softmax_scale=None, broadcast_q=F
 _OPERAND_NAMES = ("q", "q_scale", "k", "k_scale", "v", "v_scale")
 
 
-class AttentionFwdOperands:
+class _Operands:
+    """What the execution-layout operand sets share: iteration and repr in their __slots__ order, and
+    the quantizer that writes them (named in type errors)."""
+
+    __slots__ = ()
+    _quantizer = ""
+
+    def __iter__(self):
+        return iter(tuple(getattr(self, n) for n in self.__slots__))
+
+    def __repr__(self):
+        def desc(a):
+            return f"{type(a).__name__}{tuple(int(d) for d in a.shape)} {a.dtype}" if hasattr(a, "shape") else repr(a)
+        return type(self).__name__ + "(" + ", ".join(f"{n}={desc(getattr(self, n))}" for n in self.__slots__) + ")"
+
+
+class AttentionFwdOperands(_Operands):
     """The attention forward's operands in the kernel's execution layout, as
     :func:`quantize_attention_forward` writes them and :func:`attention_forward_operands` reads them
     (no copy, no checks: the functions that take one check it). Pq, Pk: the metadata's padded token
@@ -659,19 +675,12 @@ class AttentionFwdOperands:
     Padding tokens hold zero bytes (and q_scale 1). Iterating yields the six arrays in that order."""
 
     __slots__ = _OPERAND_NAMES
+    _quantizer = "quantize_attention_forward"
 
     def __init__(self, q, q_scale, k, k_scale, v, v_scale):
         self.q, self.q_scale = q, q_scale
         self.k, self.k_scale = k, k_scale
         self.v, self.v_scale = v, v_scale
-
-    def __iter__(self):
-        return iter(tuple(getattr(self, n) for n in _OPERAND_NAMES))
-
-    def __repr__(self):
-        def desc(a):
-            return f"{type(a).__name__}{tuple(int(d) for d in a.shape)} {a.dtype}" if hasattr(a, "shape") else repr(a)
-        return "AttentionFwdOperands(" + ", ".join(f"{n}={desc(getattr(self, n))}" for n in _OPERAND_NAMES) + ")"
 
 
 def attention_fwd_operand_shapes(q_meta, k_meta, heads) -> dict:
@@ -684,16 +693,16 @@ def attention_fwd_operand_shapes(q_meta, k_meta, heads) -> dict:
     return {n: tuple(s) for n, s in zip(_OPERAND_NAMES, shapes)}
 
 
-def _operand_arrays(ops, name):
-    """The six arrays of an AttentionFwdOperands argument (DLPack objects wrapped, no copy)."""
-    if not isinstance(ops, AttentionFwdOperands):
-        raise TypeError(f"{name}: expected mxflash.AttentionFwdOperands (see mxflash.quantize_attention_forward), "
+def _operand_arrays(ops, name, kind=AttentionFwdOperands):
+    """The arrays of an operand-set argument of class `kind` (DLPack objects wrapped, no copy)."""
+    if not isinstance(ops, kind):
+        raise TypeError(f"{name}: expected mxflash.{kind.__name__} (see mxflash.{kind._quantizer}), "
                         f"got {type(ops).__name__}")
-    return tuple(_as_array(getattr(ops, n), f"ops.{n}") for n in _OPERAND_NAMES)
+    return tuple(_as_array(getattr(ops, n), f"ops.{n}") for n in kind.__slots__)
 
 
-def _operand_views(arrays, writable=False):
-    return tuple(_view(a, f"ops.{n}", writable) for a, n in zip(arrays, _OPERAND_NAMES))
+def _operand_views(arrays, writable=False, kind=AttentionFwdOperands):
+    return tuple(_view(a, f"ops.{n}", writable) for a, n in zip(arrays, kind.__slots__))
 
 
 def quantize_attention_forward(q, k, v, q_meta, k_meta, out=None) -> AttentionFwdOperands:
@@ -822,7 +831,7 @@ def _backward_outputs(ref, heads, q_meta, k_meta, grads, mx_out):
 _BWD_OPERAND_NAMES = ("q", "q_scale", "k", "k_scale", "v", "v_scale", "qt", "qt_scale", "kt", "kt_scale")
 
 
-class AttentionBwdOperands:
+class AttentionBwdOperands(_Operands):
     """The attention backward's operands in the kernels' execution layout, as
     :func:`quantize_attention_backward` writes them and :func:`attention_backward_operands` reads
     them (no copy, no checks: the functions that take one check it). Pq, Pk: the metadata's padded
@@ -836,18 +845,11 @@ class AttentionBwdOperands:
     order."""
 
     __slots__ = _BWD_OPERAND_NAMES
+    _quantizer = "quantize_attention_backward"
 
     def __init__(self, q, q_scale, k, k_scale, v, v_scale, qt, qt_scale, kt, kt_scale):
         self.q, self.q_scale, self.k, self.k_scale, self.v, self.v_scale = q, q_scale, k, k_scale, v, v_scale
         self.qt, self.qt_scale, self.kt, self.kt_scale = qt, qt_scale, kt, kt_scale
-
-    def __iter__(self):
-        return iter(tuple(getattr(self, n) for n in _BWD_OPERAND_NAMES))
-
-    def __repr__(self):
-        def desc(a):
-            return f"{type(a).__name__}{tuple(int(d) for d in a.shape)} {a.dtype}" if hasattr(a, "shape") else repr(a)
-        return "AttentionBwdOperands(" + ", ".join(f"{n}={desc(getattr(self, n))}" for n in _BWD_OPERAND_NAMES) + ")"
 
 
 def attention_bwd_operand_shapes(q_meta, k_meta, heads) -> dict:
@@ -857,14 +859,6 @@ def attention_bwd_operand_shapes(q_meta, k_meta, heads) -> dict:
     _check_meta(k_meta, "k_meta")
     shapes = _C.attention_bwd_operand_shapes(q_meta._host, k_meta._host, int(heads))
     return {n: tuple(s) for n, s in zip(_BWD_OPERAND_NAMES, shapes)}
-
-
-def _bwd_operand_arrays(ops, name):
-    """The ten arrays of an AttentionBwdOperands argument (DLPack objects wrapped, no copy)."""
-    if not isinstance(ops, AttentionBwdOperands):
-        raise TypeError(f"{name}: expected mxflash.AttentionBwdOperands (see mxflash.quantize_attention_backward), "
-                        f"got {type(ops).__name__}")
-    return tuple(_as_array(getattr(ops, n), f"ops.{n}") for n in _BWD_OPERAND_NAMES)
 
 
 def quantize_attention_backward(q, k, v, q_meta, k_meta, out=None, forward=None) -> AttentionBwdOperands:
@@ -889,19 +883,17 @@ def quantize_attention_backward(q, k, v, q_meta, k_meta, out=None, forward=None)
         shapes = attention_bwd_operand_shapes(q_meta, k_meta, _heads_of_input(q, q_meta))
         shared = {}
         if forward is not None:
-            fwd = _operand_arrays(forward, "forward")
+            _operand_arrays(forward, "forward")  # checks its type
             shared = {n: getattr(forward, n) for n in ("q", "q_scale", "k", "k_scale")}
-            del fwd
         arrays = tuple(shared[n] if n in shared else
                        _empty(q, shapes[n], "float32" if n.endswith("scale") else _PAYLOAD_DTYPE)
                        for n in _BWD_OPERAND_NAMES)
         out = AttentionBwdOperands(*arrays)
     elif forward is not None:
         raise ValueError("forward: give either out= or forward=, not both")
-    arrays = _bwd_operand_arrays(out, "out")
+    arrays = _operand_arrays(out, "out", AttentionBwdOperands)
     _C.quantize_attention_backward(q_meta._cpp_for(q), k_meta._cpp_for(q), _view(q, "q"), _view(k, "k"),
-                                   _view(v, "v"), tuple(_view(a, f"ops.{n}", True) for a, n in
-                                                        zip(arrays, _BWD_OPERAND_NAMES)), forward is None,
+                                   _view(v, "v"), _operand_views(arrays, True, AttentionBwdOperands), forward is None,
                                    _stream(q))
     return out
 
@@ -916,7 +908,7 @@ def attention_backward_operands(ops, out, dout, lse, q_meta, k_meta, softmax_sca
     """
     _check_meta(q_meta, "q_meta")
     _check_meta(k_meta, "k_meta")
-    arrays = _bwd_operand_arrays(ops, "ops")
+    arrays = _operand_arrays(ops, "ops", AttentionBwdOperands)
     qp = arrays[0]
     heads = (int(qp.shape[0]) or 1) if qp.ndim == 3 else 1
     o, g, l = _as_array(out, "out"), _as_array(dout, "dout"), _as_array(lse, "lse")
@@ -929,7 +921,7 @@ def attention_backward_operands(ops, out, dout, lse, q_meta, k_meta, softmax_sca
         workspace, ws_ptr, ws_bytes = _torch_workspace(n, qp.device)
     scale = float("nan") if softmax_scale is None else float(softmax_scale)
     _C.attention_backward_operands(q_meta._cpp_for(qp), k_meta._cpp_for(qp),
-                                   tuple(_view(a, f"ops.{n}") for a, n in zip(arrays, _BWD_OPERAND_NAMES)),
+                                   _operand_views(arrays, kind=AttentionBwdOperands),
                                    _view(o, "out"), _view(g, "dout"), _view(l, "lse"), scale, bool(broadcast_q),
                                    _code(_DQ_ACCUM, dq_accum), int(dq_fp16_scale_log2), _code(_P_SCALE, p_scale),
                                    mx_out, _view(dq, "dq", True), _view(dk, "dk", True), _view(dv, "dv", True),

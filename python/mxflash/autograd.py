@@ -13,10 +13,9 @@ and K along the head dim and V along tokens) and runs mxflash.attention_forward_
 execution layout (mxflash.quantize_attention_backward: Q and K along tokens and V along the head
 dim, RCEIL; Q and K along the head dim are the forward's operands, kept from it: 1 byte per element
 of Q and K held between the passes) and runs mxflash.attention_backward_operands (no prepare
-passes). The
-forward and the backward run the
-sm_90a kernels on CUDA tensors (the backward is deterministic: no atomics) and the exact-MX CPU
-references on CPU tensors. Gradients come back in the inputs' dtype.
+passes). The forward and the backward run the sm_90a kernels on CUDA tensors (the backward is
+deterministic: no atomics) and the exact-MX CPU references on CPU tensors. Gradients come back in
+the inputs' dtype.
 """
 import mxflash
 

@@ -476,7 +476,8 @@ NB_MODULE(_mxflash, m) {
       "attention_backward_workspace_size",
       [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, bool broadcast_q,
          bool output_mxfp8_dkv) -> size_t {
-        return attention_backward_workspace_size(q_meta, k_meta, heads, backward_options(NAN, broadcast_q, 0, 12, 0, output_mxfp8_dkv, false));
+        const AttentionBackwardOptions opt = backward_options(NAN, broadcast_q, 0, 12, 0, output_mxfp8_dkv, false);
+        return attention_backward_workspace_size(q_meta, k_meta, heads, opt);
       },
       "q_meta"_a, "k_meta"_a, "heads"_a, "broadcast_q"_a, "output_mxfp8_dkv"_a);
   // Backward: the kernel options arrive as (dq_accum, dq_fp16_scale_log2, p_scale, output_mxfp8_dkv)
@@ -536,7 +537,8 @@ NB_MODULE(_mxflash, m) {
       "attention_backward_operands_workspace_size",
       [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, bool broadcast_q,
          bool output_mxfp8_dkv) -> size_t {
-        return attention_backward_operands_workspace_size(q_meta, k_meta, heads, backward_options(NAN, broadcast_q, 0, 12, 0, output_mxfp8_dkv, false));
+        const AttentionBackwardOptions opt = backward_options(NAN, broadcast_q, 0, 12, 0, output_mxfp8_dkv, false);
+        return attention_backward_operands_workspace_size(q_meta, k_meta, heads, opt);
       },
       "q_meta"_a, "k_meta"_a, "heads"_a, "broadcast_q"_a, "output_mxfp8_dkv"_a);
   // attention_backward's overload on execution-layout operands.

@@ -219,39 +219,50 @@ namespace {
 
 constexpr int64_t kTileTokens = 128;
 
-// The operands' checks: dtypes, shapes for the metadata, contiguity, non-null data, alignment (TMA
-// reads the payloads in 16-byte units), one device. Heads from ops.q.
+// The head count of an execution-layout operand set, from its q (H, Pq, 128).
+Status operand_heads(const TensorView& q, int64_t* heads) {
+  if (q.ndim != 3) return Status::Invalid("ops.q: must be 3-D (H, Pq, 128), got " + q.shape_string());
+  *heads = q.shape[0];
+  if (*heads < 1) return Status::Invalid("ops.q: head count must be >= 1");
+  return Status::Ok();
+}
+
+// One tensor of an execution-layout operand set: an e4m3 payload (3-D) or fp32 scales (2-D).
+struct OperandPart {
+  const TensorView* t;
+  const char* name;
+  bool payload;
+  const int64_t* shape;
+};
+
+// An operand set's checks: dtypes, shapes for the metadata, contiguity, non-null data, alignment
+// (TMA reads the payloads in 16-byte units), every part on the first's device (*dev).
+Status check_operand_parts(std::initializer_list<OperandPart> parts, Device* dev) {
+  for (const OperandPart& p : parts) {
+    if (p.payload)
+      MXFLASH_RETURN_IF_ERROR(check_dense(*p.t, p.name, {DType::kE4M3, DType::kUInt8}, 3, p.shape));
+    else
+      MXFLASH_RETURN_IF_ERROR(check_dense(*p.t, p.name, {DType::kFloat32}, 2, p.shape));
+    MXFLASH_RETURN_IF_ERROR(check_alignment(*p.t, p.name, p.payload ? 16 : 4));
+  }
+  const OperandPart& first = *parts.begin();
+  for (const OperandPart& p : parts)
+    MXFLASH_RETURN_IF_ERROR(check_same_device({{first.t, first.name}, {p.t, p.name}}, dev));
+  return Status::Ok();
+}
+
+// The forward operands' checks (check_operand_parts). Heads from ops.q.
 Status check_operands(const AttentionFwdOperands& ops, const JaggedMeta& q_meta, const JaggedMeta& k_meta,
                       int64_t* heads, Device* dev) {
-  if (ops.q.ndim != 3) return Status::Invalid("ops.q: must be 3-D (H, Pq, 128), got " + ops.q.shape_string());
-  const int64_t H = ops.q.shape[0];
-  if (H < 1) return Status::Invalid("ops.q: head count must be >= 1");
-  const AttentionFwdOperandShapes sh = attention_fwd_operand_shapes(q_meta, k_meta, H);
-  const struct {
-    const TensorView* t;
-    const char* name;
-    bool bytes;
-    int ndim;
-    const int64_t* shape;
-    int align;
-  } items[] = {{&ops.q, "ops.q", true, 3, sh.q, 16},           {&ops.q_scale, "ops.q_scale", false, 2, sh.q_scale, 4},
-               {&ops.k, "ops.k", true, 3, sh.k, 16},           {&ops.k_scale, "ops.k_scale", false, 2, sh.k_scale, 4},
-               {&ops.v, "ops.v", true, 3, sh.v, 16},           {&ops.v_scale, "ops.v_scale", false, 2, sh.v_scale, 4}};
-  for (const auto& it : items) {
-    if (it.bytes)
-      MXFLASH_RETURN_IF_ERROR(check_dense(*it.t, it.name, {DType::kE4M3, DType::kUInt8}, it.ndim, it.shape));
-    else
-      MXFLASH_RETURN_IF_ERROR(check_dense(*it.t, it.name, {DType::kFloat32}, it.ndim, it.shape));
-    MXFLASH_RETURN_IF_ERROR(check_alignment(*it.t, it.name, it.align));
-  }
-  *heads = H;
-  return check_same_device({{&ops.q, "ops.q"},
-                            {&ops.q_scale, "ops.q_scale"},
-                            {&ops.k, "ops.k"},
-                            {&ops.k_scale, "ops.k_scale"},
-                            {&ops.v, "ops.v"},
-                            {&ops.v_scale, "ops.v_scale"}},
-                           dev);
+  MXFLASH_RETURN_IF_ERROR(operand_heads(ops.q, heads));
+  const AttentionFwdOperandShapes sh = attention_fwd_operand_shapes(q_meta, k_meta, *heads);
+  return check_operand_parts({{&ops.q, "ops.q", true, sh.q},
+                              {&ops.q_scale, "ops.q_scale", false, sh.q_scale},
+                              {&ops.k, "ops.k", true, sh.k},
+                              {&ops.k_scale, "ops.k_scale", false, sh.k_scale},
+                              {&ops.v, "ops.v", true, sh.v},
+                              {&ops.v_scale, "ops.v_scale", false, sh.v_scale}},
+                             dev);
 }
 
 cuda::FwdExecOperands exec_operands(const AttentionFwdOperands& ops) {
@@ -304,7 +315,8 @@ void rows_values(const TensorView& x, const TensorView& sc, const JaggedMeta& m,
       for (int64_t h = 0; h < H; ++h) {
         const int64_t row = h * P + m.cu_seqlens_sf()[b] + t - m.cu_seqlens()[b];
         const float f = per_row ? s[row] : s[h * (P / kTileTokens) + (row - h * P) / kTileTokens];
-        for (int d = 0; d < kHeadDim; ++d) (*out)[size_t((t * H + h) * kHeadDim + d)] = e4m3_to_float(x8[row * kHeadDim + d]) * f;
+        for (int d = 0; d < kHeadDim; ++d)
+          (*out)[size_t((t * H + h) * kHeadDim + d)] = e4m3_to_float(x8[row * kHeadDim + d]) * f;
       }
 }
 // A token-contiguous operand (H, 128, P) whose 32-token groups are in the kernels' fragment order,
@@ -671,42 +683,22 @@ Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTens
 // -------------------------------------------------------------------- backward operands
 namespace {
 
-// The backward operands' checks, as check_operands' for the forward's. Heads from ops.q.
+// The backward operands' checks (check_operand_parts). Heads from ops.q.
 Status check_bwd_operands(const AttentionBwdOperands& ops, const JaggedMeta& q_meta, const JaggedMeta& k_meta,
                           int64_t* heads, Device* dev) {
-  if (ops.q.ndim != 3) return Status::Invalid("ops.q: must be 3-D (H, Pq, 128), got " + ops.q.shape_string());
-  const int64_t H = ops.q.shape[0];
-  if (H < 1) return Status::Invalid("ops.q: head count must be >= 1");
-  const AttentionBwdOperandShapes sh = attention_bwd_operand_shapes(q_meta, k_meta, H);
-  const struct {
-    const TensorView* t;
-    const char* name;
-    bool bytes;
-    const int64_t* shape;
-  } items[] = {{&ops.q, "ops.q", true, sh.q},           {&ops.q_scale, "ops.q_scale", false, sh.q_scale},
-               {&ops.k, "ops.k", true, sh.k},           {&ops.k_scale, "ops.k_scale", false, sh.k_scale},
-               {&ops.v, "ops.v", true, sh.v},           {&ops.v_scale, "ops.v_scale", false, sh.v_scale},
-               {&ops.qt, "ops.qt", true, sh.qt},        {&ops.qt_scale, "ops.qt_scale", false, sh.qt_scale},
-               {&ops.kt, "ops.kt", true, sh.kt},        {&ops.kt_scale, "ops.kt_scale", false, sh.kt_scale}};
-  for (const auto& it : items) {
-    if (it.bytes)
-      MXFLASH_RETURN_IF_ERROR(check_dense(*it.t, it.name, {DType::kE4M3, DType::kUInt8}, 3, it.shape));
-    else
-      MXFLASH_RETURN_IF_ERROR(check_dense(*it.t, it.name, {DType::kFloat32}, 2, it.shape));
-    MXFLASH_RETURN_IF_ERROR(check_alignment(*it.t, it.name, it.bytes ? 16 : 4));
-  }
-  *heads = H;
-  return check_same_device({{&ops.q, "ops.q"},
-                            {&ops.q_scale, "ops.q_scale"},
-                            {&ops.k, "ops.k"},
-                            {&ops.k_scale, "ops.k_scale"},
-                            {&ops.v, "ops.v"},
-                            {&ops.v_scale, "ops.v_scale"},
-                            {&ops.qt, "ops.qt"},
-                            {&ops.qt_scale, "ops.qt_scale"},
-                            {&ops.kt, "ops.kt"},
-                            {&ops.kt_scale, "ops.kt_scale"}},
-                           dev);
+  MXFLASH_RETURN_IF_ERROR(operand_heads(ops.q, heads));
+  const AttentionBwdOperandShapes sh = attention_bwd_operand_shapes(q_meta, k_meta, *heads);
+  return check_operand_parts({{&ops.q, "ops.q", true, sh.q},
+                              {&ops.q_scale, "ops.q_scale", false, sh.q_scale},
+                              {&ops.k, "ops.k", true, sh.k},
+                              {&ops.k_scale, "ops.k_scale", false, sh.k_scale},
+                              {&ops.v, "ops.v", true, sh.v},
+                              {&ops.v_scale, "ops.v_scale", false, sh.v_scale},
+                              {&ops.qt, "ops.qt", true, sh.qt},
+                              {&ops.qt_scale, "ops.qt_scale", false, sh.qt_scale},
+                              {&ops.kt, "ops.kt", true, sh.kt},
+                              {&ops.kt_scale, "ops.kt_scale", false, sh.kt_scale}},
+                             dev);
 }
 
 cuda::BwdExecOperands bwd_exec_operands(const AttentionBwdOperands& ops) {

@@ -1147,7 +1147,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     };
     for (const Tokens& t : {Tokens{&p.q_seq, p.cu_q, p.cu_q_sf, Bq, p.Pq, w.qt, w.qt_byte, w.qt_scale},
                             Tokens{&p.k_seq, p.cu_k, p.cu_k_sf, p.batch, p.Pk, w.kt, w.kt_byte, w.kt_scale}}) {
-      if (!prepare) break;
+      if (!prepare) break;  // (both or neither)
       attn::prepare_v_scale_kernel<<<unsigned(int64_t(t.batch) * H), attn::kVScaleSlices * kHeadDim, 0, stream>>>(
           t.op->scales, t.op->scale_layout, t.cu, t.cu_sf, H, t.P, ws + t.byte, f32(t.scale));
       MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "backward: prepare channel scales launch"));
@@ -1189,12 +1189,12 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     const uint64_t k_rows = uint64_t(std::max<int64_t>(H * p.Pk, bwd::kTile));
     const uint64_t o_rows = uint64_t(std::max<int64_t>(H * Po, bwd::kTile));
     CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_qt, tm_kt, tm_dot, tm_dq{};
-    // The operands: the caller's exec operands, or the workspace the prepare passes wrote.
+    // The operands: the caller's exec operands, or the workspace the prepare passes wrote (whose Qᵀ',
+    // Kᵀ' scales are per (sequence, channel), not per tile: BwdParams::qt_scale, kt_scale below).
     const BwdExecOperands in = p.exec ? *p.exec
-                                      : BwdExecOperands{ws + w.q,          ws + w.k,          ws + w.v,
-                                                        ws + w.qt,         ws + w.kt,         f32(w.q_scale),
-                                                        f32(w.k_scale),    f32(w.v_scale),    f32(w.qt_scale),
-                                                        f32(w.kt_scale)};
+                                      : BwdExecOperands{ws + w.q,       ws + w.k,       ws + w.v,       ws + w.qt,
+                                                        ws + w.kt,      f32(w.q_scale), f32(w.k_scale), f32(w.v_scale),
+                                                        nullptr,        nullptr};
     MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_q, in.q, kHeadDim, q_rows));
     MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_k, in.k, kHeadDim, k_rows));
     MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_v, in.v, kHeadDim, k_rows));
@@ -1216,11 +1216,11 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     bp.k_scale = in.k_scale;
     bp.v_scale = in.v_scale;
     // Qᵀ', Kᵀ' scales: per (sequence, channel) in the epilogues, or per tile in the promotions of the
-    // kernels' kTileScales forms.
-    bp.qt_scale = p.exec ? nullptr : in.qt_scale;
-    bp.kt_scale = p.exec ? nullptr : in.kt_scale;
-    bp.qt_tile_scale = p.exec ? in.qt_scale : nullptr;
-    bp.kt_tile_scale = p.exec ? in.kt_scale : nullptr;
+    // kernels' kTileScales forms (exec operands).
+    bp.qt_scale = p.exec ? nullptr : f32(w.qt_scale);
+    bp.kt_scale = p.exec ? nullptr : f32(w.kt_scale);
+    bp.qt_tile_scale = in.qt_scale;
+    bp.kt_tile_scale = in.kt_scale;
     bp.info = reinterpret_cast<const float4*>(ws + w.info);
     bp.do_t_scale = f32(w.dot_scale);
     bp.softmax_scale = p.softmax_scale;

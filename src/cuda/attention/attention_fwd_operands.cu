@@ -11,7 +11,6 @@
 
 #include <cstdint>
 #include <string>
-#include <tuple>
 
 #include "cuda/attention/attention_bwd.h"
 #include "cuda/attention/attention_fwd.h"
@@ -184,24 +183,50 @@ __global__ void __launch_bounds__(kOperandVThreads, 3) operand_v_kernel(const In
   if (threadIdx.x == 0) tile_scale[h * (P / kTile) + tile] = e8m0_to_float(uint8_t(tile_max));
 }
 
+// One side's sequences (Q's or K/V's) as the operand kernels take them.
+struct Side {
+  const int32_t *cu, *cu_sf;
+  int batch;  // sequences
+  int64_t P;  // padded tokens
+};
+template <typename Problem>
+Side q_side(const Problem& p) {
+  return {p.cu_q, p.cu_q_sf, p.broadcast_q ? 1 : p.batch, p.Pq};
+}
+template <typename Problem>
+Side k_side(const Problem& p) {
+  return {p.cu_k, p.cu_k_sf, p.batch, p.Pk};
+}
+
+// x (T, H, 128) in rows (H, P, 128): one scale per row (kPerRow) or per 128-token tile.
+template <bool kPerRow, typename In>
+Status launch_rows(const In* x, int64_t H, const Side& sd, uint8_t* out, float* scale, cudaStream_t stream,
+                   const char* what) {
+  if (sd.P == 0) return Status::Ok();
+  prepare_rows_kernel<kPerRow><<<dim3(unsigned(sd.P / kTile), unsigned(H)), kRowThreads, 0, stream>>>(
+      XRowSource<In>{x, H}, sd.cu, sd.cu_sf, sd.batch, sd.P, out, scale);
+  return cuda_error(cudaGetLastError(), what);
+}
+
+// x (T, H, 128) token-contiguous (H, 128, P) in the fragment order, one scale per 128-token tile.
+template <typename In>
+Status launch_tokens(const In* x, int64_t H, const Side& sd, uint8_t* out, float* scale, cudaStream_t stream,
+                     const char* what) {
+  if (sd.P == 0) return Status::Ok();
+  operand_v_kernel<In><<<dim3(unsigned(sd.P / kTile), unsigned(H)), kOperandVThreads, 0, stream>>>(
+      x, sd.cu, sd.cu_sf, sd.batch, H, sd.P, out, scale);
+  return cuda_error(cudaGetLastError(), what);
+}
+
 template <typename In>
 Status launch_operands(const AttentionFwdProblem& p, const In* q, const In* k, const In* v, const FwdExecOperands& out,
                        cudaStream_t stream) {
   const int64_t H = p.heads;
-  if (p.Pq > 0) {
-    prepare_rows_kernel<true><<<dim3(unsigned(p.Pq / kTile), unsigned(H)), kRowThreads, 0, stream>>>(
-        XRowSource<In>{q, H}, p.cu_q, p.cu_q_sf, p.broadcast_q ? 1 : p.batch, p.Pq, out.q, out.q_scale);
-    MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "quantize_attention_forward: Q launch"));
-  }
-  if (p.Pk > 0) {
-    prepare_rows_kernel<false><<<dim3(unsigned(p.Pk / kTile), unsigned(H)), kRowThreads, 0, stream>>>(
-        XRowSource<In>{k, H}, p.cu_k, p.cu_k_sf, p.batch, p.Pk, out.k, out.k_scale);
-    MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "quantize_attention_forward: K launch"));
-    operand_v_kernel<In><<<dim3(unsigned(p.Pk / kTile), unsigned(H)), kOperandVThreads, 0, stream>>>(
-        v, p.cu_k, p.cu_k_sf, p.batch, H, p.Pk, out.v, out.v_scale);
-    MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "quantize_attention_forward: V launch"));
-  }
-  return Status::Ok();
+  MXFLASH_RETURN_IF_ERROR(
+      launch_rows<true>(q, H, q_side(p), out.q, out.q_scale, stream, "quantize_attention_forward: Q launch"));
+  MXFLASH_RETURN_IF_ERROR(
+      launch_rows<false>(k, H, k_side(p), out.k, out.k_scale, stream, "quantize_attention_forward: K launch"));
+  return launch_tokens(v, H, k_side(p), out.v, out.v_scale, stream, "quantize_attention_forward: V launch");
 }
 
 // The backward's operands: Q' per row, K' and V rows per 128-key tile (the rows kernel), Qᵀ' and
@@ -210,29 +235,18 @@ template <typename In>
 Status launch_bwd_operands(const AttentionBwdProblem& p, const In* q, const In* k, const In* v,
                            const BwdExecOperands& out, bool write_qk, cudaStream_t stream) {
   const int64_t H = p.heads;
-  const int bq = p.broadcast_q ? 1 : p.batch;
-  if (p.Pq > 0) {
-    if (write_qk) {
-      prepare_rows_kernel<true><<<dim3(unsigned(p.Pq / kTile), unsigned(H)), kRowThreads, 0, stream>>>(
-          XRowSource<In>{q, H}, p.cu_q, p.cu_q_sf, bq, p.Pq, out.q, out.q_scale);
-      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "quantize_attention_backward: Q launch"));
-    }
-    operand_v_kernel<In><<<dim3(unsigned(p.Pq / kTile), unsigned(H)), kOperandVThreads, 0, stream>>>(
-        q, p.cu_q, p.cu_q_sf, bq, H, p.Pq, out.qt, out.qt_scale);
-    MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "quantize_attention_backward: Q along tokens launch"));
+  if (write_qk) {
+    MXFLASH_RETURN_IF_ERROR(
+        launch_rows<true>(q, H, q_side(p), out.q, out.q_scale, stream, "quantize_attention_backward: Q launch"));
+    MXFLASH_RETURN_IF_ERROR(
+        launch_rows<false>(k, H, k_side(p), out.k, out.k_scale, stream, "quantize_attention_backward: K launch"));
   }
-  if (p.Pk > 0) {
-    for (const auto& [x, o, sc, is_k] : {std::tuple{k, out.k, out.k_scale, true}, std::tuple{v, out.v, out.v_scale, false}}) {
-      if (is_k && !write_qk) continue;
-      prepare_rows_kernel<false><<<dim3(unsigned(p.Pk / kTile), unsigned(H)), kRowThreads, 0, stream>>>(
-          XRowSource<In>{x, H}, p.cu_k, p.cu_k_sf, p.batch, p.Pk, o, sc);
-      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "quantize_attention_backward: K / V launch"));
-    }
-    operand_v_kernel<In><<<dim3(unsigned(p.Pk / kTile), unsigned(H)), kOperandVThreads, 0, stream>>>(
-        k, p.cu_k, p.cu_k_sf, p.batch, H, p.Pk, out.kt, out.kt_scale);
-    MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "quantize_attention_backward: K along tokens launch"));
-  }
-  return Status::Ok();
+  MXFLASH_RETURN_IF_ERROR(
+      launch_rows<false>(v, H, k_side(p), out.v, out.v_scale, stream, "quantize_attention_backward: V launch"));
+  MXFLASH_RETURN_IF_ERROR(launch_tokens(q, H, q_side(p), out.qt, out.qt_scale, stream,
+                                        "quantize_attention_backward: Q along tokens launch"));
+  return launch_tokens(k, H, k_side(p), out.kt, out.kt_scale, stream,
+                       "quantize_attention_backward: K along tokens launch");
 }
 
 }  // namespace
