@@ -185,6 +185,18 @@ Status quantize_attention_backward(const TensorView& q, const TensorView& k, con
                                    const JaggedMeta& q_meta, const JaggedMeta& k_meta,
                                    const AttentionBwdOperands& ops, void* stream = nullptr, bool write_qk = true);
 
+// Both operand sets of a training step from one read of q, k, v: all of `fwd` (as
+// quantize_attention_forward writes it) and `bwd`'s v, qt, kt and their scales (as
+// quantize_attention_backward writes them). bwd.q, q_scale, k, k_scale must be views of fwd's q,
+// q_scale, k, k_scale (the same data pointers: the backward's Q' and K' are the forward's bytes);
+// they are written once, through fwd. Inputs and every rule as for the two quantizers; nothing is
+// written unless all checks pass. CPU tensors: the CPU reference; CUDA: three kernels for bf16
+// inputs (each reads its input once and writes both of its outputs), six for fp32. The bytes equal
+// quantize_attention_forward's followed by quantize_attention_backward(..., write_qk = false).
+Status quantize_attention_training(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const JaggedMeta& q_meta, const JaggedMeta& k_meta, const AttentionFwdOperands& fwd,
+                                   const AttentionBwdOperands& bwd, void* stream = nullptr);
+
 // Device workspace of the backward on operands (the MX-tensor backward's less the operands' room);
 // 0 for metadata the call would reject and in a build without CUDA.
 size_t attention_backward_operands_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,

@@ -48,6 +48,7 @@ __all__ = [
     "quantize_attention_backward",
     "attention_backward_operands",
     "quantize_attention_forward",
+    "quantize_attention_training",
     "attention_fwd_operand_shapes",
     "attention_backward",
     "quantize",
@@ -693,16 +694,17 @@ def attention_fwd_operand_shapes(q_meta, k_meta, heads) -> dict:
     return {n: tuple(s) for n, s in zip(_OPERAND_NAMES, shapes)}
 
 
-def _operand_arrays(ops, name, kind=AttentionFwdOperands):
-    """The arrays of an operand-set argument of class `kind` (DLPack objects wrapped, no copy)."""
+def _operand_arrays(ops, name, kind=AttentionFwdOperands, set_name="ops"):
+    """The arrays of an operand-set argument of class `kind` (DLPack objects wrapped, no copy), named
+    set_name.q ... in messages."""
     if not isinstance(ops, kind):
         raise TypeError(f"{name}: expected mxflash.{kind.__name__} (see mxflash.{kind._quantizer}), "
                         f"got {type(ops).__name__}")
-    return tuple(_as_array(getattr(ops, n), f"ops.{n}") for n in kind.__slots__)
+    return tuple(_as_array(getattr(ops, n), f"{set_name}.{n}") for n in kind.__slots__)
 
 
-def _operand_views(arrays, writable=False, kind=AttentionFwdOperands):
-    return tuple(_view(a, f"ops.{n}", writable) for a, n in zip(arrays, kind.__slots__))
+def _operand_views(arrays, writable=False, kind=AttentionFwdOperands, set_name="ops"):
+    return tuple(_view(a, f"{set_name}.{n}", writable) for a, n in zip(arrays, kind.__slots__))
 
 
 def quantize_attention_forward(q, k, v, q_meta, k_meta, out=None) -> AttentionFwdOperands:
@@ -896,6 +898,43 @@ def quantize_attention_backward(q, k, v, q_meta, k_meta, out=None, forward=None)
                                    _view(v, "v"), _operand_views(arrays, True, AttentionBwdOperands), forward is None,
                                    _stream(q))
     return out
+
+
+def quantize_attention_training(q, k, v, q_meta, k_meta, out=None):
+    """Both operand sets of a training step from one read of q, k, v: returns (fwd, bwd), the
+    :class:`AttentionFwdOperands` that :func:`quantize_attention_forward` writes and the
+    :class:`AttentionBwdOperands` that :func:`quantize_attention_backward` writes, the same bytes,
+    with bwd's q, q_scale, k, k_scale the very arrays of fwd (the backward's Q' and K' are the
+    forward's). Inputs and rules as for those two. CUDA torch tensors: three kernels for bfloat16
+    inputs, each reading its input once and writing both of its outputs (six for float32); numpy
+    inputs: the CPU reference. out= a (fwd, bwd) pair to write into, bwd's q, q_scale, k, k_scale
+    being fwd's arrays.
+
+    Keeping bwd (five bytes per element of Q and K/V, with the scales) from the forward to the
+    backward spares the backward a second read of q, k, v, and the caller need not keep them.
+    """
+    _check_meta(q_meta, "q_meta")
+    _check_meta(k_meta, "k_meta")
+    q, k, v = _as_array(q, "q"), _as_array(k, "k"), _as_array(v, "v")
+    if out is None:
+        fshapes = attention_fwd_operand_shapes(q_meta, k_meta, _heads_of_input(q, q_meta))
+        fwd = AttentionFwdOperands(*(_empty(q, fshapes[n], "float32" if n.endswith("scale") else _PAYLOAD_DTYPE)
+                                     for n in _OPERAND_NAMES))
+        bshapes = attention_bwd_operand_shapes(q_meta, k_meta, _heads_of_input(q, q_meta))
+        bwd = AttentionBwdOperands(*(getattr(fwd, n) if n in ("q", "q_scale", "k", "k_scale") else
+                                     _empty(q, bshapes[n], "float32" if n.endswith("scale") else _PAYLOAD_DTYPE)
+                                     for n in _BWD_OPERAND_NAMES))
+    else:
+        if not isinstance(out, tuple) or len(out) != 2:
+            raise TypeError("out: expected a (fwd, bwd) pair of mxflash.AttentionFwdOperands and "
+                            "mxflash.AttentionBwdOperands")
+        fwd, bwd = out
+    farrays = _operand_arrays(fwd, "fwd", AttentionFwdOperands, "fwd")
+    barrays = _operand_arrays(bwd, "bwd", AttentionBwdOperands, "bwd")
+    _C.quantize_attention_training(q_meta._cpp_for(q), k_meta._cpp_for(q), _view(q, "q"), _view(k, "k"),
+                                   _view(v, "v"), _operand_views(farrays, True, AttentionFwdOperands, "fwd"),
+                                   _operand_views(barrays, True, AttentionBwdOperands, "bwd"), _stream(q))
+    return fwd, bwd
 
 
 def attention_backward_operands(ops, out, dout, lse, q_meta, k_meta, softmax_scale=None, broadcast_q=False,

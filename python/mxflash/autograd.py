@@ -9,13 +9,14 @@ described by mxflash.JaggedMeta objects; they are quantized to MXFP8 inside, so 
 the same tensors they would give any attention. The forward quantizes Q, K, V in one pass straight
 into the kernel's execution layout (mxflash.quantize_attention_forward: the MX values, RCEIL, of Q
 and K along the head dim and V along tokens) and runs mxflash.attention_forward_operands on them
-(no prepare pass). The backward quantizes the saved inputs straight into the backward kernels'
-execution layout (mxflash.quantize_attention_backward: Q and K along tokens and V along the head
-dim, RCEIL; Q and K along the head dim are the forward's operands, kept from it: 1 byte per element
-of Q and K held between the passes) and runs mxflash.attention_backward_operands (no prepare
-passes). The forward and the backward run the sm_90a kernels on CUDA tensors (the backward is
-deterministic: no atomics) and the exact-MX CPU references on CPU tensors. Gradients come back in
-the inputs' dtype.
+(no prepare pass). When q, k or v requires grad (and grad mode is on), the same pass also writes the
+backward kernels' operands (mxflash.quantize_attention_training: Q and K along tokens and V along
+the head dim, RCEIL; Q' and K' are the forward's): each input is read once per training step, and
+the autograd graph keeps those FP8 operands (about 5 bytes per element of Q and K/V) and out, not
+q, k, v. The backward then runs mxflash.attention_backward_operands on them (no prepare passes).
+The forward and the backward run the sm_90a kernels on CUDA tensors (the backward is deterministic:
+no atomics) and the exact-MX CPU references on CPU tensors. Gradients come back in the inputs'
+dtype.
 """
 import mxflash
 
@@ -50,15 +51,23 @@ def _make_function():
 
     class MxAttentionFunction(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, q, k, v, q_meta, k_meta, softmax_scale, broadcast_q):
-            ops = mxflash.quantize_attention_forward(*_quantizable_all(q, k, v), q_meta, k_meta)
+        def forward(ctx, q, k, v, q_meta, k_meta, softmax_scale, broadcast_q, training):
+            xs = _quantizable_all(q, k, v)
+            if training:
+                # One read of q, k, v for both passes: the backward's operands are written now and
+                # kept instead of q, k, v (five bytes per element of Q and K/V, with the scales).
+                ops, ctx.bwd_ops = mxflash.quantize_attention_training(*xs, q_meta, k_meta)
+            else:
+                ops, ctx.bwd_ops = mxflash.quantize_attention_forward(*xs, q_meta, k_meta), None
+            del xs
             out, lse = mxflash.attention_forward_operands(ops, q_meta, k_meta, softmax_scale=softmax_scale,
                                                           broadcast_q=broadcast_q)
-            ctx.fwd_ops = ops  # its Q' and K' are the backward's too (quantize_attention_backward(forward=))
-            ctx.save_for_backward(q, k, v, out)
+            del ops  # V' is the forward's alone; Q' and K' live on in ctx.bwd_ops
+            ctx.save_for_backward(out)
             ctx.lse = lse  # an intermediate: kept on ctx rather than through save_for_backward
             ctx.q_meta, ctx.k_meta = q_meta, k_meta
             ctx.softmax_scale, ctx.broadcast_q = softmax_scale, broadcast_q
+            ctx.dtypes = (q.dtype, k.dtype, v.dtype)
             if q.dtype == k.dtype == v.dtype == torch.float16:
                 # bf16 -> fp16 keeps every bit for |out| in [2^-14, 65504] (|out| <= max |v|): fp16
                 # models get fp16 activations
@@ -67,15 +76,13 @@ def _make_function():
 
         @staticmethod
         def backward(ctx, dout):
-            q, k, v, out = ctx.saved_tensors
-            lse = ctx.lse
-            qm, km = ctx.q_meta, ctx.k_meta
-            ops = mxflash.quantize_attention_backward(*_quantizable_all(q, k, v), qm, km, forward=ctx.fwd_ops)
-            ctx.fwd_ops = None
-            dq, dk, dv = mxflash.attention_backward_operands(ops, out, dout.to(torch.bfloat16).contiguous(), lse, qm,
-                                                             km, softmax_scale=ctx.softmax_scale,
+            (out,) = ctx.saved_tensors
+            ops, ctx.bwd_ops = ctx.bwd_ops, None  # (a graph exists only when the forward kept them)
+            dq, dk, dv = mxflash.attention_backward_operands(ops, out, dout.to(torch.bfloat16).contiguous(), ctx.lse,
+                                                             ctx.q_meta, ctx.k_meta, softmax_scale=ctx.softmax_scale,
                                                              broadcast_q=ctx.broadcast_q)
-            return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+            dt = ctx.dtypes
+            return dq.to(dt[0]), dk.to(dt[1]), dv.to(dt[2]), None, None, None, None, None
 
     return MxAttentionFunction
 
@@ -95,7 +102,9 @@ def mx_attention(q, k, v, q_meta, k_meta, softmax_scale=None, broadcast_q=False)
     global _function
     if _function is None:
         _function = _make_function()
-    return _function.apply(q, k, v, q_meta, k_meta, softmax_scale, bool(broadcast_q))
+    torch = _torch()
+    training = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    return _function.apply(q, k, v, q_meta, k_meta, softmax_scale, bool(broadcast_q), training)
 
 
 def _check_inputs(q, k, v, q_meta, k_meta):

@@ -135,36 +135,37 @@ MxTensor to_mx(const Mx& m, const char* name) {
 }
 
 // The execution-layout forward operands: views of (q, q_scale, k, k_scale, v, v_scale), named
-// ops.q ... ops.v_scale as the library names them.
+// ops.q ... ops.v_scale as the library names them (or set.q ... for another set name).
 using Ops = std::tuple<View, View, View, View, View, View>;
+// The execution-layout backward operands: views of (q, q_scale, k, k_scale, v, v_scale, qt, qt_scale,
+// kt, kt_scale), named alike.
+using BwdOps = std::tuple<View, View, View, View, View, View, View, View, View, View>;
 
-AttentionFwdOperands to_ops(const Ops& o) {
+// The six leading parts both sets share, q ... v_scale, from tuple elements 0..5.
+template <typename Tuple, typename Set>
+void leading_views(const Tuple& o, const std::string& set, Set* t) {
+  auto n = [&](const char* f) { return set + "." + f; };
+  t->q = to_view(std::get<0>(o), n("q").c_str());
+  t->q_scale = to_view(std::get<1>(o), n("q_scale").c_str());
+  t->k = to_view(std::get<2>(o), n("k").c_str());
+  t->k_scale = to_view(std::get<3>(o), n("k_scale").c_str());
+  t->v = to_view(std::get<4>(o), n("v").c_str());
+  t->v_scale = to_view(std::get<5>(o), n("v_scale").c_str());
+}
+
+AttentionFwdOperands to_ops(const Ops& o, const std::string& set = "ops") {
   AttentionFwdOperands t;
-  t.q = to_view(std::get<0>(o), "ops.q");
-  t.q_scale = to_view(std::get<1>(o), "ops.q_scale");
-  t.k = to_view(std::get<2>(o), "ops.k");
-  t.k_scale = to_view(std::get<3>(o), "ops.k_scale");
-  t.v = to_view(std::get<4>(o), "ops.v");
-  t.v_scale = to_view(std::get<5>(o), "ops.v_scale");
+  leading_views(o, set, &t);
   return t;
 }
 
-// The execution-layout backward operands: views of (q, q_scale, k, k_scale, v, v_scale, qt, qt_scale,
-// kt, kt_scale), named ops.q ... ops.kt_scale.
-using BwdOps = std::tuple<View, View, View, View, View, View, View, View, View, View>;
-
-AttentionBwdOperands to_bwd_ops(const BwdOps& o) {
+AttentionBwdOperands to_bwd_ops(const BwdOps& o, const std::string& set = "ops") {
   AttentionBwdOperands t;
-  t.q = to_view(std::get<0>(o), "ops.q");
-  t.q_scale = to_view(std::get<1>(o), "ops.q_scale");
-  t.k = to_view(std::get<2>(o), "ops.k");
-  t.k_scale = to_view(std::get<3>(o), "ops.k_scale");
-  t.v = to_view(std::get<4>(o), "ops.v");
-  t.v_scale = to_view(std::get<5>(o), "ops.v_scale");
-  t.qt = to_view(std::get<6>(o), "ops.qt");
-  t.qt_scale = to_view(std::get<7>(o), "ops.qt_scale");
-  t.kt = to_view(std::get<8>(o), "ops.kt");
-  t.kt_scale = to_view(std::get<9>(o), "ops.kt_scale");
+  leading_views(o, set, &t);
+  t.qt = to_view(std::get<6>(o), (set + ".qt").c_str());
+  t.qt_scale = to_view(std::get<7>(o), (set + ".qt_scale").c_str());
+  t.kt = to_view(std::get<8>(o), (set + ".kt").c_str());
+  t.kt_scale = to_view(std::get<9>(o), (set + ".kt_scale").c_str());
   return t;
 }
 
@@ -532,6 +533,19 @@ NB_MODULE(_mxflash, m) {
         throw_if_error(quantize_attention_backward(tq, tk, tv, q_meta, k_meta, to, as_stream(stream), write_qk));
       },
       "q_meta"_a, "k_meta"_a, "q"_a, "k"_a, "v"_a, "ops"_a, "write_qk"_a, "stream"_a,
+      nb::call_guard<nb::gil_scoped_release>());
+  // Both operand sets from one read of q, k, v (bwd's q, q_scale, k, k_scale: views of fwd's).
+  m.def(
+      "quantize_attention_training",
+      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, const View& q, const View& k, const View& v,
+         const Ops& fwd, const BwdOps& bwd, uintptr_t stream) {
+        const TensorView tq = to_view(q, "q"), tk = to_view(k, "k"), tv = to_view(v, "v");
+        const AttentionFwdOperands tf = to_ops(fwd, "fwd");
+        const AttentionBwdOperands tb = to_bwd_ops(bwd, "bwd");
+        DeviceGuard guard(tq);
+        throw_if_error(quantize_attention_training(tq, tk, tv, q_meta, k_meta, tf, tb, as_stream(stream)));
+      },
+      "q_meta"_a, "k_meta"_a, "q"_a, "k"_a, "v"_a, "fwd"_a, "bwd"_a, "stream"_a,
       nb::call_guard<nb::gil_scoped_release>());
   m.def(
       "attention_backward_operands_workspace_size",

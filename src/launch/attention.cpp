@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda/attention/attention_bwd.h"
@@ -219,18 +220,18 @@ namespace {
 
 constexpr int64_t kTileTokens = 128;
 
-// The head count of an execution-layout operand set, from its q (H, Pq, 128).
-Status operand_heads(const TensorView& q, int64_t* heads) {
-  if (q.ndim != 3) return Status::Invalid("ops.q: must be 3-D (H, Pq, 128), got " + q.shape_string());
+// The head count of an execution-layout operand set (named `set` in messages), from its q (H, Pq, 128).
+Status operand_heads(const TensorView& q, const std::string& set, int64_t* heads) {
+  if (q.ndim != 3) return Status::Invalid(set + ".q: must be 3-D (H, Pq, 128), got " + q.shape_string());
   *heads = q.shape[0];
-  if (*heads < 1) return Status::Invalid("ops.q: head count must be >= 1");
+  if (*heads < 1) return Status::Invalid(set + ".q: head count must be >= 1");
   return Status::Ok();
 }
 
 // One tensor of an execution-layout operand set: an e4m3 payload (3-D) or fp32 scales (2-D).
 struct OperandPart {
   const TensorView* t;
-  const char* name;
+  std::string name;
   bool payload;
   const int64_t* shape;
 };
@@ -239,29 +240,30 @@ struct OperandPart {
 // (TMA reads the payloads in 16-byte units), every part on the first's device (*dev).
 Status check_operand_parts(std::initializer_list<OperandPart> parts, Device* dev) {
   for (const OperandPart& p : parts) {
+    const char* name = p.name.c_str();
     if (p.payload)
-      MXFLASH_RETURN_IF_ERROR(check_dense(*p.t, p.name, {DType::kE4M3, DType::kUInt8}, 3, p.shape));
+      MXFLASH_RETURN_IF_ERROR(check_dense(*p.t, name, {DType::kE4M3, DType::kUInt8}, 3, p.shape));
     else
-      MXFLASH_RETURN_IF_ERROR(check_dense(*p.t, p.name, {DType::kFloat32}, 2, p.shape));
-    MXFLASH_RETURN_IF_ERROR(check_alignment(*p.t, p.name, p.payload ? 16 : 4));
+      MXFLASH_RETURN_IF_ERROR(check_dense(*p.t, name, {DType::kFloat32}, 2, p.shape));
+    MXFLASH_RETURN_IF_ERROR(check_alignment(*p.t, name, p.payload ? 16 : 4));
   }
   const OperandPart& first = *parts.begin();
   for (const OperandPart& p : parts)
-    MXFLASH_RETURN_IF_ERROR(check_same_device({{first.t, first.name}, {p.t, p.name}}, dev));
+    MXFLASH_RETURN_IF_ERROR(check_same_device({{first.t, first.name.c_str()}, {p.t, p.name.c_str()}}, dev));
   return Status::Ok();
 }
 
-// The forward operands' checks (check_operand_parts). Heads from ops.q.
+// The forward operands' checks (check_operand_parts), named `set`.name in messages. Heads from q.
 Status check_operands(const AttentionFwdOperands& ops, const JaggedMeta& q_meta, const JaggedMeta& k_meta,
-                      int64_t* heads, Device* dev) {
-  MXFLASH_RETURN_IF_ERROR(operand_heads(ops.q, heads));
+                      int64_t* heads, Device* dev, const std::string& set = "ops") {
+  MXFLASH_RETURN_IF_ERROR(operand_heads(ops.q, set, heads));
   const AttentionFwdOperandShapes sh = attention_fwd_operand_shapes(q_meta, k_meta, *heads);
-  return check_operand_parts({{&ops.q, "ops.q", true, sh.q},
-                              {&ops.q_scale, "ops.q_scale", false, sh.q_scale},
-                              {&ops.k, "ops.k", true, sh.k},
-                              {&ops.k_scale, "ops.k_scale", false, sh.k_scale},
-                              {&ops.v, "ops.v", true, sh.v},
-                              {&ops.v_scale, "ops.v_scale", false, sh.v_scale}},
+  return check_operand_parts({{&ops.q, set + ".q", true, sh.q},
+                              {&ops.q_scale, set + ".q_scale", false, sh.q_scale},
+                              {&ops.k, set + ".k", true, sh.k},
+                              {&ops.k_scale, set + ".k_scale", false, sh.k_scale},
+                              {&ops.v, set + ".v", true, sh.v},
+                              {&ops.v_scale, set + ".v_scale", false, sh.v_scale}},
                              dev);
 }
 
@@ -683,21 +685,21 @@ Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTens
 // -------------------------------------------------------------------- backward operands
 namespace {
 
-// The backward operands' checks (check_operand_parts). Heads from ops.q.
+// The backward operands' checks (check_operand_parts), named `set`.name in messages. Heads from q.
 Status check_bwd_operands(const AttentionBwdOperands& ops, const JaggedMeta& q_meta, const JaggedMeta& k_meta,
-                          int64_t* heads, Device* dev) {
-  MXFLASH_RETURN_IF_ERROR(operand_heads(ops.q, heads));
+                          int64_t* heads, Device* dev, const std::string& set = "ops") {
+  MXFLASH_RETURN_IF_ERROR(operand_heads(ops.q, set, heads));
   const AttentionBwdOperandShapes sh = attention_bwd_operand_shapes(q_meta, k_meta, *heads);
-  return check_operand_parts({{&ops.q, "ops.q", true, sh.q},
-                              {&ops.q_scale, "ops.q_scale", false, sh.q_scale},
-                              {&ops.k, "ops.k", true, sh.k},
-                              {&ops.k_scale, "ops.k_scale", false, sh.k_scale},
-                              {&ops.v, "ops.v", true, sh.v},
-                              {&ops.v_scale, "ops.v_scale", false, sh.v_scale},
-                              {&ops.qt, "ops.qt", true, sh.qt},
-                              {&ops.qt_scale, "ops.qt_scale", false, sh.qt_scale},
-                              {&ops.kt, "ops.kt", true, sh.kt},
-                              {&ops.kt_scale, "ops.kt_scale", false, sh.kt_scale}},
+  return check_operand_parts({{&ops.q, set + ".q", true, sh.q},
+                              {&ops.q_scale, set + ".q_scale", false, sh.q_scale},
+                              {&ops.k, set + ".k", true, sh.k},
+                              {&ops.k_scale, set + ".k_scale", false, sh.k_scale},
+                              {&ops.v, set + ".v", true, sh.v},
+                              {&ops.v_scale, set + ".v_scale", false, sh.v_scale},
+                              {&ops.qt, set + ".qt", true, sh.qt},
+                              {&ops.qt_scale, set + ".qt_scale", false, sh.qt_scale},
+                              {&ops.kt, set + ".kt", true, sh.kt},
+                              {&ops.kt_scale, set + ".kt_scale", false, sh.kt_scale}},
                              dev);
 }
 
@@ -795,6 +797,36 @@ Status quantize_attention_backward(const TensorView& q, const TensorView& k, con
   p.broadcast_q = q_meta.batch() != k_meta.batch();  // the kernels take Q's sequence count from it
   return cuda::quantize_attention_bwd_operands(p, q.data, k.data, v.data, q.dtype == DType::kFloat32,
                                                bwd_exec_operands(ops), write_qk, stream);
+}
+
+Status quantize_attention_training(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const JaggedMeta& q_meta, const JaggedMeta& k_meta, const AttentionFwdOperands& fwd,
+                                   const AttentionBwdOperands& bwd, void* stream) {
+  int64_t H = 0;
+  MXFLASH_RETURN_IF_ERROR(check_quantize_inputs(q, k, v, q_meta, k_meta, &H));
+  int64_t fh = 0, bh = 0;
+  Device fd = Device::kCPU, bd = Device::kCPU, xd = Device::kCPU;
+  MXFLASH_RETURN_IF_ERROR(check_operands(fwd, q_meta, k_meta, &fh, &fd, "fwd"));
+  MXFLASH_RETURN_IF_ERROR(check_bwd_operands(bwd, q_meta, k_meta, &bh, &bd, "bwd"));
+  if (fh != H) return Status::Invalid("fwd.q: has " + std::to_string(fh) + " heads, q has " + std::to_string(H));
+  if (bh != H) return Status::Invalid("bwd.q: has " + std::to_string(bh) + " heads, q has " + std::to_string(H));
+  for (const auto& [b, f, n] : {std::tuple{&bwd.q, &fwd.q, "q"}, std::tuple{&bwd.q_scale, &fwd.q_scale, "q_scale"},
+                                std::tuple{&bwd.k, &fwd.k, "k"}, std::tuple{&bwd.k_scale, &fwd.k_scale, "k_scale"}})
+    if (b->data != f->data)
+      return Status::Invalid(std::string("bwd.") + n + ": must view fwd." + n +
+                             "'s memory (the backward's Q' and K' are the forward's bytes, written once through fwd)");
+  MXFLASH_RETURN_IF_ERROR(
+      check_same_device({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&fwd.q, "fwd.q"}, {&bwd.v, "bwd.v"}}, &xd));
+  if (xd == Device::kCPU) {  // the two quantizers (their checks pass: they are the ones above)
+    MXFLASH_RETURN_IF_ERROR(quantize_attention_forward(q, k, v, q_meta, k_meta, fwd, stream));
+    return quantize_attention_backward(q, k, v, q_meta, k_meta, bwd, stream, /*write_qk=*/false);
+  }
+  MXFLASH_RETURN_IF_ERROR(check_cuda_call(q.device_id, "q", q_meta, k_meta));
+  cuda::AttentionFwdProblem p;
+  fill_problem(q_meta, k_meta, H, q_meta.total_tokens(), false, 1.f, &p);
+  p.broadcast_q = q_meta.batch() != k_meta.batch();  // the kernels take Q's sequence count from it
+  return cuda::quantize_attention_training_operands(p, q.data, k.data, v.data, q.dtype == DType::kFloat32,
+                                                    exec_operands(fwd), bwd_exec_operands(bwd), stream);
 }
 
 size_t attention_backward_operands_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,

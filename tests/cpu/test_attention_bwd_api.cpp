@@ -110,6 +110,17 @@ class AttentionBwdApi : public ::testing::Test {
     };
     return clean(dq) && clean(dk) && clean(dv);
   }
+  // An fp32 host input (qf, kf or vf) on the metadata m.
+  TensorView x(std::vector<float>& v, const JaggedMeta& m) {
+    return make_view(v.data(), DType::kFloat32, Device::kCPU, {m.total_tokens(), H, kHeadDim});
+  }
+  // The operand tests' batch: jagged with empty and one-key sequences, or broadcast Q.
+  void build_operand_case(bool bcast) {
+    if (bcast)
+      build({70}, {33, 1, 0, 200}, true);
+    else
+      build({40, 17, 70, 129}, {33, 1, 0, 300}, false);
+  }
   void expect_rejected(const Status& st, const char* arg, const char* rule) {
     EXPECT_FALSE(st.ok());
     EXPECT_EQ(st.message().rfind(arg, 0), 0u) << "message should start with '" << arg << "': " << st.message();
@@ -339,13 +350,7 @@ TEST_F(AttentionBwdApi, RejectsMixedDevicesAndCudaTensors) {
 TEST_F(AttentionBwdApi, OperandsRoundTripOnJaggedBatch) {
   for (const bool bcast : {false, true}) {
     SCOPED_TRACE(bcast ? "broadcast_q" : "jagged");
-    if (bcast)
-      build({70}, {33, 1, 0, 200}, true);
-    else
-      build({40, 17, 70, 129}, {33, 1, 0, 300}, false);
-    auto x = [&](std::vector<float>& v, const JaggedMeta& m) {
-      return make_view(v.data(), DType::kFloat32, Device::kCPU, {m.total_tokens(), H, kHeadDim});
-    };
+    build_operand_case(bcast);
     test::HostBwdOperands ops(qm, km, H);
     Status st = quantize_attention_backward(x(qf, qm), x(kf, km), x(vf, km), qm, km, ops.ops);
     ASSERT_TRUE(st.ok()) << st.message();
@@ -400,9 +405,6 @@ TEST_F(AttentionBwdApi, OperandsRoundTripOnJaggedBatch) {
 TEST_F(AttentionBwdApi, OperandsRejected) {
   build({40, 17}, {33, 65}, false);
   test::HostBwdOperands ops(qm, km, H);
-  auto x = [&](std::vector<float>& v, const JaggedMeta& m) {
-    return make_view(v.data(), DType::kFloat32, Device::kCPU, {m.total_tokens(), H, kHeadDim});
-  };
   ASSERT_TRUE(quantize_attention_backward(x(qf, qm), x(kf, km), x(vf, km), qm, km, ops.ops).ok());
   auto run = [&](const AttentionBwdOperands& o, const AttentionBackwardOptions& opt) {
     return attention_backward(o, out_view(), dout_view(), lse_view(), qm, km, opt, dq_view(), dk_view(), dv_view());
@@ -434,6 +436,50 @@ TEST_F(AttentionBwdApi, OperandsRejected) {
   EXPECT_EQ(qs.message().rfind("ops.q", 0), 0u) << qs.message();
   for (int i = 0; i < kAttentionBwdOperandCount; ++i)
     EXPECT_TRUE(std::all_of(three.parts[i].begin(), three.parts[i].end(), [](uint8_t b) { return b == kPoison; }));
+}
+
+// quantize_attention_training: both operand sets from one call, the same bytes as the two quantizers
+// (the forward's, then the backward's with write_qk = false), bwd's Q', K' written once through fwd;
+// a bwd that does not view fwd's Q', K', or any bad operand, refused before anything is written.
+TEST_F(AttentionBwdApi, TrainingQuantizerWritesBothSets) {
+  for (const bool bcast : {false, true}) {
+    SCOPED_TRACE(bcast ? "broadcast_q" : "jagged");
+    build_operand_case(bcast);
+    test::HostOperands want_fwd(qm, km, H);
+    test::HostBwdOperands want_bwd(qm, km, H);
+    ASSERT_TRUE(quantize_attention_forward(x(qf, qm), x(kf, km), x(vf, km), qm, km, want_fwd.ops).ok());
+    ASSERT_TRUE(quantize_attention_backward(x(qf, qm), x(kf, km), x(vf, km), qm, km, want_bwd.ops).ok());
+
+    test::HostOperands fwd(qm, km, H);
+    test::HostBwdOperands bwd(qm, km, H);
+    AttentionBwdOperands b = bwd.ops;
+    // Not views of fwd's Q', K': refused, nothing written.
+    Status st = quantize_attention_training(x(qf, qm), x(kf, km), x(vf, km), qm, km, fwd.ops, b);
+    expect_rejected(st, "bwd.q", "must view fwd.q");
+    b.q = fwd.ops.q, b.q_scale = fwd.ops.q_scale, b.k = fwd.ops.k;
+    expect_rejected(quantize_attention_training(x(qf, qm), x(kf, km), x(vf, km), qm, km, fwd.ops, b), "bwd.k_scale",
+                    "must view fwd.k_scale");
+    b.k_scale = fwd.ops.k_scale;
+    AttentionBwdOperands bad = b;
+    bad.qt = make_view(bwd.parts[3].data(), DType::kE4M3, Device::kCPU, {H, kHeadDim, 2 * qm.padded_tokens()});
+    expect_rejected(quantize_attention_training(x(qf, qm), x(kf, km), x(vf, km), qm, km, fwd.ops, bad), "bwd.qt",
+                    "shape");
+    test::HostOperands three(qm, km, 3);
+    expect_rejected(quantize_attention_training(x(qf, qm), x(kf, km), x(vf, km), qm, km, three.ops, b), "fwd.q",
+                    "heads");
+    auto poisoned = [](const std::vector<uint8_t>& v) {
+      return std::all_of(v.begin(), v.end(), [](uint8_t c) { return c == kPoison; });
+    };
+    for (const auto& part : fwd.parts) EXPECT_TRUE(poisoned(part));
+    for (const auto& part : bwd.parts) EXPECT_TRUE(poisoned(part));
+
+    st = quantize_attention_training(x(qf, qm), x(kf, km), x(vf, km), qm, km, fwd.ops, b);
+    ASSERT_TRUE(st.ok()) << st.message();
+    for (int i = 0; i < kAttentionFwdOperandCount; ++i)
+      EXPECT_EQ(fwd.parts[i], want_fwd.parts[i]) << "fwd part " << i;
+    for (int i : {2, 3, 4, 7, 8, 9}) EXPECT_EQ(bwd.parts[i], want_bwd.parts[i]) << "bwd part " << i;
+    for (int i : {0, 1, 5, 6}) EXPECT_TRUE(poisoned(bwd.parts[i])) << "bwd part " << i << ": written besides fwd's";
+  }
 }
 
 }  // namespace

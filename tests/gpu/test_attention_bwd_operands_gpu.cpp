@@ -1,5 +1,5 @@
 // quantize_attention_backward on CUDA against its CPU reference (byte for byte, every byte of the ten
-// outputs, poisoned first), and attention_backward on those operands (the fast kernels without their
+// outputs, poisoned first), quantize_attention_training likewise (both operand sets from one call), and attention_backward on those operands (the fast kernels without their
 // prepare passes) against the same public call on the CPU operands (the exact-MX reference on their
 // values) and against the fast backward on MX tensors of the same inputs; deterministic across runs
 // and work-list orders; a short workspace and bad operands refused before anything is written.
@@ -104,6 +104,37 @@ void run_case(const Case& c, uint64_t seed) {
       else
         EXPECT_TRUE(gputest::same_bytes(want.parts[i], got)) << names[i] << " (write_qk = false)";
     }
+    st = quantize_attention_backward(dev_in(xq, Tq), dev_in(xk, Tk), dev_in(xv, Tk), qm, km, ops);
+    ASSERT_TRUE(st.ok()) << st.message();
+  }
+  {  // quantize_attention_training: the forward's operands (against the CPU forward quantizer) and
+     // the backward's (against `want`) from one call, every output poisoned first.
+    test::HostOperands want_fwd(qm, km, H);
+    st = quantize_attention_forward(host(q, Tq), host(k, Tk), host(v, Tk), qm, km, want_fwd.ops);
+    ASSERT_TRUE(st.ok()) << st.message();
+    std::vector<std::unique_ptr<DeviceBuffer>> fparts;
+    void* fptr[kAttentionFwdOperandCount];
+    size_t fbytes[kAttentionFwdOperandCount];
+    attention_fwd_operand_bytes(qm, km, H, fbytes);
+    for (int i = 0; i < kAttentionFwdOperandCount; ++i) {
+      fparts.push_back(std::make_unique<DeviceBuffer>(fbytes[i]));
+      fparts.back()->fill(gputest::kDevicePoison);
+      fptr[i] = fparts.back()->get();
+    }
+    for (auto& b : parts) b->fill(gputest::kDevicePoison);
+    const AttentionFwdOperands fops = attention_fwd_operand_views(qm, km, H, fptr, Device::kCUDA, dev);
+    AttentionBwdOperands bops = ops;
+    bops.q = fops.q, bops.q_scale = fops.q_scale, bops.k = fops.k, bops.k_scale = fops.k_scale;
+    st = quantize_attention_training(dev_in(xq, Tq), dev_in(xk, Tk), dev_in(xv, Tk), qm, km, fops, bops);
+    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_TRUE(gputest::device_ok());
+    const char* fnames[kAttentionFwdOperandCount] = {"q", "k", "v", "q_scale", "k_scale", "v_scale"};
+    for (int i = 0; i < kAttentionFwdOperandCount; ++i) {
+      std::vector<uint8_t> w(want_fwd.parts[i].begin(), want_fwd.parts[i].begin() + ptrdiff_t(fbytes[i]));
+      EXPECT_TRUE(gputest::same_bytes(w, fparts[size_t(i)]->download())) << "training: fwd " << fnames[i];
+    }
+    for (int i : {2, 3, 4, 7, 8, 9})
+      EXPECT_TRUE(gputest::same_bytes(want.parts[i], parts[size_t(i)]->download())) << "training: bwd " << names[i];
     st = quantize_attention_backward(dev_in(xq, Tq), dev_in(xk, Tk), dev_in(xv, Tk), qm, km, ops);
     ASSERT_TRUE(st.ok()) << st.message();
   }

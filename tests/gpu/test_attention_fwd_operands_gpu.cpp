@@ -1,11 +1,12 @@
 // quantize_attention_forward on CUDA against its CPU reference (byte for byte, every byte of the six
-// outputs, poisoned first), and attention_forward on those operands against the CPU forward on the
+// outputs, poisoned first; quantize_attention_training's twelve likewise on the quantizer cases), and attention_forward on those operands against the CPU forward on the
 // same operands, the exact-MX forward and FP64: out SQNR within 0.3 dB of exact MX, LSE to 1e-3.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -110,6 +111,26 @@ void run_case(const Case& c, uint64_t seed, bool attention) {
   st = quantize_attention_forward(view(xq, Tq), view(xk, Tk), view(xv, Tk), qm, km, got.ops);
   ASSERT_TRUE(st.ok()) << st.message();
   ASSERT_TRUE(gputest::device_ok());
+  // Bytes of `got` against the first n of `want` (fp32 scales: NaN matches any NaN).
+  auto compare = [](const char* name, const std::vector<uint8_t>& want, size_t n, const DeviceBuffer& got,
+                    bool floats) {
+    const std::vector<uint8_t> g = got.download();
+    int bad = 0;
+    for (size_t i = 0; i < n; i += floats ? 4 : 1) {
+      bool same;
+      if (floats) {
+        float a, b;
+        std::memcpy(&a, want.data() + i, 4);
+        std::memcpy(&b, g.data() + i, 4);
+        same = (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 4) == 0;
+      } else {
+        same = want[i] == g[i];
+      }
+      if (!same && bad++ < 5)
+        ADD_FAILURE() << name << " byte " << i << ": gpu 0x" << std::hex << int(g[i]) << ", cpu 0x" << int(want[i]);
+    }
+    EXPECT_EQ(bad, 0) << name << ": bytes differ from the CPU reference";
+  };
   const struct {
     const char* name;
     const std::vector<uint8_t>* want;
@@ -118,26 +139,42 @@ void run_case(const Case& c, uint64_t seed, bool attention) {
   } outs[] = {{"q", &want.q, &got.q, false},           {"k", &want.k, &got.k, false},
               {"v", &want.v, &got.v, false},           {"q_scale", &want.q_scale, &got.q_scale, true},
               {"k_scale", &want.k_scale, &got.k_scale, true}, {"v_scale", &want.v_scale, &got.v_scale, true}};
-  for (const auto& o : outs) {
-    const std::vector<uint8_t> g = o.got->download();
-    const size_t n = o.want->size() - 16;  // HostOperands' alignment slack
-    int bad = 0;
-    for (size_t i = 0; i < n; i += o.floats ? 4 : 1) {
-      bool same;
-      if (o.floats) {
-        float a, b;
-        std::memcpy(&a, o.want->data() + i, 4);
-        std::memcpy(&b, g.data() + i, 4);
-        same = (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 4) == 0;
-      } else {
-        same = (*o.want)[i] == g[i];
-      }
-      if (!same && bad++ < 5)
-        ADD_FAILURE() << o.name << " byte " << i << ": gpu 0x" << std::hex << int(g[i]) << ", cpu 0x" << int((*o.want)[i]);
+  for (const auto& o : outs) compare(o.name, *o.want, o.want->size() - 16, *o.got, o.floats);  // - 16: HostOperands' slack
+  if (!attention) {
+    // quantize_attention_training on the same inputs: the forward's operands as above and the
+    // backward's V rows, Qᵀ', Kᵀ' as the CPU quantize_attention_backward writes them (the fused
+    // kernels' inf / NaN and extreme-range paths), every output poisoned first.
+    auto host = [&](std::vector<float>& x, int64_t T) {
+      return make_view(x.data(), DType::kFloat32, Device::kCPU, {T, H, kHeadDim});
+    };
+    test::HostBwdOperands want_bwd(qm, km, H);
+    st = quantize_attention_backward(host(q, Tq), host(k, Tk), host(v, Tk), qm, km, want_bwd.ops);
+    ASSERT_TRUE(st.ok()) << st.message();
+    DeviceOperands tf(want, qm, km);
+    std::vector<std::unique_ptr<DeviceBuffer>> bparts;
+    void* bptr[kAttentionBwdOperandCount];
+    for (int i = 0; i < kAttentionBwdOperandCount; ++i) {
+      bparts.push_back(std::make_unique<DeviceBuffer>(want_bwd.parts[i].size()));
+      bparts.back()->fill(gputest::kDevicePoison);
+      bptr[i] = bparts.back()->get();
     }
-    EXPECT_EQ(bad, 0) << o.name << ": bytes differ from the CPU reference";
+    int dev = 0;
+    cudaGetDevice(&dev);
+    AttentionBwdOperands tb = attention_bwd_operand_views(qm, km, H, bptr, Device::kCUDA, dev);
+    tb.q = tf.ops.q, tb.q_scale = tf.ops.q_scale, tb.k = tf.ops.k, tb.k_scale = tf.ops.k_scale;
+    st = quantize_attention_training(view(xq, Tq), view(xk, Tk), view(xv, Tk), qm, km, tf.ops, tb);
+    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_TRUE(gputest::device_ok());
+    const DeviceBuffer* tparts[kAttentionFwdOperandCount] = {&tf.q, &tf.k, &tf.v, &tf.q_scale, &tf.k_scale, &tf.v_scale};
+    for (int i = 0; i < kAttentionFwdOperandCount; ++i)
+      compare(outs[i].name, *outs[i].want, outs[i].want->size() - 16, *tparts[i], outs[i].floats);
+    const char* bnames[kAttentionBwdOperandCount] = {"bwd.q", "bwd.k", "bwd.v", "bwd.qt", "bwd.kt",
+                                                     "bwd.q_scale", "bwd.k_scale", "bwd.v_scale", "bwd.qt_scale",
+                                                     "bwd.kt_scale"};
+    for (int i : {2, 3, 4, 7, 8, 9})
+      compare(bnames[i], want_bwd.parts[i], want_bwd.parts[i].size(), *bparts[size_t(i)], i >= 5);
+    return;
   }
-  if (!attention) return;
 
   // The forward on the GPU operands vs the CPU forward on the CPU operands, exact MX and FP64.
   AttentionOptions opt;

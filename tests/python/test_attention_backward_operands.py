@@ -10,6 +10,8 @@ import pytest
 import mxflash
 from test_attention import torch_of
 from test_attention_operands import BF16, E4M3, inputs, metas, raw, sentinel, sqnr_db, untouched
+from test_attention_operands import NAMES as FWD_NAMES
+from test_attention_operands import sentinel_operands as fwd_sentinel_operands
 
 H = 2
 NAMES = ("q", "q_scale", "k", "k_scale", "v", "v_scale", "qt", "qt_scale", "kt", "kt_scale")
@@ -91,6 +93,70 @@ def test_bad_arguments_write_nothing():
     with pytest.raises(ValueError, match="^ops.q: has 3 heads, q has 2$"):
         mxflash.quantize_attention_backward(*x, qm, km, out=fresh)
     assert untouched(*fresh)
+
+
+SHARED = ("q", "q_scale", "k", "k_scale")
+
+
+def training_sentinels(qm, km, heads=H):
+    """Sentinel (fwd, bwd) for quantize_attention_training's out=, bwd's Q', K' being fwd's arrays."""
+    fwd = fwd_sentinel_operands(qm, km, heads)
+    bwd = sentinel_operands(qm, km, heads)
+    return fwd, mxflash.AttentionBwdOperands(*(getattr(fwd if n in SHARED else bwd, n) for n in NAMES))
+
+
+def check_training_sets(fwd, bwd, want_fwd, want_bwd):
+    for n in FWD_NAMES:
+        assert np.array_equal(raw(getattr(fwd, n)), raw(getattr(want_fwd, n))), f"fwd.{n} differs"
+    for n in NAMES:
+        if n in SHARED:
+            assert getattr(bwd, n) is getattr(fwd, n), f"bwd.{n}: not fwd's array"
+        assert np.array_equal(raw(getattr(bwd, n)), raw(getattr(want_bwd, n))), f"bwd.{n} differs"
+
+
+@pytest.mark.parametrize("broadcast_q", [False, True])
+def test_training_quantizer_writes_both_sets(broadcast_q):
+    """quantize_attention_training: the bytes of quantize_attention_forward and of
+    quantize_attention_backward on the same inputs, bwd's Q' and K' being fwd's arrays; out= written
+    whole; a bwd whose Q' is not fwd's refused, naming it, with nothing written."""
+    q_lengths, k_lengths = ([70], [33, 1, 0, 200]) if broadcast_q else (Q_LENGTHS + [129], K_LENGTHS + [0])
+    qm, km = metas(q_lengths, k_lengths)
+    x = inputs(q_lengths, k_lengths, seed=9)
+    want_fwd = mxflash.quantize_attention_forward(*x, qm, km)
+    want_bwd = mxflash.quantize_attention_backward(*x, qm, km)
+    check_training_sets(*mxflash.quantize_attention_training(*x, qm, km), want_fwd, want_bwd)
+    fwd, bwd = training_sentinels(qm, km)
+    got = mxflash.quantize_attention_training(*x, qm, km, out=(fwd, bwd))
+    assert got[0] is fwd and got[1] is bwd
+    check_training_sets(fwd, bwd, want_fwd, want_bwd)
+
+    fwd, bwd = training_sentinels(qm, km)
+    loose = mxflash.AttentionBwdOperands(*(getattr(bwd, n) if n != "q" else getattr(bwd, n).copy() for n in NAMES))
+    with pytest.raises(ValueError, match="^bwd.q: must view fwd.q"):
+        mxflash.quantize_attention_training(*x, qm, km, out=(fwd, loose))
+    assert untouched(*fwd, *loose)
+    with pytest.raises(TypeError, match="^out: expected a \\(fwd, bwd\\) pair"):
+        mxflash.quantize_attention_training(*x, qm, km, out=fwd)
+    with pytest.raises(TypeError, match="^bwd: expected mxflash.AttentionBwdOperands"):
+        mxflash.quantize_attention_training(*x, qm, km, out=(fwd, fwd))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("broadcast_q", [False, True])
+def test_cuda_training_quantizer_equals_cpu(torch_cuda, dtype, broadcast_q):
+    """On CUDA (bfloat16: the fused kernels, float32: the two passes per input) the CPU bytes, outputs
+    poisoned first."""
+    torch = torch_cuda
+    q_lengths, k_lengths = ([150], [300, 0, 129, 1]) if broadcast_q else ([200, 0, 130, 1], [300, 5, 0, 129])
+    qm, km = metas(q_lengths, k_lengths)
+    x = inputs(q_lengths, k_lengths, seed=10, dtype=BF16 if dtype == "bfloat16" else np.float32)
+    want_fwd = mxflash.quantize_attention_forward(*x, qm, km)
+    want_bwd = mxflash.quantize_attention_backward(*x, qm, km)
+    fwd, bwd = (type(o)(*(torch_of(a, torch) for a in o)) for o in training_sentinels(qm, km))
+    bwd = mxflash.AttentionBwdOperands(*(getattr(fwd if n in SHARED else bwd, n) for n in NAMES))
+    mxflash.quantize_attention_training(*(torch_of(a, torch) for a in x), qm, km, out=(fwd, bwd))
+    assert fwd.q.is_cuda and bwd.qt.is_cuda
+    check_training_sets(fwd, bwd, want_fwd, want_bwd)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -81,6 +81,37 @@ def test_cuda_matches_cpu(torch_cuda):
     assert (kg.grad[33:34] == 0).all(), "one key: dK is exactly 0 on the GPU too"
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_graph_keeps_operands_not_inputs(device, request):
+    """The forward writes the backward's FP8 operands (quantize_attention_training) and the graph keeps
+    them, not q, k, v: changing q, k, v in place after the forward changes no gradient (bit for bit
+    against an untouched run), and a forward without grad mode gives the same out."""
+    import torch
+    from mxflash.autograd import mx_attention
+
+    if device == "cuda":
+        request.getfixturevalue("torch_cuda")
+    qm, km = mxflash.JaggedMeta.from_lengths(Q_LENGTHS), mxflash.JaggedMeta.from_lengths(K_LENGTHS)
+    dout = torch.randn(sum(Q_LENGTHS), H, 128, generator=torch.Generator().manual_seed(6)).to(device)
+    grads = []
+    for touch in (False, True):
+        q, k, v = leaves(device, torch.bfloat16, seed=5)
+        out = mx_attention(q, k, v, qm, km)
+        if touch:
+            with torch.no_grad():
+                for x in (q, k, v):
+                    x.mul_(-3)
+        (out.float() * dout).sum().backward()
+        grads.append((out.detach(), q.grad, k.grad, v.grad))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), *grads):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), name
+    q, k, v = leaves(device, torch.bfloat16, seed=5)
+    with torch.no_grad():
+        out = mx_attention(q, k, v, qm, km)
+    assert out.grad_fn is None
+    assert torch.equal(out.view(torch.int16), grads[0][0].view(torch.int16))
+
+
 def test_cuda_graph_capture_of_a_training_step(torch_cuda):
     """A training step (quantize, forward, backward) captured with torch.cuda.graph and replayed on
     new values of its inputs gives bit for bit what the eager step gives on them: nothing in it

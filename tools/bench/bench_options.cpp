@@ -264,7 +264,8 @@ const std::vector<std::string>& impl_names() {
 }
 
 const std::vector<std::string>& quant_orientation_names() {
-  static const std::vector<std::string> v = {"hdim", "seq", "square32", "hdim+seq", "fwd-operands", "bwd-operands"};
+  static const std::vector<std::string> v = {"hdim", "seq", "square32", "hdim+seq", "fwd-operands", "bwd-operands",
+                                              "training-operands"};
   return v;
 }
 
@@ -332,9 +333,9 @@ Quantize workload (ours, through include/mxflash/quantize.h)
   --quant-gib X        BF16 input size in GiB (default 1)
   --quant-heads N      heads (default 3)
   --quant-lengths SPEC token lengths (default jagged:0.5:16384; the batch is sized to --quant-gib)
-  --quant-orient LIST  hdim, seq, square32, hdim+seq, fwd-operands, bwd-operands (default: all;
-                       fwd-operands / bwd-operands: quantize_attention_forward / _backward with x as
-                       Q, K and V)
+  --quant-orient LIST  hdim, seq, square32, hdim+seq, fwd-operands, bwd-operands, training-operands
+                       (default: all; fwd-operands / bwd-operands / training-operands:
+                       quantize_attention_forward / _backward / _training with x as Q, K and V)
   --quant-scale-layout plain | blocked (default blocked)
   --quant-payload-layout token-major | token-contiguous (seq, square32; default token-major)
 Output

@@ -127,6 +127,31 @@ Status run_quantize_case(const Options& opt, const Protocol& proto, int64_t l2_b
       launch = [&](int set) {
         return quantize_attention_backward(xv[size_t(set)], xv[size_t(set)], xv[size_t(set)], meta, meta, bops, stream);
       };
+    } else if (o == "training-operands") {
+      // quantize_attention_training with x as Q, K and V: three reads of x, the forward's six operand
+      // tensors and the backward's other six (V rows, Qᵀ', Kᵀ' and their scales) written.
+      size_t fb[kAttentionFwdOperandCount], bb[kAttentionBwdOperandCount];
+      void *fp[kAttentionFwdOperandCount], *bp[kAttentionBwdOperandCount];
+      attention_fwd_operand_bytes(meta, meta, H, fb);
+      attention_bwd_operand_bytes(meta, meta, H, bb);
+      r.work = double(3 * x_bytes);
+      for (int i = 0; i < kAttentionFwdOperandCount && st.ok(); ++i) {
+        st = fo[i].alloc(fb[i]);
+        fp[i] = fo[i].get();
+        r.work += double(fb[i]);
+      }
+      for (int i = 0; i < kAttentionBwdOperandCount && st.ok(); ++i) {
+        const bool shared = i == 0 || i == 1 || i == 5 || i == 6;  // q, k, q_scale, k_scale: the forward's
+        if (!shared) st = bo[i].alloc(bb[i]), r.work += double(bb[i]);
+        bp[i] = shared ? nullptr : bo[i].get();
+      }
+      ops = attention_fwd_operand_views(meta, meta, H, fp, Device::kCUDA, dev);
+      bops = attention_bwd_operand_views(meta, meta, H, bp, Device::kCUDA, dev);
+      bops.q = ops.q, bops.q_scale = ops.q_scale, bops.k = ops.k, bops.k_scale = ops.k_scale;
+      launch = [&](int set) {
+        const TensorView& x = xv[size_t(set)];
+        return quantize_attention_training(x, x, x, meta, meta, ops, bops, stream);
+      };
     } else if (o == "fwd-operands") {
       // quantize_attention_forward with x as Q, K and V: three reads of x, the six operand tensors
       // written (Q, K, V payloads; Q row, K tile, V (tile, channel) scales in fp32).

@@ -50,6 +50,14 @@ struct AttentionBwdProblem {
 Status quantize_attention_bwd_operands(const AttentionBwdProblem& p, const void* q, const void* k, const void* v,
                                        bool x_fp32, const BwdExecOperands& out, bool write_qk, void* stream);
 
+// The forward's operands (all of fwd) and the backward's (bwd's v, qt, kt and their scales; its q and
+// k are fwd's) from one read of each input: three kernels for bf16 (operand_v_kernel with a row
+// output), six for fp32. The same bytes as quantize_attention_fwd_operands followed by
+// quantize_attention_bwd_operands(write_qk = false).
+Status quantize_attention_training_operands(const AttentionFwdProblem& p, const void* q, const void* k,
+                                            const void* v, bool x_fp32, const FwdExecOperands& fwd,
+                                            const BwdExecOperands& bwd, void* stream);
+
 // The exact-MX backward (attention_bwd_exact.cu): the CPU reference's arithmetic on the GPU, step
 // for step, FP64 sums; allocates its FP64 accumulators on the stream.
 Status attention_backward_exact(const AttentionBwdProblem& p, void* stream);

@@ -22,53 +22,71 @@ namespace mxflash::cuda {
 namespace attn {
 namespace {
 
-// prepare_rows_kernel's source: 16 elements of a row of x (half of the 32-block chunk / 2; the
-// other half is in the neighbouring lane) quantized to MX bytes, and the block's scale byte.
+// 16 elements of a row (half of the 32-block chunk / 2; the other half is in the neighbouring lane)
+// quantized to MX bytes, and the block's scale byte; `row` points at the 16 (global or shared).
+template <typename In>
+__device__ __forceinline__ void quantize_row_half(bool valid, const In* row, uint4* words, int* s) {
+  constexpr int kLoads = int(16 * sizeof(In) / sizeof(uint4));  // 2 (bf16) or 4 (fp32)
+  using Map = QuantTileMap<In>;
+  uint4 v[kLoads];
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i) v[i] = valid ? reinterpret_cast<const uint4*>(row)[i] : make_uint4(0, 0, 0, 0);
+  uint32_t amax = 0;
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i) amax = max(amax, chunk_amax_bits<In>(v[i]));
+  amax = max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));  // the block's other 16 elements
+  const uint32_t sb = scale_byte_from_amax_bits(amax, ScalingMode::kRceil);
+  float inv[Map::kElems];
+#pragma unroll
+  for (int e = 0; e < Map::kElems; ++e) inv[e] = e8m0_inv_scale(uint8_t(sb));
+  uint32_t q[4];
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i) {
+    uint32_t part[Map::kOutWords];
+    quantize_chunk<In>(v[i], inv, part);
+#pragma unroll
+    for (int o = 0; o < Map::kOutWords; ++o) q[i * Map::kOutWords + o] = part[o];
+  }
+  if (sb == kE8m0Nan) {  // rare: inf / NaN elements (only in such blocks) get the quantizer's bytes
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+      const uint32_t u = x_bits<In>(row, e);
+      if ((u & kExpAllOnes) == kExpAllOnes)
+        q[e / 4] = (q[e / 4] & ~(0xFFu << (8 * (e % 4)))) | (e4m3_nonfinite_byte(u) << (8 * (e % 4)));
+    }
+  }
+  *words = make_uint4(q[0], q[1], q[2], q[3]);
+  *s = int(sb);
+}
+
+// prepare_rows_kernel's source: x (T, H, 128) in global memory.
 template <typename In>
 struct XRowSource {
   const In* x;
   int64_t H;
-  static constexpr int kLoads = int(16 * sizeof(In) / sizeof(uint4));  // 2 (bf16) or 4 (fp32)
-  using Map = QuantTileMap<In>;
   __device__ __forceinline__ void operator()(bool valid, int64_t t, int64_t, int64_t h, int chunk, uint4* words,
                                              int* s) const {
-    const In* row = x + (t * H + h) * kHeadDim + chunk * 16;
-    uint4 v[kLoads];
-#pragma unroll
-    for (int i = 0; i < kLoads; ++i) v[i] = valid ? reinterpret_cast<const uint4*>(row)[i] : make_uint4(0, 0, 0, 0);
-    uint32_t amax = 0;
-#pragma unroll
-    for (int i = 0; i < kLoads; ++i) amax = max(amax, chunk_amax_bits<In>(v[i]));
-    amax = max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));  // the block's other 16 elements
-    const uint32_t sb = scale_byte_from_amax_bits(amax, ScalingMode::kRceil);
-    float inv[Map::kElems];
-#pragma unroll
-    for (int e = 0; e < Map::kElems; ++e) inv[e] = e8m0_inv_scale(uint8_t(sb));
-    uint32_t q[4];
-#pragma unroll
-    for (int i = 0; i < kLoads; ++i) {
-      uint32_t part[Map::kOutWords];
-      quantize_chunk<In>(v[i], inv, part);
-#pragma unroll
-      for (int o = 0; o < Map::kOutWords; ++o) q[i * Map::kOutWords + o] = part[o];
-    }
-    if (sb == kE8m0Nan) {  // rare: inf / NaN elements (only in such blocks) get the quantizer's bytes
-#pragma unroll
-      for (int e = 0; e < 16; ++e) {
-        const uint32_t u = x_bits<In>(row, e);
-        if ((u & kExpAllOnes) == kExpAllOnes)
-          q[e / 4] = (q[e / 4] & ~(0xFFu << (8 * (e % 4)))) | (e4m3_nonfinite_byte(u) << (8 * (e % 4)));
-      }
-    }
-    *words = make_uint4(q[0], q[1], q[2], q[3]);
-    *s = int(sb);
+    quantize_row_half<In>(valid, x + (t * H + h) * kHeadDim + chunk * 16, words, s);
+  }
+};
+
+// rows_tile's source inside operand_v_kernel<..., kRows>: the tile's 128 token rows, staged in
+// shared memory (row r = padded token tile0 + r; rows past the sequence's end hold zeros).
+template <typename In>
+struct StagedRowSource {
+  const In (*rows)[kHeadDim];
+  int64_t tile0;
+  __device__ __forceinline__ void operator()(bool valid, int64_t, int64_t tp, int64_t, int chunk, uint4* words,
+                                             int* s) const {
+    quantize_row_half<In>(valid, &rows[tp - tile0][chunk * 16], words, s);
   }
 };
 
 // V: one CTA of 256 threads per (128-token tile, head). The tile's token rows are staged in shared
 // memory, 32 KB at a time (all 128 tokens of bf16, two halves of fp32), loaded whole with 16-byte
-// lanes. Thread (gh, d) quantizes channel d over the 32 tokens of groups gh and gh + 2 (one MX block
-// each; a warp reads 32 consecutive channels of one row per step: conflict-free). Each group's 32
+// lanes. Each thread quantizes two MX blocks (a channel over the 32 tokens of a group): for bf16 the
+// channel pair 2 cp, 2 cp + 1 of group g (a warp reads 64 consecutive channels, one whole 128-byte
+// row, per step), for fp32 channel d of groups gh and gh + 2 (32 channels per step). Each group's 32
 // bytes leave re-expressed and permuted (permuted_token) as 32 contiguous bytes of V' row d. The
 // tile's scale is the largest finite block scale of the tile (all channels; a CTA-wide max); a
 // block whose scale is NaN (an inf or NaN element) becomes 32 NaN bytes, so only its channel turns
@@ -85,15 +103,25 @@ __device__ __forceinline__ uint32_t nan_word(int g, int w, int valid_tokens) {
     if (t0 + (b % 2) + 8 * (b / 2) < valid_tokens) word |= 0x7Fu << (8 * b);
   return word;
 }
-template <typename In>
+//
+// kRows (bf16 only: the whole tile is staged at once): the same pass also writes x along the head
+// dim from the staged rows, as prepare_rows_kernel<kRows == kRowsPerRow> with XRowSource would
+// (rows_tile; one scale per row or per tile, into row_out / row_scale), so that one read of x
+// serves a token-contiguous and a row operand (quantize_attention_training).
+inline constexpr int kRowsNone = 0, kRowsPerRow = 1, kRowsPerTile = 2;
+template <typename In, int kRows = kRowsNone>
 __global__ void __launch_bounds__(kOperandVThreads, 3) operand_v_kernel(const In* __restrict__ x,
                                                                         const int32_t* __restrict__ cu,
                                                                         const int32_t* __restrict__ cu_sf, int batch,
                                                                         int64_t H, int64_t P, uint8_t* __restrict__ out,
-                                                                        float* __restrict__ tile_scale) {
+                                                                        float* __restrict__ tile_scale,
+                                                                        uint8_t* __restrict__ row_out = nullptr,
+                                                                        float* __restrict__ row_scale = nullptr) {
   constexpr int kStageTokens = 32768 / (kHeadDim * int(sizeof(In)));  // 128 (bf16) or 64 (fp32)
   constexpr int kStages = kTile / kStageTokens;
   constexpr int kChunks = kHeadDim * int(sizeof(In)) / 16;          // 16-byte chunks per token row
+  static_assert(kRows == kRowsNone || kStages == 1, "row outputs need the whole tile staged (bf16)");
+  static_assert(kRowThreads == kOperandVThreads, "rows_tile runs on this CTA");
   __shared__ alignas(16) In rows[kStageTokens][kHeadDim];
   __shared__ int warp_max[kOperandVThreads / 32];
   const int64_t tile = blockIdx.x, h = blockIdx.y;
@@ -102,14 +130,52 @@ __global__ void __launch_bounds__(kOperandVThreads, 3) operand_v_kernel(const In
   const int64_t first = tile * kTile - cu_sf[b];
   const int64_t rem = len - first;
   const int valid_tokens = rem <= 0 ? 0 : (rem >= kTile ? kTile : int(rem));
-  const int d = int(threadIdx.x) % kHeadDim, gh = int(threadIdx.x) / kHeadDim;
-  uint32_t q[2][kBlockSize / 4];  // groups gh, gh + 2: 8 words each, tokens 4w..4w+3 of the group
+  // Each thread quantizes two (channel, 32-token group) blocks, its units u = 0, 1: bf16 (one stage)
+  // channels 2 cp + u of group g, read as one bf16 pair per token (a warp reads whole 128-byte rows);
+  // fp32 (two stages of 64 tokens) channel d of groups gh and gh + 2, one per stage.
+  constexpr bool kPairs = sizeof(In) == 2;
+  const int tid = int(threadIdx.x);
+  const int cp = tid % (kHeadDim / 2), g = tid / (kHeadDim / 2);  // kPairs
+  const int d = tid % kHeadDim, gh = tid / kHeadDim;              // fp32
+  auto channel = [&](int u) { return kPairs ? 2 * cp + u : d; };
+  auto group = [&](int u) { return kPairs ? g : 2 * u + gh; };
+  uint32_t q[2][kBlockSize / 4];  // per unit: 8 words, tokens 4w..4w+3 of its group
   uint32_t sb[2];
+  // The quantizer's bytes for the block of unit u from its 32 values (fp32 bits, elem(i)); the
+  // rare inf / NaN elements re-read from shared memory at col_addr + i * kHeadDim * sizeof(In).
+  auto quantize_unit = [&](int u, auto elem, uint32_t amax, uint32_t col_addr) {
+    sb[u] = scale_byte_from_amax_bits(amax, ScalingMode::kRceil);
+    const float inv = e8m0_inv_scale(uint8_t(sb[u]));
+#pragma unroll
+    for (int w = 0; w < kBlockSize / 4; ++w) {
+      const uint32_t lo = e4m3x2_satfinite(__uint_as_float(elem(4 * w)) * inv, __uint_as_float(elem(4 * w + 1)) * inv);
+      const uint32_t hi =
+          e4m3x2_satfinite(__uint_as_float(elem(4 * w + 2)) * inv, __uint_as_float(elem(4 * w + 3)) * inv);
+      q[u][w] = lo | (hi << 16);
+    }
+    if (sb[u] == kE8m0Nan) {  // rare: inf / NaN elements get the quantizer's bytes
+#pragma unroll
+      for (int i = 0; i < kBlockSize; ++i) {  // unrolled: static indices keep q in registers
+        // re-read (volatile): keeping the 32 values live for this path would cost registers
+        const uint32_t addr = col_addr + uint32_t(i * kHeadDim * int(sizeof(In)));
+        uint32_t v;
+        if constexpr (kPairs) {
+          uint16_t v16;
+          asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v16) : "r"(addr));
+          v = uint32_t(v16) << 16;
+        } else {
+          asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr));
+        }
+        const int sh = 8 * (i % 4);
+        if ((v & kExpAllOnes) == kExpAllOnes) q[u][i / 4] = (q[u][i / 4] & ~(0xFFu << sh)) | (e4m3_nonfinite_byte(v) << sh);
+      }
+    }
+  };
 #pragma unroll
   for (int stage = 0; stage < kStages; ++stage) {
     if (stage > 0) __syncthreads();  // the previous stage's rows are read
 #pragma unroll
-    for (int i = int(threadIdx.x); i < kStageTokens * kChunks; i += kOperandVThreads) {
+    for (int i = tid; i < kStageTokens * kChunks; i += kOperandVThreads) {
       const int r = i / kChunks, c = i % kChunks, t = stage * kStageTokens + r;
       uint4 v = make_uint4(0, 0, 0, 0);
       if (t < valid_tokens)
@@ -117,51 +183,43 @@ __global__ void __launch_bounds__(kOperandVThreads, 3) operand_v_kernel(const In
       *reinterpret_cast<uint4*>(&rows[r][c * (16 / sizeof(In))]) = v;
     }
     __syncthreads();
+    if constexpr (kPairs) {
+      const uint32_t* col = reinterpret_cast<const uint32_t*>(&rows[g * kBlockSize][2 * cp]);
+      uint32_t pair[kBlockSize];  // channels 2 cp, 2 cp + 1 of token i: read once
+      uint32_t amax[2] = {0, 0};
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int g = 2 * k + gh;
-      if ((2 * k * kBlockSize) / kStageTokens != stage) continue;  // group g lies in another stage
-      const In* col = &rows[g * kBlockSize - stage * kStageTokens][d];
-      auto elem = [&](int i) -> uint32_t {  // fp32 bits of token i of the group
-        if constexpr (sizeof(In) == 2) return uint32_t(col[i * kHeadDim]) << 16;
-        else return __float_as_uint(col[i * kHeadDim]);
-      };
-      uint32_t amax = 0;
-#pragma unroll
-      for (int i = 0; i < kBlockSize; ++i) amax = max(amax, elem(i) & kAbsMask);
-      sb[k] = scale_byte_from_amax_bits(amax, ScalingMode::kRceil);
-      const float inv = e8m0_inv_scale(uint8_t(sb[k]));
-#pragma unroll
-      for (int w = 0; w < kBlockSize / 4; ++w) {
-        const uint32_t lo = e4m3x2_satfinite(__uint_as_float(elem(4 * w)) * inv, __uint_as_float(elem(4 * w + 1)) * inv);
-        const uint32_t hi =
-            e4m3x2_satfinite(__uint_as_float(elem(4 * w + 2)) * inv, __uint_as_float(elem(4 * w + 3)) * inv);
-        q[k][w] = lo | (hi << 16);
+      for (int i = 0; i < kBlockSize; ++i) {
+        pair[i] = col[i * (kHeadDim / 2)];
+        amax[0] = max(amax[0], (pair[i] << 16) & kAbsMask);
+        amax[1] = max(amax[1], pair[i] & (kAbsMask & 0xFFFF0000u));
       }
-      if (sb[k] == kE8m0Nan) {  // rare: inf / NaN elements get the quantizer's bytes
+      const uint32_t addr = uint32_t(__cvta_generic_to_shared(col));
+      quantize_unit(0, [&](int i) { return pair[i] << 16; }, amax[0], addr);
+      quantize_unit(1, [&](int i) { return pair[i] & 0xFFFF0000u; }, amax[1], addr + 2);
+    } else {
 #pragma unroll
-        for (int i = 0; i < kBlockSize; ++i) {  // unrolled: static indices keep q in registers
-          // re-read (volatile): keeping the 32 values live for this path would cost registers
-          const uint32_t addr = uint32_t(__cvta_generic_to_shared(col + i * kHeadDim));
-          uint32_t u;
-          if constexpr (sizeof(In) == 2) {
-            uint16_t v16;
-            asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v16) : "r"(addr));
-            u = uint32_t(v16) << 16;
-          } else {
-            asm volatile("ld.shared.b32 %0, [%1];" : "=r"(u) : "r"(addr));
-          }
-          const int sh = 8 * (i % 4);
-          if ((u & kExpAllOnes) == kExpAllOnes)
-            q[k][i / 4] = (q[k][i / 4] & ~(0xFFu << sh)) | (e4m3_nonfinite_byte(u) << sh);
-        }
+      for (int u = 0; u < 2; ++u) {
+        if ((2 * u * kBlockSize) / kStageTokens != stage) continue;  // group 2u + gh lies in another stage
+        const In* col = &rows[group(u) * kBlockSize - stage * kStageTokens][d];
+        auto elem = [&](int i) { return __float_as_uint(float(col[i * kHeadDim])); };
+        uint32_t amax = 0;
+#pragma unroll
+        for (int i = 0; i < kBlockSize; ++i) amax = max(amax, elem(i) & kAbsMask);
+        quantize_unit(u, elem, amax, uint32_t(__cvta_generic_to_shared(col)));
       }
     }
   }
+  if constexpr (kRows != kRowsNone) {
+    // The staged rows are complete (one stage) and only read here; rows_tile's own CTA-wide max
+    // (per tile) uses warp_max and is done with it before the tile maximum below writes it.
+    rows_tile<kRows == kRowsPerRow>(StagedRowSource<In>{rows, tile * kTile}, cu, cu_sf, batch, P, row_out, row_scale,
+                                    warp_max, tile, h);
+    if constexpr (kRows == kRowsPerTile) __syncthreads();
+  }
   int tile_max = 0;
 #pragma unroll
-  for (int k = 0; k < 2; ++k)
-    if (sb[k] != kE8m0Nan) tile_max = max(tile_max, int(sb[k]));
+  for (int u = 0; u < 2; ++u)
+    if (sb[u] != kE8m0Nan) tile_max = max(tile_max, int(sb[u]));
   tile_max = __reduce_max_sync(0xFFFFFFFFu, tile_max);
   if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = tile_max;
   __syncthreads();  // also: every thread is done reading the staged rows
@@ -173,11 +231,11 @@ __global__ void __launch_bounds__(kOperandVThreads, 3) operand_v_kernel(const In
   static_assert(sizeof(rows) >= sizeof(uint32_t) * kHeadDim * kVRowPitch, "the V' tile fits the staging rows");
   uint32_t(*vrows)[kVRowPitch] = reinterpret_cast<uint32_t(*)[kVRowPitch]>(&rows[0][0]);
 #pragma unroll
-  for (int k = 0; k < 2; ++k)
+  for (int u = 0; u < 2; ++u)
 #pragma unroll
     for (int w = 0; w < 8; ++w)
-      vrows[d][(2 * k + gh) * 8 + w] =
-          sb[k] == kE8m0Nan ? nan_word(2 * k + gh, w, valid_tokens) : permuted_word(q[k], w, tile_max - int(sb[k]));
+      vrows[channel(u)][group(u) * 8 + w] =
+          sb[u] == kE8m0Nan ? nan_word(group(u), w, valid_tokens) : permuted_word(q[u], w, tile_max - int(sb[u]));
   __syncthreads();
   store_v_rows(vrows, out + h * kHeadDim * P + tile * kTile, P, kOperandVThreads);
   if (threadIdx.x == 0) tile_scale[h * (P / kTile) + tile] = e8m0_to_float(uint8_t(tile_max));
@@ -218,6 +276,23 @@ Status launch_tokens(const In* x, int64_t H, const Side& sd, uint8_t* out, float
   return cuda_error(cudaGetLastError(), what);
 }
 
+// Both of launch_tokens (into tok, tok_scale) and launch_rows<kPerRow> (into row, row_scale) from
+// one read of x: one fused kernel for bf16, the two kernels for fp32 (the same bytes either way).
+template <bool kPerRow, typename In>
+Status launch_tokens_and_rows(const In* x, int64_t H, const Side& sd, uint8_t* tok, float* tok_scale, uint8_t* row,
+                              float* row_scale, cudaStream_t stream, const char* what) {
+  if constexpr (sizeof(In) == 4) {
+    MXFLASH_RETURN_IF_ERROR(launch_tokens(x, H, sd, tok, tok_scale, stream, what));
+    return launch_rows<kPerRow>(x, H, sd, row, row_scale, stream, what);
+  } else {
+    if (sd.P == 0) return Status::Ok();
+    operand_v_kernel<In, kPerRow ? kRowsPerRow : kRowsPerTile>
+        <<<dim3(unsigned(sd.P / kTile), unsigned(H)), kOperandVThreads, 0, stream>>>(
+            x, sd.cu, sd.cu_sf, sd.batch, H, sd.P, tok, tok_scale, row, row_scale);
+    return cuda_error(cudaGetLastError(), what);
+  }
+}
+
 template <typename In>
 Status launch_operands(const AttentionFwdProblem& p, const In* q, const In* k, const In* v, const FwdExecOperands& out,
                        cudaStream_t stream) {
@@ -249,8 +324,33 @@ Status launch_bwd_operands(const AttentionBwdProblem& p, const In* q, const In* 
                        "quantize_attention_backward: K along tokens launch");
 }
 
+// The forward's operands and the backward's (but its Q' and K', which are the forward's) from one
+// read of each input: Q -> Q' and Qᵀ', K -> K' and Kᵀ', V -> V' and V rows.
+template <typename In>
+Status launch_training_operands(const AttentionFwdProblem& p, const In* q, const In* k, const In* v,
+                                const FwdExecOperands& fwd, const BwdExecOperands& bwd, cudaStream_t stream) {
+  const int64_t H = p.heads;
+  MXFLASH_RETURN_IF_ERROR(launch_tokens_and_rows<true>(q, H, q_side(p), bwd.qt, bwd.qt_scale, fwd.q, fwd.q_scale,
+                                                       stream, "quantize_attention_training: Q launch"));
+  MXFLASH_RETURN_IF_ERROR(launch_tokens_and_rows<false>(k, H, k_side(p), bwd.kt, bwd.kt_scale, fwd.k, fwd.k_scale,
+                                                        stream, "quantize_attention_training: K launch"));
+  return launch_tokens_and_rows<false>(v, H, k_side(p), fwd.v, fwd.v_scale, bwd.v, bwd.v_scale, stream,
+                                       "quantize_attention_training: V launch");
+}
+
 }  // namespace
 }  // namespace attn
+
+Status quantize_attention_training_operands(const AttentionFwdProblem& p, const void* q, const void* k,
+                                            const void* v, bool x_fp32, const FwdExecOperands& fwd,
+                                            const BwdExecOperands& bwd, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (x_fp32)
+    return attn::launch_training_operands(p, static_cast<const float*>(q), static_cast<const float*>(k),
+                                          static_cast<const float*>(v), fwd, bwd, s);
+  return attn::launch_training_operands(p, static_cast<const uint16_t*>(q), static_cast<const uint16_t*>(k),
+                                        static_cast<const uint16_t*>(v), fwd, bwd, s);
+}
 
 Status quantize_attention_bwd_operands(const AttentionBwdProblem& p, const void* q, const void* k, const void* v,
                                        bool x_fp32, const BwdExecOperands& out, bool write_qk, void* stream) {

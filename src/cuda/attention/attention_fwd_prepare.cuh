@@ -88,14 +88,14 @@ struct MxRowSource {
 // rows. kPerRow: group = row (Q), else group = the whole tile (K). Source: MxRowSource (the prepare
 // pass) or a quantizer of the unquantized input (attention_fwd_operands.cu).
 inline constexpr int kRowThreads = 256;
+// The body of prepare_rows_kernel for the (tile, h) tile, on a CTA of kRowThreads threads (also run
+// by the fused operand kernel, attention_fwd_operands.cu); warp_max: kRowThreads / 32 shared ints.
 template <bool kPerRow, typename Source>
-__global__ void __launch_bounds__(kRowThreads) prepare_rows_kernel(Source source, const int32_t* __restrict__ cu,
-                                                                   const int32_t* __restrict__ cu_sf, int batch,
-                                                                   int64_t P, uint8_t* __restrict__ out,
-                                                                   float* __restrict__ group_scale) {
+__device__ __forceinline__ void rows_tile(const Source& source, const int32_t* __restrict__ cu,
+                                          const int32_t* __restrict__ cu_sf, int batch, int64_t P,
+                                          uint8_t* __restrict__ out, float* __restrict__ group_scale, int* warp_max,
+                                          int64_t tile, int64_t h) {
   constexpr int kPasses = kTile * 8 / kRowThreads;
-  __shared__ int warp_max[kRowThreads / 32];
-  const int64_t tile = blockIdx.x, h = blockIdx.y;
   const int b = sequence_of_padded(cu_sf, batch, tile * kTile);
   const int64_t len = int64_t(cu[b + 1]) - cu[b];
   const int64_t first = tile * kTile - cu_sf[b];  // first token of the tile within its sequence
@@ -140,6 +140,15 @@ __global__ void __launch_bounds__(kRowThreads) prepare_rows_kernel(Source source
       group_scale[h * P + tile * kTile + r] = valid[pass] ? e8m0_to_float(uint8_t(group[pass])) : 1.f;
   }
   if (!kPerRow && threadIdx.x == 0) group_scale[h * (P / kTile) + tile] = e8m0_to_float(uint8_t(group[0]));
+}
+
+template <bool kPerRow, typename Source>
+__global__ void __launch_bounds__(kRowThreads) prepare_rows_kernel(Source source, const int32_t* __restrict__ cu,
+                                                                   const int32_t* __restrict__ cu_sf, int batch,
+                                                                   int64_t P, uint8_t* __restrict__ out,
+                                                                   float* __restrict__ group_scale) {
+  __shared__ int warp_max[kRowThreads / 32];
+  rows_tile<kPerRow>(source, cu, cu_sf, batch, P, out, group_scale, warp_max, blockIdx.x, blockIdx.y);
 }
 
 // V, step 1: per (sequence, head, channel) the largest seq-block scale byte of the sequence.
