@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""Host-side cost of mxflash's Python calls at a tiny shape (one sequence of 128, H = 2: the GPU work
+is negligible): wall time per call over 200 calls with the GPU drained once at the end, torch's SDPA
+step beside it, then a cProfile of the mx_attention training step (top 25 by own time).
+
+Usage (GPU machine, module built: scripts/gpu_check.sh's python section builds it):
+  PYTHONPATH=python python3 scripts/time_mx_host_overhead.py
+"""
+import cProfile
+import pstats
+import time
+
+import torch
+import mxflash
+from mxflash.autograd import mx_attention
+from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+qm, km = mxflash.JaggedMeta.from_lengths([128]), mxflash.JaggedMeta.from_lengths([128])
+qm.upload(); km.upload()
+H = 2
+q, k, v = (torch.randn(128, H, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+dout = torch.randn(128, H, 128, device="cuda", dtype=torch.bfloat16)
+fops, bops = mxflash.quantize_attention_training(q, k, v, qm, km)
+out, lse = mxflash.attention_forward_operands(fops, qm, km)
+leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+sq, sk, sv = (torch.randn(1, H, 128, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+sd = torch.randn(1, H, 128, 128, device="cuda", dtype=torch.bfloat16)
+
+def step():
+    for x in leaves:
+        x.grad = None
+    mx_attention(*leaves, qm, km).backward(dout)
+
+def sdpa_step():
+    for x in (sq, sk, sv):
+        x.grad = None
+    sdpa(sq, sk, sv).backward(sd)
+
+calls = {
+    "quantize_attention_forward": lambda: mxflash.quantize_attention_forward(q, k, v, qm, km),
+    "quantize_attention_training": lambda: mxflash.quantize_attention_training(q, k, v, qm, km),
+    "attention_forward_operands": lambda: mxflash.attention_forward_operands(fops, qm, km),
+    "attention_backward_operands": lambda: mxflash.attention_backward_operands(bops, out, dout, lse, qm, km),
+    "mx_attention fwd (no grad)": lambda: mx_attention(q, k, v, qm, km),
+    "mx_attention step": step,
+    "torch sdpa step (bf16)": sdpa_step,
+    "torch.empty x12": lambda: [torch.empty(1000, device="cuda") for _ in range(12)],
+}
+for name, fn in calls.items():
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    n = 200
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    print(f"{name:32s} {1e6 * (time.perf_counter() - t) / n:8.1f} us per call")
+pr = cProfile.Profile()
+pr.enable()
+for _ in range(200):
+    step()
+torch.cuda.synchronize()
+pr.disable()
+pstats.Stats(pr).sort_stats("tottime").print_stats(25)
