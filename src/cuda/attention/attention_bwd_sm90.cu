@@ -863,71 +863,100 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::mbar_wait(&s.q_full, 0);
     const uint64_t desc_q = sm90::make_desc_k128b(s.q + cw * kHalf * kHeadDim);
     const uint64_t desc_do = sm90::make_desc_k128b(s.dout + cw * kHalf * kHeadDim);
-#pragma unroll 1
-    for (int j = 0; j < n_k; ++j) {
-      const int stage = j % kQStages;
-      const QStage& st = s.st[stage];
-      const float ks = p.k_scale[tile0 + j], vs = p.v_scale[tile0 + j];
-      const float k_tile = kTileScales ? p.kt_tile_scale[tile0 + j] : 1.f;  // Kᵀ' per tile (kTileScales)
-      sm90::mbar_wait(&s.full[stage], (j / kQStages) & 1);
-      float sc[64], dp[64];
-      const uint64_t desc_k = sm90::make_desc_k128b(st.k), desc_v = sm90::make_desc_k128b(st.v);
-      sm90::wgmma_fence();
+    // S of tile j + 1 is issued right behind dQ's GEMM of tile j, into the registers S(j)'s math
+    // has just freed, so that it runs under the wait for that GEMM and the promotion; dP(j + 1)
+    // follows the promotion. The two accumulator sets swap roles every tile (the loop unrolled by
+    // two). 1-2% faster on every preset than S and dP issued together at the top of each tile (same
+    // binary, same run, 2026-11-30; docs/backward.md), the same arithmetic: the same bits.
+    {
+      auto full = [&](int j) { sm90::mbar_wait(&s.full[j % kQStages], (j / kQStages) & 1); };
+      auto issue_s = [&](float (&acc)[64], int j) {
+        const uint64_t desc_k = sm90::make_desc_k128b(s.st[j % kQStages].k);
+        sm90::wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n128k32_ss(sc, desc_q + 2 * kk, desc_k + 2 * kk, kk);
-#pragma unroll
-      for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n128k32_ss(dp, desc_do + 2 * kk, desc_v + 2 * kk, kk);
-      sm90::wgmma_commit();
-      sm90::wgmma_wait<0>();
-      attn::fence_all(sc);
-      attn::fence_all(dp);
-      const int valid = w.Lk - j * kTile;  // keys of the tile inside the sequence
-      float a[2], c[2], amax[2] = {0.f, 0.f};
-#pragma unroll
-      for (int r = 0; r < 2; ++r) a[r] = in[r].x * ks, c[r] = in[r].z * vs;
-      // 256 dS (P enters as 256 p); keys past the sequence's end only in its last tile.
-      auto ds_of = [&](int i) {
-        const int r = (i % 4) / 2;
-        return attn::fast_exp2(fmaf(sc[i], a[r], -in[r].y)) * fmaf(dp[i], c[r], -in[r].w);
+        for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n128k32_ss(acc, desc_q + 2 * kk, desc_k + 2 * kk, kk);
+        sm90::wgmma_commit();
       };
-      if (valid >= kTile) {
+      auto issue_dp = [&](float (&acc)[64], int j) {
+        const uint64_t desc_v = sm90::make_desc_k128b(s.st[j % kQStages].v);
+        sm90::wgmma_fence();
 #pragma unroll
-        for (int i = 0; i < 64; ++i) {
-          dp[i] = ds_of(i);
-          amax[(i % 4) / 2] = fmaxf(amax[(i % 4) / 2], fabsf(dp[i]));
+        for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n128k32_ss(acc, desc_do + 2 * kk, desc_v + 2 * kk, kk);
+        sm90::wgmma_commit();
+      };
+      // Tile j: S(j) is in (or on its way into) sa; dP(j) goes into sb, dS is computed in place in sb
+      // and packed, dQ's GEMM of tile j goes into sa and S(j + 1) into sb, then dQ is promoted.
+      auto tile = [&](int j, float (&sa)[64], float (&sb)[64]) {
+        const int stage = j % kQStages;
+        const float ks = p.k_scale[tile0 + j], vs = p.v_scale[tile0 + j];
+        const float k_tile = kTileScales ? p.kt_tile_scale[tile0 + j] : 1.f;
+        issue_dp(sb, j);
+        sm90::wgmma_wait<0>();
+        attn::fence_all(sa);
+        attn::fence_all(sb);
+        const int valid = w.Lk - j * kTile;
+        float a[2], c[2], amax[2] = {0.f, 0.f};
+#pragma unroll
+        for (int r = 0; r < 2; ++r) a[r] = in[r].x * ks, c[r] = in[r].z * vs;
+        auto ds_of = [&](int i) {
+          const int r = (i % 4) / 2;
+          return attn::fast_exp2(fmaf(sa[i], a[r], -in[r].y)) * fmaf(sb[i], c[r], -in[r].w);
+        };
+        if (valid >= kTile) {
+#pragma unroll
+          for (int i = 0; i < 64; ++i) {
+            sb[i] = ds_of(i);
+            amax[(i % 4) / 2] = fmaxf(amax[(i % 4) / 2], fabsf(sb[i]));
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < 64; ++i) {
+            const int col = 8 * (i / 4) + 2 * quad + (i % 2);
+            sb[i] = col < valid ? ds_of(i) : 0.f;
+            amax[(i % 4) / 2] = fmaxf(amax[(i % 4) / 2], fabsf(sb[i]));
+          }
         }
-      } else {
-#pragma unroll
-        for (int i = 0; i < 64; ++i) {
-          const int col = 8 * (i / 4) + 2 * quad + (i % 2);
-          dp[i] = col < valid ? ds_of(i) : 0.f;
-          amax[(i % 4) / 2] = fmaxf(amax[(i % 4) / 2], fabsf(dp[i]));
+        float inv[2], rs[2];
+        row_scales(amax, inv, rs);
+        if constexpr (kTileScales) {
+          rs[0] *= k_tile;
+          rs[1] *= k_tile;
         }
+#pragma unroll
+        for (int i = 0; i < 64; ++i) sb[i] *= inv[(i % 4) / 2];
+        uint32_t da[16];
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc) attn::pack_chunk(sb + 16 * cc, cc, da);
+        const uint64_t desc_kt = sm90::make_desc_k128b(s.st[stage].kt);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kTile / 32; ++kk) {
+          const uint32_t av[4] = {da[4 * kk], da[4 * kk + 1], da[4 * kk + 2], da[4 * kk + 3]};
+          sm90::wgmma_m64n128k32_rs(sa, av, desc_kt + 2 * kk, kk);
+        }
+        sm90::wgmma_commit();
+        if (j + 1 < n_k) {
+          full(j + 1);
+          issue_s(sb, j + 1);
+          sm90::wgmma_wait<1>();  // dQ's GEMM of tile j; S(j + 1) may still run
+        } else {
+          sm90::wgmma_wait<0>();
+        }
+        attn::fence_all(sa);
+        sm90::mbar_arrive(&s.empty[stage]);
+#pragma unroll
+        for (int i = 0; i < 64; ++i) dq[i] = fmaf(sa[i], rs[(i % 4) / 2], dq[i]);
+      };
+      float s0[64], s1[64];
+      full(0);
+      issue_s(s0, 0);
+      int j = 0;
+#pragma unroll 1
+      for (; j + 1 < n_k; j += 2) {
+        tile(j, s0, s1);
+        tile(j + 1, s1, s0);
       }
-      float inv[2], rs[2];
-      row_scales(amax, inv, rs);
-      if constexpr (kTileScales) {
-        rs[0] *= k_tile;
-        rs[1] *= k_tile;
-      }
-#pragma unroll
-      for (int i = 0; i < 64; ++i) dp[i] *= inv[(i % 4) / 2];
-      uint32_t da[16];
-#pragma unroll
-      for (int cc = 0; cc < 4; ++cc) attn::pack_chunk(dp + 16 * cc, cc, da);
-      const uint64_t desc_kt = sm90::make_desc_k128b(st.kt);
-      sm90::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kTile / 32; ++kk) {
-        const uint32_t av[4] = {da[4 * kk], da[4 * kk + 1], da[4 * kk + 2], da[4 * kk + 3]};
-        sm90::wgmma_m64n128k32_rs(sc, av, desc_kt + 2 * kk, kk);
-      }
-      sm90::wgmma_commit();
-      sm90::wgmma_wait<0>();
-      attn::fence_all(sc);
-      sm90::mbar_arrive(&s.empty[stage]);
-#pragma unroll
-      for (int i = 0; i < 64; ++i) dq[i] = fmaf(sc[i], rs[(i % 4) / 2], dq[i]);
+      if (j < n_k) tile(j, s0, s1);
     }
   }
   // ------------------------------------------------------------------------------ epilogue
