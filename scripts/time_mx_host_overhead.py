@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Host-side cost of mxflash's Python calls at a tiny shape (one sequence of 128, H = 2: the GPU work
-is negligible): wall time per call over 200 calls with the GPU drained once at the end, torch's SDPA
-step beside it, then a cProfile of the mx_attention training step (top 25 by own time).
+is negligible): wall time per call (the least of 10 batches of 50 calls, the GPU drained after each batch), torch's
+SDPA step beside it, then a cProfile of the mx_attention training step (top 25 by own time; not with
+--no-profile).
 
 Usage (GPU machine, module built: scripts/gpu_check.sh's python section builds it):
-  PYTHONPATH=python python3 scripts/time_mx_host_overhead.py
+  PYTHONPATH=python python3 scripts/time_mx_host_overhead.py [--no-profile]
 """
 import cProfile
 import pstats
+import sys
 import time
 
 import torch
@@ -50,12 +52,16 @@ for name, fn in calls.items():
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
-    n = 200
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    print(f"{name:32s} {1e6 * (time.perf_counter() - t) / n:8.1f} us per call")
+    best = float("inf")  # the least of 10 batches of 50 calls: host timing is noisy
+    for _ in range(10):
+        t = time.perf_counter()
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t) / 50)
+    print(f"{name:32s} {1e6 * best:8.1f} us per call")
+if "--no-profile" in sys.argv:
+    sys.exit(0)
 pr = cProfile.Profile()
 pr.enable()
 for _ in range(200):
