@@ -13,6 +13,11 @@ path (a warp-uniform value computed in vector registers and moved within 40 inst
 wgmma; the loop had 11, removing them gave +3.5%), no local-memory spill (STL/LDL) and no global
 load (LDG) inside the loop.
 
+The backward's dQ kernel (attention_bwd_dq_kernel, docs/backward.md) issues S of tile j + 1 right
+behind dQ's GEMM of tile j and then waits for the dQ GEMM alone: each of its `WARPGROUP.DEPBAR.LE
+gsb0, 0x1` must follow, since the previous wait, the 4 register-A wgmmas of dQ and the 4 SS wgmmas
+of S (a wait between them would mean ptxas serialized the two; the issue order was worth 1-2%).
+
 Usage: check_fwd_schedule.py <libmxflash.a or object>   (needs cuobjdump and nvdisasm: PATH,
 $CUOBJDUMP, or the PyPI packages nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm that scripts/setup.sh
 installs). Exit 0: every checked kernel overlaps; 1: one does not (its counts are printed).
@@ -47,13 +52,14 @@ def find_tool(name):
     return None
 
 
-def kernels(sass):
-    """{variant: [(address, instruction text)]} of every attention_fwd_kernel<variant> in a cuobjdump -sass dump."""
+def kernels(sass, pattern=r"Function : \S*attention_fwd_kernelILi(\d+)E"):
+    """{key: [(address, instruction text)]} of every kernel of a cuobjdump -sass dump whose Function line
+    matches `pattern` (key: its first group; by default attention_fwd_kernel<variant>, keyed by variant)."""
     out, cur = {}, None
     for line in sass.splitlines():
-        m = re.search(r"Function : \S*attention_fwd_kernelILi(\d+)E", line)
+        m = re.search(pattern, line)
         if m:
-            cur = int(m.group(1))
+            cur = m.group(1) if not m.group(1).isdigit() else int(m.group(1))
             out[cur] = []
             continue
         if "Function :" in line:
@@ -127,6 +133,33 @@ def check(variant, ins):
     return problems
 
 
+def check_dq(name, ins):
+    """Problems of one dQ kernel: each wait for one pending group must have, since the previous such
+    wait (or the kernel's start), >= 4 register-A wgmmas (dQ's GEMM) and >= 4 shared-memory-only ones
+    (S of the next tile); and the wgmmas must not be serialized (a wait behind each: ptxas C7513)."""
+    problems, found, last = [], 0, 0
+    text = [t for _, t in ins]
+    for i, t in enumerate(text):
+        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" not in t:
+            continue
+        found += 1
+        window = [u for u in text[last:i] if "QGMMA" in u]
+        rs = sum(1 for u in window if re.search(r"QGMMA\S*\s+R\d+,\s*R\d+,\s*gdesc", u))
+        ss = sum(1 for u in window if re.search(r"QGMMA\S*\s+R\d+,\s*gdesc", u))
+        if rs < 4 or ss < 4:
+            problems.append(f"{name[:60]}: {rs} dQ and {ss} S wgmmas before its wait for one group "
+                            f"(instruction {i}); need >= 4 of each (S of the next tile under dQ's GEMM)")
+        last = i + 1
+    if found == 0:
+        problems.append(f"{name[:60]}: no wait for one pending group (WARPGROUP.DEPBAR.LE gsb0, 0x1): "
+                        f"S of the next tile no longer runs under dQ's GEMM")
+    gemms = sum(1 for t in text if "QGMMA" in t)
+    waits = sum(1 for t in text if "WARPGROUP.DEPBAR" in t)
+    if waits * 2 > gemms:
+        problems.append(f"{name[:60]}: {waits} wgmma waits for {gemms} wgmmas (serialized?)")
+    return problems
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__)
@@ -144,9 +177,15 @@ def main():
         print(f"check_fwd_schedule: no overlapped attention_fwd_kernel in {sys.argv[1]} (found {sorted(ks)})")
         return 1
     problems = [p for v, ins in sorted(checked.items()) for p in check(v, ins)]
+    dq = kernels(sass, r"Function : (\S*attention_bwd_dq_kernel\S*)")
+    if not dq:
+        problems.append("attention_bwd_dq_kernel: not found")
+    for name, ins in sorted(dq.items()):
+        problems += check_dq(name, ins)
     for p in problems:
         print(p)
-    print(f"check_fwd_schedule: {len(checked)} kernels checked ({sorted(checked)}), {len(problems)} problems")
+    print(f"check_fwd_schedule: {len(checked)} forward kernels ({sorted(checked)}) and {len(dq)} dQ kernels checked, "
+          f"{len(problems)} problems")
     return 1 if problems else 0
 
 
