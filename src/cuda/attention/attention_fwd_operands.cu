@@ -174,13 +174,21 @@ __global__ void __launch_bounds__(kOperandVThreads, 3) operand_v_kernel(const In
 #pragma unroll
   for (int stage = 0; stage < kStages; ++stage) {
     if (stage > 0) __syncthreads();  // the previous stage's rows are read
+    {
+      // Thread = (row r0 + kRowStep k, 16-byte chunk c): a fixed trip count and one pointer step per
+      // load (a loop from tid with 64-bit index math per load cost ~25 instructions each).
+      static_assert(kStageTokens * kChunks % kOperandVThreads == 0 && kOperandVThreads % kChunks == 0);
+      constexpr int kRowStep = kOperandVThreads / kChunks;
+      const int c = tid % kChunks, r0 = tid / kChunks;
+      const In* src = x + ((cu[b] + first + stage * kStageTokens + r0) * H + h) * kHeadDim + c * (16 / sizeof(In));
+      const int64_t step = int64_t(kRowStep) * H * kHeadDim;
 #pragma unroll
-    for (int i = tid; i < kStageTokens * kChunks; i += kOperandVThreads) {
-      const int r = i / kChunks, c = i % kChunks, t = stage * kStageTokens + r;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (t < valid_tokens)
-        v = *reinterpret_cast<const uint4*>(x + ((cu[b] + first + t) * H + h) * kHeadDim + c * (16 / sizeof(In)));
-      *reinterpret_cast<uint4*>(&rows[r][c * (16 / sizeof(In))]) = v;
+      for (int k = 0; k < kStageTokens * kChunks / kOperandVThreads; ++k) {
+        const int r = r0 + k * kRowStep;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (stage * kStageTokens + r < valid_tokens) v = *reinterpret_cast<const uint4*>(src + k * step);
+        *reinterpret_cast<uint4*>(&rows[r][c * (16 / sizeof(In))]) = v;
+      }
     }
     __syncthreads();
     if constexpr (kPairs) {
@@ -237,7 +245,7 @@ __global__ void __launch_bounds__(kOperandVThreads, 3) operand_v_kernel(const In
       vrows[channel(u)][group(u) * 8 + w] =
           sb[u] == kE8m0Nan ? nan_word(group(u), w, valid_tokens) : permuted_word(q[u], w, tile_max - int(sb[u]));
   __syncthreads();
-  store_v_rows(vrows, out + h * kHeadDim * P + tile * kTile, P, kOperandVThreads);
+  store_v_rows<kOperandVThreads>(vrows, out + h * kHeadDim * P + tile * kTile, P);
   if (threadIdx.x == 0) tile_scale[h * (P / kTile) + tile] = e8m0_to_float(uint8_t(tile_max));
 }
 

@@ -193,13 +193,18 @@ __device__ __forceinline__ uint32_t permuted_word(const uint32_t (&in)[8], int w
 }
 
 // V' rows of a tile staged in shared memory (kVRowPitch words per channel row: bank spread),
-// stored whole: 8 threads x 16 bytes per 128-byte row, the CTA's `threads` threads in turn.
+// stored whole: 8 threads x 16 bytes per 128-byte row, the CTA's kThreads threads in turn (a fixed
+// trip count: one pointer step per store).
 inline constexpr int kVRowPitch = kTile / 4 + 1;
-__device__ __forceinline__ void store_v_rows(const uint32_t (*rows)[kVRowPitch], uint8_t* dst, int64_t P, int threads) {
-  for (int i = int(threadIdx.x); i < kHeadDim * 8; i += threads) {
-    const int d = i / 8, c16 = i % 8;
-    const uint32_t* row = &rows[d][4 * c16];
-    *reinterpret_cast<uint4*>(dst + d * P + c16 * 16) = make_uint4(row[0], row[1], row[2], row[3]);
+template <int kThreads>
+__device__ __forceinline__ void store_v_rows(const uint32_t (*rows)[kVRowPitch], uint8_t* dst, int64_t P) {
+  static_assert(kHeadDim * 8 % kThreads == 0 && kThreads % 8 == 0, "whole rounds of whole rows");
+  const int c16 = int(threadIdx.x) % 8, d0 = int(threadIdx.x) / 8;
+  uint8_t* out = dst + d0 * P + c16 * 16;
+#pragma unroll
+  for (int k = 0; k < kHeadDim * 8 / kThreads; ++k) {
+    const uint32_t* row = &rows[d0 + k * (kThreads / 8)][4 * c16];
+    *reinterpret_cast<uint4*>(out + k * (kThreads / 8) * P) = make_uint4(row[0], row[1], row[2], row[3]);
   }
 }
 
@@ -296,7 +301,7 @@ static __global__ void __launch_bounds__(kVThreads) prepare_v_kernel(const uint8
     for (int c = 0; c < 4; ++c) out_rows[4 * cq + c][p] = shift_e4m3x4(o[c], shift_of[g][4 * cq + c]);
   }
   __syncthreads();
-  store_v_rows(out_rows, dst, P, kVThreads);
+  store_v_rows<kVThreads>(out_rows, dst, P);
 }
 
 }  // namespace mxflash::cuda::attn
