@@ -88,6 +88,7 @@ struct OutRows {
   int64_t q_pad0;    // padded Q row of the sequence's row 0
 };
 
+// Called by whole warps with a warp-uniform o_pad (sequence_of_padded_warp).
 __device__ __forceinline__ OutRows out_rows_of(const int32_t* cu_q, const int32_t* cu_q_sf, int out_seqs, bool bcast,
                                                int64_t lq_pad, int64_t o_pad) {
   OutRows r;
@@ -96,7 +97,7 @@ __device__ __forceinline__ OutRows out_rows_of(const int32_t* cu_q, const int32_
     r.first = o_pad - int64_t(r.seq) * lq_pad;
     r.qb = 0;
   } else {
-    r.seq = attn::sequence_of_padded(cu_q_sf, out_seqs, o_pad);
+    r.seq = attn::sequence_of_padded_warp(cu_q_sf, out_seqs, o_pad);  // o_pad is the CTA's
     r.first = o_pad - cu_q_sf[r.seq];
     r.qb = r.seq;
   }

@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kOperandVThreads, 3) operand_v_kernel(const In
   __shared__ alignas(16) In rows[kStageTokens][kHeadDim];
   __shared__ int warp_max[kOperandVThreads / 32];
   const int64_t tile = blockIdx.x, h = blockIdx.y;
-  const int b = sequence_of_padded(cu_sf, batch, tile * kTile);
+  const int b = sequence_of_padded_warp(cu_sf, batch, tile * kTile);
   const int64_t len = int64_t(cu[b + 1]) - cu[b];
   const int64_t first = tile * kTile - cu_sf[b];
   const int64_t rem = len - first;

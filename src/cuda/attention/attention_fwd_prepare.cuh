@@ -28,7 +28,19 @@ __host__ __device__ __forceinline__ int permuted_token(int k) {
 }
 
 // Index of the sequence owning padded token tp: the largest b with cu_sf[b] <= tp (with cu instead
-// of cu_sf: the sequence of packed token tp).
+// of cu_sf: the sequence of packed token tp). sequence_of_padded_warp: the same for a tp shared by
+// the whole warp (all 32 lanes present), one round of loads per 32 sequences (a ballot) instead
+// of log2(batch) dependent ones.
+__device__ __forceinline__ int sequence_of_padded_warp(const int32_t* cu_sf, int batch, int64_t tp) {
+  const int lane = int(threadIdx.x) % 32;
+  int count = 0;  // sequences b with cu_sf[b] <= tp: a prefix, cu_sf being non-decreasing
+  for (int base = 0; base < batch; base += 32) {
+    const unsigned le = __ballot_sync(0xFFFFFFFFu, base + lane < batch && cu_sf[base + lane] <= tp);
+    count += __popc(le);
+    if (le != 0xFFFFFFFFu) break;
+  }
+  return max(count - 1, 0);
+}
 __device__ __forceinline__ int sequence_of_padded(const int32_t* cu_sf, int batch, int64_t tp) {
   int lo = 0, hi = batch - 1;
   while (lo < hi) {
@@ -96,7 +108,7 @@ __device__ __forceinline__ void rows_tile(const Source& source, const int32_t* _
                                           uint8_t* __restrict__ out, float* __restrict__ group_scale, int* warp_max,
                                           int64_t tile, int64_t h) {
   constexpr int kPasses = kTile * 8 / kRowThreads;
-  const int b = sequence_of_padded(cu_sf, batch, tile * kTile);
+  const int b = sequence_of_padded_warp(cu_sf, batch, tile * kTile);
   const int64_t len = int64_t(cu[b + 1]) - cu[b];
   const int64_t first = tile * kTile - cu_sf[b];  // first token of the tile within its sequence
   const int chunk = threadIdx.x % 8;             // 16-byte chunk of the row: 32-block chunk / 2
@@ -235,7 +247,7 @@ static __global__ void __launch_bounds__(kVThreads) prepare_v_kernel(const uint8
   __shared__ uint32_t out_rows[kHeadDim][kVRowPitch];  // V' rows: channels
   __shared__ int8_t shift_of[kGroups][kHeadDim];
   const int64_t tile = blockIdx.x, h = blockIdx.y;
-  const int b = sequence_of_padded(cu_sf, batch, tile * kTile);
+  const int b = sequence_of_padded_warp(cu_sf, batch, tile * kTile);
   const int64_t len = int64_t(cu[b + 1]) - cu[b];
   const int64_t first = tile * kTile - cu_sf[b];  // first token of the tile within its sequence
   const int64_t rem = len - first;
