@@ -296,6 +296,18 @@ Status check_quantize_inputs(const TensorView& q, const TensorView& k, const Ten
   return Status::Ok();
 }
 
+// The quantizers' rule that an operand set (named `set`) has the inputs' head count H.
+Status check_operand_heads(int64_t heads, int64_t H, const char* set) {
+  if (heads == H) return Status::Ok();
+  return Status::Invalid(std::string(set) + ".q: has " + std::to_string(heads) + " heads, q has " + std::to_string(H));
+}
+
+// A CPU reference output (a vector of bytes or floats) into the CPU view that receives it.
+template <typename Vec>
+void copy_into(const Vec& src, const TensorView& dst) {
+  std::copy(src.begin(), src.end(), static_cast<typename Vec::value_type*>(dst.data));
+}
+
 // A CPU bf16 or fp32 tensor's values.
 std::vector<float> as_f32(const TensorView& x) {
   std::vector<float> f(size_t(x.numel()));
@@ -399,18 +411,18 @@ Status quantize_attention_forward(const TensorView& q, const TensorView& k, cons
   int64_t oh = 0;
   Device od = Device::kCPU, xd = Device::kCPU;
   MXFLASH_RETURN_IF_ERROR(check_operands(ops, q_meta, k_meta, &oh, &od));
-  if (oh != H) return Status::Invalid("ops.q: has " + std::to_string(oh) + " heads, q has " + std::to_string(H));
+  MXFLASH_RETURN_IF_ERROR(check_operand_heads(oh, H, "ops"));
   MXFLASH_RETURN_IF_ERROR(check_same_device({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&ops.q, "ops.q"}}, &xd));
   if (xd == Device::kCPU) {
     ref::AttnFwdOperands r;
     const std::vector<float> qf = as_f32(q), kf = as_f32(k), vf = as_f32(v);
     MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(q_meta, k_meta, H, qf.data(), kf.data(), vf.data(), &r));
-    std::copy(r.q.begin(), r.q.end(), ops.q.ptr<uint8_t>());
-    std::copy(r.k.begin(), r.k.end(), ops.k.ptr<uint8_t>());
-    std::copy(r.v.begin(), r.v.end(), ops.v.ptr<uint8_t>());
-    std::copy(r.q_scale.begin(), r.q_scale.end(), ops.q_scale.ptr<float>());
-    std::copy(r.k_scale.begin(), r.k_scale.end(), ops.k_scale.ptr<float>());
-    std::copy(r.v_scale.begin(), r.v_scale.end(), ops.v_scale.ptr<float>());
+    copy_into(r.q, ops.q);
+    copy_into(r.k, ops.k);
+    copy_into(r.v, ops.v);
+    copy_into(r.q_scale, ops.q_scale);
+    copy_into(r.k_scale, ops.k_scale);
+    copy_into(r.v_scale, ops.v_scale);
     return Status::Ok();
   }
   MXFLASH_RETURN_IF_ERROR(check_cuda_call(q.device_id, "q", q_meta, k_meta));
@@ -763,7 +775,7 @@ Status quantize_attention_backward(const TensorView& q, const TensorView& k, con
   int64_t oh = 0;
   Device od = Device::kCPU, xd = Device::kCPU;
   MXFLASH_RETURN_IF_ERROR(check_bwd_operands(ops, q_meta, k_meta, &oh, &od));
-  if (oh != H) return Status::Invalid("ops.q: has " + std::to_string(oh) + " heads, q has " + std::to_string(H));
+  MXFLASH_RETURN_IF_ERROR(check_operand_heads(oh, H, "ops"));
   MXFLASH_RETURN_IF_ERROR(check_same_device({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&ops.q, "ops.q"}}, &xd));
   if (xd == Device::kCPU) {
     const std::vector<float> qf = as_f32(q), kf = as_f32(k), vf = as_f32(v);
@@ -773,22 +785,18 @@ Status quantize_attention_backward(const TensorView& q, const TensorView& k, con
     MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(q_meta, k_meta, H, qf.data(), kf.data(), vf.data(), &fwd));
     MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(k_meta, k_meta, H, kf.data(), vf.data(), kf.data(), &kv));
     MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(q_meta, q_meta, H, qf.data(), qf.data(), qf.data(), &qq));
-    auto put = [](const auto& src, const TensorView& dst) {
-      using T = typename std::decay_t<decltype(src)>::value_type;
-      std::copy(src.begin(), src.end(), static_cast<T*>(dst.data));
-    };
     if (write_qk) {
-      put(fwd.q, ops.q);
-      put(fwd.q_scale, ops.q_scale);
-      put(fwd.k, ops.k);
-      put(fwd.k_scale, ops.k_scale);
+      copy_into(fwd.q, ops.q);
+      copy_into(fwd.q_scale, ops.q_scale);
+      copy_into(fwd.k, ops.k);
+      copy_into(fwd.k_scale, ops.k_scale);
     }
-    put(kv.k, ops.v);
-    put(kv.k_scale, ops.v_scale);
-    put(kv.v, ops.kt);
-    put(kv.v_scale, ops.kt_scale);
-    put(qq.v, ops.qt);
-    put(qq.v_scale, ops.qt_scale);
+    copy_into(kv.k, ops.v);
+    copy_into(kv.k_scale, ops.v_scale);
+    copy_into(kv.v, ops.kt);
+    copy_into(kv.v_scale, ops.kt_scale);
+    copy_into(qq.v, ops.qt);
+    copy_into(qq.v_scale, ops.qt_scale);
     return Status::Ok();
   }
   MXFLASH_RETURN_IF_ERROR(check_cuda_call(q.device_id, "q", q_meta, k_meta));
@@ -808,8 +816,8 @@ Status quantize_attention_training(const TensorView& q, const TensorView& k, con
   Device fd = Device::kCPU, bd = Device::kCPU, xd = Device::kCPU;
   MXFLASH_RETURN_IF_ERROR(check_operands(fwd, q_meta, k_meta, &fh, &fd, "fwd"));
   MXFLASH_RETURN_IF_ERROR(check_bwd_operands(bwd, q_meta, k_meta, &bh, &bd, "bwd"));
-  if (fh != H) return Status::Invalid("fwd.q: has " + std::to_string(fh) + " heads, q has " + std::to_string(H));
-  if (bh != H) return Status::Invalid("bwd.q: has " + std::to_string(bh) + " heads, q has " + std::to_string(H));
+  MXFLASH_RETURN_IF_ERROR(check_operand_heads(fh, H, "fwd"));
+  MXFLASH_RETURN_IF_ERROR(check_operand_heads(bh, H, "bwd"));
   for (const auto& [b, f, n] : {std::tuple{&bwd.q, &fwd.q, "q"}, std::tuple{&bwd.q_scale, &fwd.q_scale, "q_scale"},
                                 std::tuple{&bwd.k, &fwd.k, "k"}, std::tuple{&bwd.k_scale, &fwd.k_scale, "k_scale"}})
     if (b->data != f->data)
