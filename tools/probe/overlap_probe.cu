@@ -4,7 +4,10 @@
 //   warpgroup 0: FP8 wgmma chains (m64n128k32, operands in shared memory; `rs`: A in registers),
 //   warpgroup 1: MUFU.EX2 (16 independent chains per thread, one FMUL each),
 //   warpgroup 2: FFMA (16 independent chains per thread),
-//   warpgroup 3: a second MUFU stream.
+//   warpgroup 3: a second MUFU stream,
+//   or, with `cvt`, warpgroup 3 runs F2FP (cvt.rn.satfinite.e4m3x2.f32, 16 independent pairs per
+//   thread; `cvt16`: cvt.rn.f16x2.f32) and with `alu` warpgroup 2 runs integer ALU work (LEA + PRMT chains) instead of FFMA:
+//   which pipe the forward's P packing uses, and whether integer work collides with the GEMMs.
 // A run names the streams that work (the others return at once); each stream's rate is printed, so
 // a stream's rate alone and beside another shows what running together costs it. The attention
 // forward's per-tile trace (docs/attention.md) suggested that its exponentials slow down while the
@@ -27,7 +30,7 @@ constexpr int kWarpgroups = 4, kThreads = 128 * kWarpgroups;
 // k32 steps per commit group; every group accumulates into the same registers (a group that
 // started from zero would let the compiler drop the groups before it as dead).
 constexpr int kWgmmaPerGroup = 8;
-enum Stream : int { kTensor = 1, kMufu = 2, kFma = 4, kMufu2 = 8, kRs = 16 };
+enum Stream : int { kTensor = 1, kMufu = 2, kFma = 4, kMufu2 = 8, kRs = 16, kCvt = 32, kAlu = 64, kCvt16 = 128 };
 
 struct alignas(1024) Smem {
   uint8_t a[64 * 128];   // 64 rows x 128 bytes, 128-byte swizzle (contents: e4m3 1.0)
@@ -51,8 +54,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   mxflash::sm90::fence_proxy_async_smem();
   __syncthreads();
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
-  const bool on = wg == 0 ? (streams & kTensor) : wg == 1 ? (streams & kMufu) : wg == 2 ? (streams & kFma)
-                                                                                      : (streams & kMufu2);
+  const bool on = wg == 0   ? (streams & kTensor)
+                  : wg == 1 ? (streams & kMufu)
+                  : wg == 2 ? (streams & (kFma | kAlu))
+                            : (streams & (kMufu2 | kCvt));
   if (!on) return;
   float acc = 0.f;
   const uint64_t t0 = clock64_now();
@@ -76,6 +81,40 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc += d[i];
+  } else if (wg == 2 && (streams & kAlu)) {
+    uint32_t x[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) x[i] = uint32_t(t * 16 + i) * 2654435761u;
+    for (int it = 0; it < n_fma; ++it) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        uint32_t y;
+        asm volatile("{ .reg .u32 t; shl.b32 t, %1, 4; add.u32 %0, t, 0x800000; }" : "=r"(y) : "r"(x[i]));
+        x[i] = __byte_perm(y, x[i], 0x7531);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) acc += float(x[i] & 1u);
+  } else if (wg == 3 && (streams & kCvt)) {
+    float x[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) x[i] = 0.01f * float((t + i) % 64);
+    uint32_t h[4] = {0, 0, 0, 0};
+    for (int it = 0; it < n_mufu; ++it) {
+#pragma unroll
+      for (int i = 0; i < 16; i += 2) {
+        uint16_t r;
+        if (streams & kCvt16) {
+          uint32_t r32;
+          asm volatile("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r32) : "f"(x[i]), "f"(x[i + 1]));
+          r = uint16_t(r32 ^ (r32 >> 16));
+        } else {
+          asm volatile("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(x[i]), "f"(x[i + 1]));
+        }
+        h[(i / 2) % 4] ^= r;
+      }
+    }
+    acc += float((h[0] ^ h[1] ^ h[2] ^ h[3]) & 1u);
   } else if (wg == 2) {
     float x[16];
 #pragma unroll
@@ -140,9 +179,14 @@ int main(int argc, char** argv) {
       {"tensor (RS) + mufu", kTensor | kRs | kMufu}, {"tensor (SS) + fma", kTensor | kFma},
       {"tensor (RS) + fma", kTensor | kRs | kFma}, {"tensor (SS) + mufu + mufu", kTensor | kMufu | kMufu2},
       {"tensor (SS) + mufu + fma", kTensor | kMufu | kFma},
+      // F2FP (wg 3: cvt pairs per thread) and integer ALU work (wg 2: LEA + PRMT per element).
+      {"cvt", kCvt}, {"alu", kAlu}, {"mufu + cvt", kMufu | kCvt}, {"tensor (SS) + cvt", kTensor | kCvt},
+      {"tensor (SS) + mufu + cvt", kTensor | kMufu | kCvt}, {"tensor (SS) + alu", kTensor | kAlu},
+      {"tensor (SS) + mufu + alu", kTensor | kMufu | kAlu}, {"cvt16", kCvt | kCvt16},
+      {"mufu + cvt16", kMufu | kCvt | kCvt16}, {"tensor (SS) + mufu + cvt16", kTensor | kMufu | kCvt | kCvt16},
   };
   std::printf("%-28s %14s %14s %14s %14s   (per SM and cycle, medians over %d SMs)\n", "streams", "tensor FLOP",
-              "mufu (wg 1)", "ffma (wg 2)", "mufu (wg 3)", sms);
+              "mufu (wg 1)", "ffma|alu (wg2)", "mufu|cvt (wg3)", sms);
   cudaEvent_t e0, e1;
   check(cudaEventCreate(&e0), "event");
   check(cudaEventCreate(&e1), "event");
@@ -167,8 +211,8 @@ int main(int argc, char** argv) {
     };
     const double work[kWarpgroups] = {double(n_tensor) * kWgmmaPerGroup * 64 * 128 * 32 * 2,
                                       double(n_mufu) * 16 * 128, double(n_fma) * 16 * 128,
-                                      double(n_mufu) * 16 * 128};
-    const int bit[kWarpgroups] = {kTensor, kMufu, kFma, kMufu2};
+                                      double(n_mufu) * ((r.streams & kCvt) ? 8 : 16) * 128};
+    const int bit[kWarpgroups] = {kTensor, kMufu, kFma | kAlu, kMufu2 | kCvt};
     std::printf("%-28s", r.name);
     for (int wg = 0; wg < kWarpgroups; ++wg) {
       if (r.streams & bit[wg]) std::printf(" %14.1f", work[wg] / median(wg));
