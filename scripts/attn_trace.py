@@ -2,7 +2,7 @@
 """Prints the consumer timelines recorded by the attention kernels' clock traces
 (src/cuda/attention/trace.cuh; experiments builds only, docs/attention.md and docs/backward.md).
 
-The file holds, for 4 CTAs x 2 consumer warpgroups x 128 slots, 8 SM clock readings taken by lane
+The file holds, for 4 CTAs x 3 consumer warpgroups (a kernel of two leaves the third zero) x 128 slots, 8 SM clock readings taken by lane
 0 of the warpgroup's first warp.
   --kind fwd (MXFLASH_FWD_VARIANT with bit 18, MXFLASH_FWD_TRACE): slot = K/V tile; 0 before the
     GEMM turn, 1 S(j) and P.V(j-1) issued, 2 S(j) done, 3 row maxima (unmasked tiles), 4
@@ -19,7 +19,8 @@ import argparse
 import statistics
 import sys
 
-CTAS, WARPGROUPS, EVENTS = 4, 2, 8
+CTAS, SLOTS, EVENTS = 4, 128, 8
+WARPGROUPS = 3  # table rows per CTA and slot (trace.cuh kTraceGroups); a kernel of two leaves the third zero
 PHASES = {
     "fwd": ["turn+issue", "S wait", "row max", "exps", "P.V wait", "promote", "to next"],
     "bwd": ["S,dP", "P,dS", "dK GEMM", "dK promote", "dV GEMM", "dV promote", "to next"],
@@ -32,9 +33,9 @@ def load(path):
         for line in f:
             if line.strip():
                 rows.append([int(x) for x in line.split()])
-    if not rows or len(rows) % (CTAS * WARPGROUPS) or any(len(r) != EVENTS for r in rows):
-        sys.exit(f"attn_trace: {path}: expected {CTAS} x {WARPGROUPS} x slots rows of {EVENTS} clocks")
-    slots = len(rows) // (CTAS * WARPGROUPS)
+    if not rows or len(rows) != CTAS * WARPGROUPS * SLOTS or any(len(r) != EVENTS for r in rows):
+        sys.exit(f"attn_trace: {path}: expected {CTAS} x {WARPGROUPS} x {SLOTS} rows of {EVENTS} clocks")
+    slots = SLOTS
     return [[[rows[(c * WARPGROUPS + w) * slots + j] for j in range(slots)] for w in range(WARPGROUPS)]
             for c in range(CTAS)]
 
@@ -66,6 +67,7 @@ def main():
     for c in range(CTAS):
         if all(t[c][w][1][0] == 0 for w in range(WARPGROUPS)):
             continue  # a CTA the launch did not have
+        groups = [w for w in range(WARPGROUPS) if t[c][w][1][0] != 0]
         print(f"CTA slot {c}")
         for w in range(WARPGROUPS):
             spans = [s for j in range(1, n - 1) if (s := spans_of(t[c][w][j], t[c][w][j + 1][0], a.kind, j))]
@@ -81,9 +83,9 @@ def main():
             unit = "Q tile" if a.kind == "bwd" else "K/V tile"
             print(f"  warpgroup {w}: {len(spans)} slots, {statistics.median(periods):.0f} cycles per {unit}: " +
                   ", ".join(f"{p} {m:.0f}" for p, m in zip(PHASES[a.kind], med)))
-        base = min(t[c][w][first][0] for w in range(WARPGROUPS))
+        base = min(t[c][w][first][0] for w in groups)
         for j in range(first, min(last, n - 1) + 1):
-            for w in range(WARPGROUPS):
+            for w in groups:
                 print(f"    slot {j:3d} wg {w}: " + " ".join(f"{(x - base) % 2**32:6d}" for x in t[c][w][j][:7]))
 
 

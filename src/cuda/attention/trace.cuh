@@ -16,7 +16,7 @@
 
 namespace mxflash::cuda::attn {
 
-inline constexpr int kTraceCtas = 4, kTraceGroups = 2, kTraceSlots = 128, kTraceEvents = 8;
+inline constexpr int kTraceCtas = 4, kTraceGroups = 3, kTraceSlots = 128, kTraceEvents = 8;
 
 #if MXFLASH_FWD_EXPERIMENTS
 // One table per translation unit (no relocatable device code): each kernel file dumps its own.
