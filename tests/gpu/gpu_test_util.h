@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -120,27 +121,41 @@ inline ::testing::AssertionResult same_bytes(const std::vector<uint8_t>& cpu, co
   return ::testing::AssertionFailure() << buf;
 }
 
+// `launch` again with the environment variable `name` set to each of `values` (restored after):
+// the outputs must equal, byte for byte, what they held before the call (poisoned in between).
+inline void expect_same_bytes_under_env(const char* name, std::initializer_list<const char*> values,
+                                        const std::vector<DeviceBuffer*>& outputs, const std::function<Status()>& launch) {
+  std::vector<std::vector<uint8_t>> want;
+  for (DeviceBuffer* b : outputs) want.push_back(b->download());
+  const char* old = std::getenv(name);
+  const std::string saved = old ? old : "";
+  for (const char* value : values) {
+    setenv(name, value, 1);
+    for (DeviceBuffer* b : outputs) b->fill(kDevicePoison);
+    const Status st = launch();
+    if (old) setenv(name, saved.c_str(), 1);
+    else unsetenv(name);
+    ASSERT_TRUE(st.ok()) << name << "=" << value << ": " << st.message();
+    ASSERT_TRUE(device_ok());
+    for (size_t i = 0; i < outputs.size(); ++i)
+      EXPECT_TRUE(same_bytes(want[i], outputs[i]->download())) << name << "=" << value << ", output " << i;
+  }
+}
+
 // Runs `launch` once in each work-list order of the attention kernels (MXFLASH_WORK_ORDER=heads
 // and =tiles, src/cuda/attention/work_list.cuh: the order chosen by problem size), `outputs`
 // poisoned first, and expects them byte for byte as they are now: the order only moves work items
 // between CTAs and in time, so no value may depend on it.
 inline void expect_same_bytes_in_every_work_order(const std::vector<DeviceBuffer*>& outputs,
                                                   const std::function<Status()>& launch) {
-  std::vector<std::vector<uint8_t>> want;
-  for (DeviceBuffer* b : outputs) want.push_back(b->download());
-  const char* old = std::getenv("MXFLASH_WORK_ORDER");
-  const std::string saved = old ? old : "";
-  for (const char* order : {"heads", "tiles"}) {
-    setenv("MXFLASH_WORK_ORDER", order, 1);
-    for (DeviceBuffer* b : outputs) b->fill(kDevicePoison);
-    const Status st = launch();
-    if (old) setenv("MXFLASH_WORK_ORDER", saved.c_str(), 1);
-    else unsetenv("MXFLASH_WORK_ORDER");
-    ASSERT_TRUE(st.ok()) << "work order " << order << ": " << st.message();
-    ASSERT_TRUE(device_ok());
-    for (size_t i = 0; i < outputs.size(); ++i)
-      EXPECT_TRUE(same_bytes(want[i], outputs[i]->download())) << "work order " << order << ", output " << i;
-  }
+  expect_same_bytes_under_env("MXFLASH_WORK_ORDER", {"heads", "tiles"}, outputs, launch);
+}
+
+// The forward on operands runs with two or three consumer warpgroups (MXFLASH_FWD_CONSUMERS forces
+// one; docs/attention.md): both kernels do the same arithmetic per row and must give the same bytes.
+inline void expect_same_bytes_with_either_consumer_count(const std::vector<DeviceBuffer*>& outputs,
+                                                         const std::function<Status()>& launch) {
+  expect_same_bytes_under_env("MXFLASH_FWD_CONSUMERS", {"2", "3"}, outputs, launch);
 }
 
 }  // namespace mxflash::gputest

@@ -1,6 +1,7 @@
 // quantize_attention_forward on CUDA against its CPU reference (byte for byte, every byte of the six
 // outputs, poisoned first; quantize_attention_training's twelve likewise on the quantizer cases), and attention_forward on those operands against the CPU forward on the
-// same operands, the exact-MX forward and FP64: out SQNR within 0.3 dB of exact MX, LSE to 1e-3.
+// same operands, the exact-MX forward and FP64: out SQNR within 0.3 dB of exact MX, LSE to 1e-3; the
+// same bytes in either work order and with either consumer count (two or three warpgroups).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -201,11 +202,13 @@ void run_case(const Case& c, uint64_t seed, bool attention) {
   ASSERT_TRUE(gputest::device_ok());
   const std::vector<double> og = gputest::checked_forward_out(out_gpu, lse_gpu, lse_cpu);
   ASSERT_FALSE(og.empty());
-  gputest::expect_same_bytes_in_every_work_order({&out_gpu, &lse_gpu}, [&] {
+  auto rerun = [&] {
     return attention_forward(got.ops, qm, km, opt,
                              make_view(out_gpu.get(), DType::kBFloat16, Device::kCUDA, {To, H, kHeadDim}),
                              make_view(lse_gpu.get(), DType::kFloat32, Device::kCUDA, {H, To}));
-  });
+  };
+  gputest::expect_same_bytes_in_every_work_order({&out_gpu, &lse_gpu}, rerun);
+  gputest::expect_same_bytes_with_either_consumer_count({&out_gpu, &lse_gpu}, rerun);
   std::vector<double> oc(og.size()), om(og.size());
   for (size_t i = 0; i < og.size(); ++i) {
     oc[i] = bf16_to_float(out_cpu[i]);
@@ -331,6 +334,11 @@ void run_scaled_v(const std::vector<int64_t>& q_lengths, const std::vector<int64
   got.v_scale.upload(vs);
   forward(&out1, &lse1);
   if (::testing::Test::HasFatalFailure()) return;
+  gputest::expect_same_bytes_with_either_consumer_count({&out, &lse}, [&] {
+    return attention_forward(got.ops, qm, km, AttentionOptions{},
+                             make_view(out.get(), DType::kBFloat16, Device::kCUDA, {Tq, H, kHeadDim}),
+                             make_view(lse.get(), DType::kFloat32, Device::kCUDA, {H, Tq}));
+  });
   EXPECT_EQ(std::memcmp(lse0.data(), lse1.data(), lse0.size()), 0) << "LSE changed with V's scales";
   int bad = 0, zeros = 0;
   for (int64_t b = 0; b < qm.batch(); ++b)

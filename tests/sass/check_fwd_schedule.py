@@ -13,6 +13,11 @@ path (a warp-uniform value computed in vector registers and moved within 40 inst
 wgmma; the loop had 11, removing them gave +3.5%), no local-memory spill (STL/LDL) and no global
 load (LDG) inside the loop.
 
+The three-consumer forward kernel (attention_fwd_kernel3) runs each tile in series but for its P.V,
+issued in two 64-channel halves whose first is promoted under the second: its main loop must show
+that wait for one group behind both halves, and hold no spill, no global load and no R2UR before a
+wgmma (160 registers a consumer).
+
 The backward's dQ kernel (attention_bwd_dq_kernel, docs/backward.md) issues S of tile j + 1 right
 behind dQ's GEMM of tile j and then waits for the dQ GEMM alone: each of its `WARPGROUP.DEPBAR.LE
 gsb0, 0x1` must follow, since the previous wait, the 4 register-A wgmmas of dQ and the 4 SS wgmmas
@@ -160,6 +165,39 @@ def check_dq(name, ins):
     return problems
 
 
+def check_three(variant, ins):
+    """Problems of one three-consumer kernel (attention_fwd_kernel3): its main loop (around the first
+    wait for S) must hold no spill (STL/LDL; 160 registers a consumer leave little room), no global
+    load, no R2UR before a wgmma, a whole tile's exponentials, and the P.V in two halves: a wait for
+    one group preceded, since the previous wait, by the 8 register-A m64n64 wgmmas of both halves
+    (the first half is promoted while the second runs; a wait between them would serialize them)."""
+    problems = []
+    text = [t for _, t in ins]
+    waits = [i for i, t in enumerate(text) if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in t]
+    loop = main_loop(ins, waits[0]) if waits else []
+    if not loop:
+        return [f"attention_fwd_kernel3<{variant}>: main loop not found"]
+    counts = [("R2UR before a wgmma", r2ur_before_gemm(loop))]
+    for what, pattern in (("local memory (STL/LDL)", r"\b(STL|LDL)\b"), ("global load (LDG)", r"\bLDG\b")):
+        counts.append((what, sum(1 for u in loop if re.search(pattern, u))))
+    for what, n in counts:
+        if n:
+            problems.append(f"attention_fwd_kernel3<{variant}>: {n} {what} in the main loop ({len(loop)} instructions)")
+    if sum(1 for u in loop if "MUFU.EX2" in u) < EXPS_PER_TILE:
+        problems.append(f"attention_fwd_kernel3<{variant}>: fewer than {EXPS_PER_TILE} MUFU.EX2 in the main loop")
+    halves, last = 0, 0
+    for k, u in enumerate(loop):
+        if "WARPGROUP.DEPBAR" not in u:
+            continue
+        rs = sum(1 for w in loop[last:k] if re.search(r"QGMMA\.64x64x32\S*\s+R\d+,\s*R\d+,\s*gdesc", w))
+        halves += "gsb0, 0x1" in u and rs >= 8
+        last = k + 1
+    if halves == 0:
+        problems.append(f"attention_fwd_kernel3<{variant}>: no wait for one group behind both P.V halves "
+                        f"(8 register-A m64n64 wgmmas): the first half's promotion no longer overlaps the second")
+    return problems
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__)
@@ -177,6 +215,11 @@ def main():
         print(f"check_fwd_schedule: no overlapped attention_fwd_kernel in {sys.argv[1]} (found {sorted(ks)})")
         return 1
     problems = [p for v, ins in sorted(checked.items()) for p in check(v, ins)]
+    three = kernels(sass, r"Function : \S*attention_fwd_kernel3ILi(\d+)E")
+    if not three:
+        problems.append("attention_fwd_kernel3: not found")
+    for v, ins in sorted(three.items()):
+        problems += check_three(v, ins)
     dq = kernels(sass, r"Function : (\S*attention_bwd_dq_kernel\S*)")
     if not dq:
         problems.append("attention_bwd_dq_kernel: not found")
@@ -184,7 +227,8 @@ def main():
         problems += check_dq(name, ins)
     for p in problems:
         print(p)
-    print(f"check_fwd_schedule: {len(checked)} forward kernels ({sorted(checked)}) and {len(dq)} dQ kernels checked, "
+    print(f"check_fwd_schedule: {len(checked)} forward kernels ({sorted(checked)}), {len(three)} three-consumer "
+          f"kernels and {len(dq)} dQ kernels checked, "
           f"{len(problems)} problems")
     return 1 if problems else 0
 

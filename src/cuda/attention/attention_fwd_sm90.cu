@@ -87,6 +87,8 @@ inline constexpr int kVariantTrace = 262144;
 // row sums are stored to shared memory before the hand-over (a first version without the pins
 // had 36 of 64 MUFUs hoisted above the barrier by ptxas).
 inline constexpr int kVariantExpTurn = 524288;
+// Bit 24 (P packed into e4m3 by integer ALU work, 4 LEA + 3 PRMT per 4 values, instead of F2FP):
+// measured 2026-11-30, 6% slower; removed (docs/attention.md).
 // Bit 21 (the exponential turn taken before the wait for S, so that the whole softmax alternates):
 // measured 5-7% slower than bit 19 alone, removed.
 __host__ __device__ constexpr int variant_diag(int v) { return (v >> 1) & 3; }
@@ -221,13 +223,32 @@ struct TileSoftmax {
         for (int i = 0; i < N; ++i)
           if ((i % 4) / 2 == r) mx = fmaxf(mx, masked(i));
       }
-      rows.mult[r] = row_mult[r] * ks;
-      rows.m_new[r] = fmaxf(m[r], quad_max(mx) * rows.mult[r]);
-      alpha[r] = fast_exp2(m[r] - rows.m_new[r]);
-      m[r] = rows.m_new[r];
-      l[r] *= alpha[r];
+      finish_row(r, mx, ks, m, l, alpha, rows);
     }
     return rows;
+  }
+
+  // Row r's new maximum from this thread's maximum mx of its S values, the rescale factor alpha of
+  // O and l (the end of max_phase).
+  __device__ __forceinline__ void finish_row(int r, float mx, float ks, float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                             Rows& rows) const {
+    rows.mult[r] = row_mult[r] * ks;
+    rows.m_new[r] = fmaxf(m[r], quad_max(mx) * rows.mult[r]);
+    alpha[r] = fast_exp2(m[r] - rows.m_new[r]);
+    m[r] = rows.m_new[r];
+    l[r] *= alpha[r];
+  }
+
+  // This thread's maxima of its two rows over 32 accumulators of an unmasked tile (a 64-key half).
+  __device__ __forceinline__ static void half_max(const float* x, float (&mx)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float t[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) t[k] = fmaxf(x[4 * k + 2 * r], x[4 * k + 2 * r + 1]);
+      tree_max<4>(t);
+      mx[r] = t[0];
+    }
   }
 
   // Phase 2: P = e4m3(256 p) fragments and the row sums. kInPlace: the values 256 p replace S in sc
@@ -289,26 +310,29 @@ struct WorkItem {
   int64_t q_row;  // first row of the Q tile in Q' (H, Pq, 128)
 };
 
+template <int kQTile = kTile>
 __device__ __forceinline__ WorkItem work_item(const FwdParams& p, unsigned index) {
   WorkItem w;
   const int2 work = p.tiles[index / p.heads];
   w.b = work.x;
   w.qb = p.broadcast_q ? 0 : w.b;
   w.Lq = p.cu_q[w.qb + 1] - p.cu_q[w.qb];
-  const unsigned tiles = unsigned((w.Lq + kTile - 1) / kTile);
+  const unsigned tiles = unsigned((w.Lq + kQTile - 1) / kQTile);
   const HeadTile ht = head_and_tile(index, unsigned(work.y), tiles, unsigned(p.heads), p.heads_inner);
   w.h = ht.h;
   w.m_block = ht.tile;
   w.Lk = p.cu_k[w.b + 1] - p.cu_k[w.b];
   w.n_tiles = (w.Lk + kTile - 1) / kTile;
-  w.q_row = int64_t(w.h) * p.Pq + p.cu_q_sf[w.qb] + int64_t(w.m_block) * kTile;
+  w.q_row = int64_t(w.h) * p.Pq + p.cu_q_sf[w.qb] + int64_t(w.m_block) * kQTile;
   return w;
 }
 
 // Producer thread: Q of the item, then its K/V tiles into the stages; `it` K/V tiles were loaded
 // before (persistent CTAs), which sets the stage and phase of the first one.
-template <int kVariant>
-__device__ __forceinline__ void produce_item(SharedStorage& s, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
+// Storage: SharedStorage or SharedStorage3; Q arrives in kQBoxes boxes of kQBoxRows rows (the Q
+// map's box).
+template <int kVariant, int kQBoxes = 1, int kQBoxRows = kTile, typename Storage>
+__device__ __forceinline__ void produce_item(Storage& s, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                              const CUtensorMap* tm_v, const FwdParams& p, const WorkItem& w, int it) {
   const int h = w.h, b = w.b, n_tiles = w.n_tiles;
   const int k_row = int(int64_t(h) * p.Pk + p.cu_k_sf[b]);
@@ -316,8 +340,10 @@ __device__ __forceinline__ void produce_item(SharedStorage& s, const CUtensorMap
   const float* k_scale = p.k_scale + int64_t(h) * (p.Pk / kTile) + p.cu_k_sf[b] / kTile;
   constexpr bool kVTile = (kVariant & kVariantVTile) != 0;
   const float* v_scale = p.v_scale + int64_t(h) * (p.Pk / kTile) + p.cu_k_sf[b] / kTile;
-  sm90::mbar_arrive_expect_tx(&s.q_full, kTileBytes);
-  sm90::tma_load_2d(s.q, tm_q, &s.q_full, 0, int(w.q_row));
+  sm90::mbar_arrive_expect_tx(&s.q_full, kQBoxes * kQBoxRows * kHeadDim);
+#pragma unroll
+  for (int c = 0; c < kQBoxes; ++c)
+    sm90::tma_load_2d(s.q + c * kQBoxRows * kHeadDim, tm_q, &s.q_full, 0, int(w.q_row) + c * kQBoxRows);
   const int loads = variant_diag(kVariant) == 2 ? min(n_tiles, kStages) : n_tiles;
   for (int j = 0; j < loads; ++j) {
     const int stage = stage_of(it + j);
@@ -356,23 +382,84 @@ __device__ __forceinline__ float pow2i_exact(int n) {
 struct VTileUnit {
   int e_ref = -1000, e_max = -1000;  // before the first tile: O = 0, any unit
 };
-__device__ __forceinline__ void promote_vtile(float (&o)[64], const float (&ot)[64], const float (&alpha)[2], float vs,
-                                              VTileUnit& u) {
+struct VTilePromotion {
+  float a[2];  // per-row factors of O
+  float vs;    // the tile's scale and O's new unit 2^e_new (the slow path's factor vs / 2^e_new)
+  int e_new;
+  bool slow;
+};
+__device__ __forceinline__ VTilePromotion promote_vtile_prepare(const float (&alpha)[2], float vs, VTileUnit& u) {
   const uint32_t bits = __float_as_uint(vs);
   const int e = int((bits >> 23) & 0xFFu) - 127;  // vs = 2^e for the quantizer's scales
   u.e_max = max(u.e_max, e);
   const int e_new = max(e, u.e_max - 64);
   const float g = pow2i(u.e_ref - e_new);
   u.e_ref = e_new;
-  const float a[2] = {alpha[0] * g, alpha[1] * g};
+  VTilePromotion pr;
+  pr.a[0] = alpha[0] * g;
+  pr.a[1] = alpha[1] * g;
   // vs is not +2^e_new (a normal power of two; a zero or subnormal vs has e = -127 and is not)
-  if (e != e_new || (bits & 0x807FFFFFu) != 0u || e == -127) {
-    const float f = vs * pow2i_exact(-e_new);      // vs / 2^e_new, exact
+  pr.slow = e != e_new || (bits & 0x807FFFFFu) != 0u || e == -127;
+  pr.vs = vs;
+  pr.e_new = e_new;
+  return pr;
+}
+// o[i] for i < N (a whole tile's accumulators, or a 64-channel half: N = 32).
+template <int N>
+__device__ __forceinline__ void promote_vtile_apply(float* o, const float* ot, const VTilePromotion& pr) {
+  if (pr.slow) {
+    const float f = pr.vs * pow2i_exact(-pr.e_new);  // vs / 2^e_new, exact
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = fmaf(ot[i], f, o[i] * a[(i % 4) / 2]);
+    for (int i = 0; i < N; ++i) o[i] = fmaf(ot[i], f, o[i] * pr.a[(i % 4) / 2]);
   } else {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], a[(i % 4) / 2], ot[i]);
+    for (int i = 0; i < N; ++i) o[i] = fmaf(o[i], pr.a[(i % 4) / 2], ot[i]);
+  }
+}
+__device__ __forceinline__ void promote_vtile(float (&o)[64], const float (&ot)[64], const float (&alpha)[2], float vs,
+                                              VTileUnit& u) {
+  promote_vtile_apply<64>(o, ot, promote_vtile_prepare(alpha, vs, u));
+}
+
+// Rows of a Q tile (first row row0 within its sequence) that face no keys: out = 0, lse = -inf.
+__device__ __forceinline__ void write_keyless_rows(const FwdParams& p, int h, int64_t tok_base, int row0, int Lq,
+                                                   const int (&rows)[2], int quad) {
+  for (int r = 0; r < 2; ++r) {
+    const int i = row0 + rows[r];
+    if (i >= Lq) continue;
+    const int64_t tok = tok_base + i;
+    __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(p.out + (tok * p.heads + h) * kHeadDim);
+    for (int c = quad; c < kHeadDim / 2; c += 4) o[c] = __floats2bfloat162_rn(0.f, 0.f);
+    if (quad == 0) p.lse[h * p.To + tok] = -INFINITY;
+  }
+}
+
+// The epilogue: O / (l 256) times V's scale (kVTile: O's unit 2^e_ref, promote_vtile; else V's
+// per-channel scales of sequence b) to BF16, and LSE = (m + log2 l - 8) ln 2, for this thread's two
+// rows of the tile that starts at row row0 of its sequence.
+template <bool kVTile>
+__device__ __forceinline__ void write_rows(const FwdParams& p, const float (&o)[64], const float (&l)[2],
+                                           const float (&m)[2], const VTileUnit& vunit, int b, int h,
+                                           int64_t tok_base, int row0, int Lq, const int (&rows)[2], int quad) {
+  const float* v_scale = p.v_scale + (int64_t(b) * p.heads + h) * kHeadDim;
+  const float unit = kVTile ? ldexpf(1.f, vunit.e_ref) : 1.f;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float lsum = quad_sum(l[r]);
+    const int i = row0 + rows[r];
+    if (i >= Lq) continue;
+    const int64_t tok = tok_base + i;
+    const float inv = 1.f / lsum;  // the row sum carries the P scale 256
+    __nv_bfloat16* orow = p.out + (tok * p.heads + h) * kHeadDim;
+#pragma unroll
+    for (int jn = 0; jn < 16; ++jn) {
+      const int col = 8 * jn + 2 * quad;
+      const float a = o[4 * jn + 2 * r] * inv * (kVTile ? unit : v_scale[col]);
+      const float c = o[4 * jn + 2 * r + 1] * inv * (kVTile ? unit : v_scale[col + 1]);
+      *reinterpret_cast<__nv_bfloat162*>(orow + col) = __floats2bfloat162_rn(a, c);
+    }
+    const float log2_l = log2f(lsum) - kPScaleLog2;
+    if (quad == 0) p.lse[h * p.To + tok] = (m[r] + log2_l) * kLn2;
   }
 }
 
@@ -388,14 +475,7 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   const int64_t tok_base = p.broadcast_q ? int64_t(b) * Lq : p.cu_q[qb];
 
   if (n_tiles == 0) {  // no keys: out = 0, lse = -inf
-    for (int r = 0; r < 2; ++r) {
-      const int i = m_block * kTile + rows[r];
-      if (i >= Lq) continue;
-      const int64_t tok = tok_base + i;
-      __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(p.out + (tok * p.heads + h) * kHeadDim);
-      for (int c = quad; c < kHeadDim / 2; c += 4) o[c] = __floats2bfloat162_rn(0.f, 0.f);
-      if (quad == 0) p.lse[h * p.To + tok] = -INFINITY;
-    }
+    write_keyless_rows(p, h, tok_base, m_block * kTile, Lq, rows, quad);
     return;
   }
 
@@ -623,27 +703,7 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   promote(last);
 
   // ---------------------------------------------------------------------------- epilogue
-  const float* v_scale = p.v_scale + (int64_t(b) * p.heads + h) * kHeadDim;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float lsum = quad_sum(l[r]);
-    const int i = m_block * kTile + rows[r];
-    if (i >= Lq) continue;
-    const int64_t tok = tok_base + i;
-    const float inv = 1.f / lsum;  // the row sum carries the P scale 256
-    __nv_bfloat16* orow = p.out + (tok * p.heads + h) * kHeadDim;
-    constexpr bool kVTile = (kVariant & kVariantVTile) != 0;  // O in units of 2^e_ref (promote_vtile)
-    const float unit = kVTile ? ldexpf(1.f, vunit.e_ref) : 1.f;
-#pragma unroll
-    for (int jn = 0; jn < 16; ++jn) {
-      const int col = 8 * jn + 2 * quad;
-      const float a = o[4 * jn + 2 * r] * inv * (kVTile ? unit : v_scale[col]);
-      const float c = o[4 * jn + 2 * r + 1] * inv * (kVTile ? unit : v_scale[col + 1]);
-      *reinterpret_cast<__nv_bfloat162*>(orow + col) = __floats2bfloat162_rn(a, c);
-    }
-    const float log2_l = log2f(lsum) - kPScaleLog2;
-    if (quad == 0) p.lse[h * p.To + tok] = (m[r] + log2_l) * kLn2;
-  }
+  write_rows<(kVariant & kVariantVTile) != 0>(p, o, l, m, vunit, b, h, tok_base, m_block * kTile, Lq, rows, quad);
 }
 
 // The kernels' shared storage: the dynamic shared memory rounded up to 1024 bytes.
@@ -691,6 +751,179 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int r0 = cw * kRowsPerConsumer + warp * 16 + lane / 4;  // rows r0 and r0 + 8 of the Q tile
   const int rows[2] = {r0, r0 + 8};
   consume_item<kVariant, false>(s, p, w, cw, warp, lane, quad, rows, 0, 0);
+}
+
+// Three consumer warpgroups (attention_fwd_kernel3; the operands kernel where Q's tiles of 192 rows
+// pad little, see three_consumers): Q tiles of 192 rows, 64 per consumer, each consumer running S,
+// softmax, P.V and the promotion of a K/V tile in series, with no intra-warpgroup overlap and no
+// turns. Three warpgroups' serial chains interleave on the SM instead of two overlapped ones.
+// Registers: 160 a consumer (O 64 + P.V 64 + P 16 at the P.V; O 64 + S 64 at the softmax), 24 for
+// the producer. The arithmetic per row is the two-consumer kernel's (the same wgmma shapes, softmax
+// and promotion in the same order), so both give the same bytes (GPU tests).
+inline constexpr int kConsumers3 = 3;
+inline constexpr int kQTile3 = kRowsPerConsumer * kConsumers3;
+inline constexpr int kThreads3 = kWarpgroupThreads * (1 + kConsumers3);
+inline constexpr int kConsumerRegs3 = 160;
+static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs3 * kWarpgroupThreads * kConsumers3 <= 65536,
+              "register budget exceeds the register file");
+// Bit 28 (experiments builds, with kVariantTrace's code): the trace's clock reads and stores with no
+// CTA traced. Measured +3% on llm-long against the kernel without them (the same SASS but for those
+// predicated instructions and the register allocation around them); not understood, so not the
+// default (docs/attention.md).
+inline constexpr int kVariantTracePin = 1 << 28;
+// Bit 29 (P.V in two 64-channel halves, the first promoted while the second runs) is the kernel's
+// schedule since 2026-11-30 (+4-6%). Bit 30 (S in two 64-key halves, the first half's row maxima
+// taken while the second runs) measured 3% slower and was removed (docs/attention.md).
+// Bit 27 (6 K/V stages instead of 4: +-0) and S of the next tile issued in two 64-key halves at the
+// end of a tile (ptxas serialized every wgmma for lack of registers and spilled ~900 bytes): removed
+// (docs/attention.md).
+
+struct SharedStorage3 {
+  alignas(1024) uint8_t q[kQTile3 * kHeadDim];
+  alignas(1024) uint8_t k[kStages][kTileBytes];
+  alignas(1024) uint8_t v[kStages][kTileBytes];
+  float k_scale[kStages];  // each stage's K and V tile scales, stored by the producer before it arms `full`
+  float v_scale[kStages];
+  alignas(8) uint64_t q_full;
+  uint64_t full[kStages];
+  uint64_t empty[kStages];
+};
+inline constexpr size_t kSmemBytes3 = sizeof(SharedStorage3) + 1024;
+
+template <int kVariant>
+__global__ void __launch_bounds__(kThreads3, 1)
+    attention_fwd_kernel3(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                          const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
+  static_assert((kVariant & kVariantVTile) != 0, "the three-consumer kernel takes V scales per tile");
+  extern __shared__ uint8_t smem_raw[];
+  SharedStorage3& s =
+      *reinterpret_cast<SharedStorage3*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const int wg = warpgroup_index();
+  const int tid = threadIdx.x % kWarpgroupThreads;
+  const WorkItem w = work_item<kQTile3>(p, blockIdx.x);
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(&s.q_full, 1);
+    for (int i = 0; i < kStages; ++i) {
+      sm90::mbar_init(&s.full[i], 1);
+      sm90::mbar_init(&s.empty[i], kConsumers3 * kWarpgroupThreads);
+    }
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  const int h = w.h, b = w.b, n_tiles = w.n_tiles;
+
+  if (wg == 0) {  // ------------------------------------------------------------ producer
+    sm90::setmaxnreg_dec<kProducerRegs>();
+    // Q in three boxes of 64 rows (the map's box); rows past the sequence's padded end belong to
+    // the next sequence or head, or lie past the tensor (zero-filled): only their own rows of S
+    // see them, and those rows are never written.
+    if (tid == 0 && n_tiles > 0) produce_item<kVariant, kConsumers3, kRowsPerConsumer>(s, &tm_q, &tm_k, &tm_v, p, w, 0);
+    return;
+  }
+
+  // ------------------------------------------------------------------------------ consumers
+  sm90::setmaxnreg_inc<kConsumerRegs3>();
+  const int cw = wg - 1;
+  const int warp = tid / 32, lane = tid % 32, quad = lane % 4;
+  const int r0 = cw * kRowsPerConsumer + warp * 16 + lane / 4;  // rows r0 and r0 + 8 of the Q tile
+  const int rows[2] = {r0, r0 + 8};
+  const int Lq = w.Lq, Lk = w.Lk;
+  const int row0 = w.m_block * kQTile3;  // the tile's first row within its Q sequence
+  const int64_t tok_base = p.broadcast_q ? int64_t(b) * Lq : p.cu_q[w.qb];
+  if (n_tiles == 0) {  // no keys: out = 0, lse = -inf
+    write_keyless_rows(p, h, tok_base, row0, Lq, rows, quad);
+    return;
+  }
+  if (row0 + cw * kRowsPerConsumer >= Lq) {  // no rows in this warpgroup: release the stages only
+    for (int j = 0; j < n_tiles; ++j) {
+      sm90::mbar_wait(&s.full[stage_of(j)], phase_of(j));
+      sm90::mbar_arrive(&s.empty[stage_of(j)]);
+    }
+    return;
+  }
+  float row_mult[2];  // rows past Lq (their Q row scale may lie past the array) get 0
+  for (int r = 0; r < 2; ++r)
+    row_mult[r] = (row0 + rows[r] < Lq ? p.q_scale[w.q_row + rows[r]] : 0.f) * p.scale_log2;
+  const TileSoftmax<(kVariant & kVariantTree) != 0> sm{{row_mult[0], row_mult[1]}, Lk, quad};
+
+  float o[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  VTileUnit vunit;
+  sm90::mbar_wait(&s.q_full, 0);
+  const uint64_t desc_q = sm90::make_desc_k128b(s.q + cw * kRowsPerConsumer * kHeadDim);
+  const uint64_t desc_k0 = sm90::make_desc_k128b(s.k[0]), desc_v0 = sm90::make_desc_k128b(s.v[0]);
+  constexpr uint64_t kStageDesc = kTileBytes >> 4;
+  // kVariantTrace: the per-tile clock trace (slot = K/V tile; events as the two-consumer kernel's,
+  // scripts/attn_trace.py); kVariantTracePin: the same code with no CTA traced.
+  constexpr bool kTrace = (kVariant & (kVariantTrace | kVariantTracePin)) != 0;
+  const unsigned none = (kVariant & kVariantTracePin) != 0 ? unsigned(p.num_items) : 0u;  // past every CTA
+  const int trace_row = kTrace && warp == 0 && lane == 0
+                            ? trace_cta_slot(blockIdx.x, none ? none : 0u, none ? none : 700u, none ? none : 1400u,
+                                             none ? none : 1900u)
+                            : -1;
+  auto stamp = [&](int j, int event) {
+    if constexpr (kTrace) trace_stamp(trace_row, cw, j, event);
+  };
+  constexpr uint64_t kHalfDesc = (kRowsPerConsumer * kHeadDim) >> 4;  // 64 rows of a V' tile
+  for (int j = 0; j < n_tiles; ++j) {
+    const int stage = stage_of(j);
+    stamp(j, 0);
+    float sc[64];
+    const uint64_t desc_v = desc_v0 + uint64_t(stage) * kStageDesc;
+    sm90::mbar_wait(&s.full[stage], phase_of(j));
+    issue_s(sc, desc_q, desc_k0 + uint64_t(stage) * kStageDesc);
+    stamp(j, 1);
+    sm90::wgmma_wait<0>();
+    fence_all(sc);
+    stamp(j, 2);
+    // The tile's scales, read here: V's read next to the P.V issue put its R2UR (the promotion's
+    // uniform arithmetic) between the wgmmas, behind the shared-memory load.
+    const float ks = sm90::ld_shared_f32(&s.k_scale[stage]), vs = sm90::ld_shared_f32(&s.v_scale[stage]);
+    uint32_t pa[16];
+    float alpha[2];
+    if (sm.masked_tile(j)) {
+      const auto rs = sm.template max_phase<true>(sc, j, ks, m, l, alpha);
+      sm.template exp_phase<true>(sc, j, rs, l, pa);
+    } else {
+      const auto rs = sm.template max_phase<false>(sc, j, ks, m, l, alpha);
+      stamp(j, 3);
+      sm.template exp_phase<false>(sc, j, rs, l, pa);
+    }
+    // P.V in two 64-channel halves (two commit groups): the first half is promoted while the
+    // second runs.
+    float ot_lo[32], ot_hi[32];  // channels 0..63 and 64..127 (O's accumulators 0..31, 32..63)
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kTile / 32; ++kk) {
+      const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
+      sm90::wgmma_m64n64k32_rs(ot_lo, a, desc_v + 2 * kk, kk);
+    }
+    sm90::wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < kTile / 32; ++kk) {
+      const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
+      sm90::wgmma_m64n64k32_rs(ot_hi, a, desc_v + kHalfDesc + 2 * kk, kk);
+    }
+    sm90::wgmma_commit();
+    stamp(j, 4);
+    const VTilePromotion pr = promote_vtile_prepare(alpha, vs, vunit);
+    sm90::wgmma_wait<1>();
+    fence_all(ot_lo);
+    promote_vtile_apply<32>(o, ot_lo, pr);
+    sm90::wgmma_wait<0>();
+    fence_all(ot_hi);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) sm90::fence_regs(pa[i]);  // P was read until here
+    stamp(j, 5);
+    sm90::mbar_arrive(&s.empty[stage]);
+    promote_vtile_apply<32>(o + 32, ot_hi, pr);
+    stamp(j, 6);
+  }
+
+  // ---------------------------------------------------------------------------- epilogue
+  write_rows<true>(p, o, l, m, vunit, b, h, tok_base, row0, Lq, rows, quad);
 }
 
 // Persistent form (experiment, MXFLASH_FWD_VARIANT with bit kVariantPersistent): one CTA per SM
@@ -793,11 +1026,11 @@ WorkspaceLayout layout_of(int batch, int heads, int64_t Pq, int64_t Pk, int64_t 
 // The work list (FwdParams::tiles): the Q tiles of every sequence, the sequences facing the most
 // keys first.
 std::vector<int2> schedule(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k, int batch,
-                           bool broadcast_q) {
+                           bool broadcast_q, int q_tile = attn::kTile) {
   std::vector<int> tiles_of(static_cast<size_t>(batch)), keys_of(static_cast<size_t>(batch));
   for (int b = 0; b < batch; ++b) {
     const int qb = broadcast_q ? 0 : b;
-    tiles_of[size_t(b)] = (cu_q[qb + 1] - cu_q[qb] + attn::kTile - 1) / attn::kTile;
+    tiles_of[size_t(b)] = (cu_q[qb + 1] - cu_q[qb] + q_tile - 1) / q_tile;
     keys_of[size_t(b)] = cu_k[b + 1] - cu_k[b];
   }
   return attn::work_list(tiles_of, keys_of);
@@ -828,12 +1061,12 @@ Status encode_result(CUresult r) {
 }  // namespace
 
 // A 2-D uint8 tensor map (rows of `inner` bytes) loading 128 x 128 tiles with the 128-byte swizzle.
-Status make_tile_map(CUtensorMap* map, void* base, uint64_t inner, uint64_t rows) {
+Status make_tile_map(CUtensorMap* map, void* base, uint64_t inner, uint64_t rows, uint32_t box_rows) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   MXFLASH_RETURN_IF_ERROR(tensor_map_encoder(&encode));
   const cuuint64_t dims[2] = {inner, rows};
   const cuuint64_t strides[1] = {inner};
-  const cuuint32_t box[2] = {attn::kTile, attn::kTile};
+  const cuuint32_t box[2] = {attn::kTile, box_rows};
   const cuuint32_t elem[2] = {1, 1};
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, base, dims, strides, box, elem,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
@@ -865,14 +1098,45 @@ size_t attention_fwd_workspace_bytes(int batch, int heads, int64_t Pq, int64_t P
 }
 
 namespace {
+// Whether the operands kernel runs with three consumer warpgroups (Q tiles of 192 rows,
+// attention_fwd_kernel3) instead of two (128 rows): when the 192-row tiles pad Q's sequences to at
+// most 5% more rows than the 128-row tiles do (H200, 2026-11-30: llm's 2048-row sequences, 3% more
+// rows, ran 5-6% faster on three; cross's and jagged's 512-row ones, 12.5% more, 8% and 2% slower).
+// MXFLASH_FWD_CONSUMERS=2|3 forces one (tests, A/B runs), read at every call; in experiments
+// builds a set MXFLASH_FWD_VARIANT decides instead (three with bit kThreeConsumerVariant).
+#if MXFLASH_FWD_EXPERIMENTS
+constexpr int kThreeConsumerVariant = 1 << 26;
+#endif
+bool three_consumers(const std::vector<int32_t>& cu_q, int batch, bool broadcast_q) {
+#if MXFLASH_FWD_EXPERIMENTS
+  if (experiment_variant() >= 0) return (experiment_variant() & kThreeConsumerVariant) != 0;
+#endif
+  if (const char* e = std::getenv("MXFLASH_FWD_CONSUMERS")) {
+    if (std::string(e) == "2") return false;
+    if (std::string(e) == "3") return true;
+  }
+  int64_t rows2 = 0, rows3 = 0;
+  for (int b = 0; b < (broadcast_q ? 1 : batch); ++b) {
+    const int64_t n = cu_q[size_t(b) + 1] - cu_q[size_t(b)];
+    rows2 += (n + attn::kTile - 1) / attn::kTile * attn::kTile;
+    rows3 += (n + attn::kQTile3 - 1) / attn::kQTile3 * attn::kQTile3;
+  }
+  return rows3 * 100 <= rows2 * 105;
+}
+
 // The main kernel over operands in the execution layout; `tiles_ws` receives the work list.
-Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, const std::vector<int2>& tiles,
+Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, const std::vector<int2>& tiles_in,
                    uint8_t* tiles_ws, cudaStream_t stream) {
-  if (tiles.empty()) return Status::Ok();
+  if (tiles_in.empty()) return Status::Ok();
   const int64_t H = p.heads;
+  const bool three = ops.v_per_tile && three_consumers(*p.host_cu_q, p.batch, p.broadcast_q);
+  // Q tiles of 192 rows for the three-warpgroup kernel: fewer entries, the same workspace suffices.
+  const std::vector<int2> tiles =
+      three ? schedule(*p.host_cu_q, *p.host_cu_k, p.batch, p.broadcast_q, attn::kQTile3) : tiles_in;
   MXFLASH_RETURN_IF_ERROR(upload_to_device(tiles_ws, tiles.data(), tiles.size() * sizeof(int2), stream));
   CUtensorMap tm_q, tm_k, tm_v;
-  MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_q, ops.q, kHeadDim, uint64_t(H * p.Pq)));
+  MXFLASH_RETURN_IF_ERROR(
+      make_tile_map(&tm_q, ops.q, kHeadDim, uint64_t(H * p.Pq), three ? attn::kRowsPerConsumer : attn::kTile));
   // A batch whose K/V sequences are all empty still needs valid (unused) maps.
   MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_k, ops.k, kHeadDim, uint64_t(std::max<int64_t>(H * p.Pk, attn::kTile))));
   MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_v, ops.v, uint64_t(std::max<int64_t>(p.Pk, attn::kTile)), uint64_t(H * kHeadDim)));
@@ -900,8 +1164,23 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   auto kernel = ops.v_per_tile ? attn::attention_fwd_kernel<kDefaultVariantVTile>
                                : attn::attention_fwd_kernel<kDefaultVariant>;
   bool persistent = false;
-  const size_t smem = attn::kSmemBytes;
+  size_t smem = attn::kSmemBytes;
+  int threads = attn::kThreads;
+  if (three) {
+    kernel = attn::attention_fwd_kernel3<kDefaultVariantVTile>;
+    smem = attn::kSmemBytes3;
+    threads = attn::kThreads3;
+  }
 #if MXFLASH_FWD_EXPERIMENTS
+  if (three) {
+    constexpr int kV = kDefaultVariantVTile;
+    switch (experiment_variant() & (attn::kVariantTrace | attn::kVariantTracePin)) {
+      case attn::kVariantTrace: kernel = attn::attention_fwd_kernel3<kV | attn::kVariantTrace>; break;
+      case attn::kVariantTracePin: kernel = attn::attention_fwd_kernel3<kV | attn::kVariantTracePin>; break;
+      default: break;
+    }
+  }
+  else
   if (ops.v_per_tile) switch (experiment_variant()) {
     case 81 | attn::kVariantNoTurn: kernel = attn::attention_fwd_kernel<81 | attn::kVariantNoTurn>; break;
     case 81: kernel = attn::attention_fwd_kernel<81>; break;
@@ -949,7 +1228,7 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
     MXFLASH_RETURN_IF_ERROR(sm_count(&sms));
     grid = std::min<int64_t>(ctas, sms);
   }
-  kernel<<<unsigned(grid), attn::kThreads, smem, stream>>>(tm_q, tm_k, tm_v, fp);
+  kernel<<<unsigned(grid), unsigned(threads), smem, stream>>>(tm_q, tm_k, tm_v, fp);
   MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_fwd_kernel launch"));
 #if MXFLASH_FWD_EXPERIMENTS
   if (experiment_variant() >= 0 && (experiment_variant() & attn::kVariantTrace) != 0) {

@@ -10,7 +10,7 @@ namespace mxflash::cuda {
 
 // A 2-D uint8 tensor map over `rows` rows of `inner` bytes at `base`, loading 128 x 128 tiles with
 // the 128-byte swizzle the wgmma descriptors expect (sm90::make_desc_k128b).
-Status make_tile_map(CUtensorMap* map, void* base, uint64_t inner, uint64_t rows);
+Status make_tile_map(CUtensorMap* map, void* base, uint64_t inner, uint64_t rows, uint32_t box_rows = 128);
 
 // A 3-D fp32 tensor map over (rows, heads, 128) at `base` (rows of heads x 128 floats), in boxes of
 // 32 channels x 1 head x `box_rows` rows with the 128-byte swizzle (for bulk reductions from
