@@ -3,6 +3,8 @@
 #include "mxflash/attention.h"
 
 #include <algorithm>
+#include <array>
+#include <type_traits>
 #include <utility>
 #include <string>
 #include <tuple>
@@ -228,28 +230,77 @@ Status operand_heads(const TensorView& q, const std::string& set, int64_t* heads
   return Status::Ok();
 }
 
-// One tensor of an execution-layout operand set: an e4m3 payload (3-D) or fp32 scales (2-D).
-struct OperandPart {
-  const TensorView* t;
-  std::string name;
+// One tensor of an execution-layout operand set: an e4m3 payload (3-D) or fp32 scales (2-D), its
+// name and its shape for the metadata. View: TensorView, const for a set that is only read.
+template <typename View>
+struct OperandSlot {
+  View* t;
+  const char* name;
   bool payload;
   const int64_t* shape;
 };
 
-// An operand set's checks: dtypes, shapes for the metadata, contiguity, non-null data, alignment
-// (TMA reads the payloads in 16-byte units), every part on the first's device (*dev).
-Status check_operand_parts(std::initializer_list<OperandPart> parts, Device* dev) {
-  for (const OperandPart& p : parts) {
-    const char* name = p.name.c_str();
-    if (p.payload)
-      MXFLASH_RETURN_IF_ERROR(check_dense(*p.t, name, {DType::kE4M3, DType::kUInt8}, 3, p.shape));
-    else
-      MXFLASH_RETURN_IF_ERROR(check_dense(*p.t, name, {DType::kFloat32}, 2, p.shape));
-    MXFLASH_RETURN_IF_ERROR(check_alignment(*p.t, name, p.payload ? 16 : 4));
+// The forward's and the backward's operand sets as tables of slots, in their public order (the
+// order of attention_*_operand_bytes / _views and of their `data` arrays).
+template <typename Ops>  // AttentionFwdOperands, const or not
+auto operand_table(Ops& o, const AttentionFwdOperandShapes& sh) {
+  using View = std::remove_reference_t<decltype((o.q))>;  // const TensorView for const Ops
+  return std::array<OperandSlot<View>, kAttentionFwdOperandCount>{{{&o.q, "q", true, sh.q},
+                                                                   {&o.k, "k", true, sh.k},
+                                                                   {&o.v, "v", true, sh.v},
+                                                                   {&o.q_scale, "q_scale", false, sh.q_scale},
+                                                                   {&o.k_scale, "k_scale", false, sh.k_scale},
+                                                                   {&o.v_scale, "v_scale", false, sh.v_scale}}};
+}
+template <typename Ops>  // AttentionBwdOperands, const or not
+auto operand_table(Ops& o, const AttentionBwdOperandShapes& sh) {
+  using View = std::remove_reference_t<decltype((o.q))>;  // const TensorView for const Ops
+  return std::array<OperandSlot<View>, kAttentionBwdOperandCount>{{{&o.q, "q", true, sh.q},
+                                                                   {&o.k, "k", true, sh.k},
+                                                                   {&o.v, "v", true, sh.v},
+                                                                   {&o.qt, "qt", true, sh.qt},
+                                                                   {&o.kt, "kt", true, sh.kt},
+                                                                   {&o.q_scale, "q_scale", false, sh.q_scale},
+                                                                   {&o.k_scale, "k_scale", false, sh.k_scale},
+                                                                   {&o.v_scale, "v_scale", false, sh.v_scale},
+                                                                   {&o.qt_scale, "qt_scale", false, sh.qt_scale},
+                                                                   {&o.kt_scale, "kt_scale", false, sh.kt_scale}}};
+}
+
+// Views of an operand set over `data` (e4m3 payloads, fp32 scales) on `device`.
+template <typename Ops, typename Shapes>
+Ops operand_views(const Shapes& sh, void* const* data, Device device, int device_id) {
+  Ops o;
+  const auto table = operand_table(o, sh);
+  for (size_t i = 0; i < table.size(); ++i) {
+    const auto& slot = table[i];
+    *slot.t = make_view(data[i], slot.payload ? DType::kE4M3 : DType::kFloat32, device, slot.payload ? 3 : 2,
+                        slot.shape, device_id);
   }
-  const OperandPart& first = *parts.begin();
-  for (const OperandPart& p : parts)
-    MXFLASH_RETURN_IF_ERROR(check_same_device({{first.t, first.name.c_str()}, {p.t, p.name.c_str()}}, dev));
+  return o;
+}
+
+// An operand set's checks, named `set`.name in messages: dtypes, shapes for the metadata,
+// contiguity, non-null data, alignment (TMA reads the payloads in 16-byte units), every part on
+// q's device (*dev). Each payload is checked with its scales next (q, q_scale, k, k_scale, ...: the
+// tables list the payloads first), so a wrong head count in q is reported at q_scale.
+template <typename Table>
+Status check_operand_parts(const Table& parts, const std::string& set, Device* dev) {
+  constexpr size_t kPayloads = std::tuple_size_v<Table> / 2;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const auto& p = parts[i % 2 == 0 ? i / 2 : kPayloads + i / 2];
+    const std::string name = set + "." + p.name;
+    if (p.payload)
+      MXFLASH_RETURN_IF_ERROR(check_dense(*p.t, name.c_str(), {DType::kE4M3, DType::kUInt8}, 3, p.shape));
+    else
+      MXFLASH_RETURN_IF_ERROR(check_dense(*p.t, name.c_str(), {DType::kFloat32}, 2, p.shape));
+    MXFLASH_RETURN_IF_ERROR(check_alignment(*p.t, name.c_str(), p.payload ? 16 : 4));
+  }
+  const std::string first = set + "." + parts[0].name;
+  for (const auto& p : parts) {
+    const std::string name = set + "." + p.name;
+    MXFLASH_RETURN_IF_ERROR(check_same_device({{parts[0].t, first.c_str()}, {p.t, name.c_str()}}, dev));
+  }
   return Status::Ok();
 }
 
@@ -258,13 +309,7 @@ Status check_operands(const AttentionFwdOperands& ops, const JaggedMeta& q_meta,
                       int64_t* heads, Device* dev, const std::string& set = "ops") {
   MXFLASH_RETURN_IF_ERROR(operand_heads(ops.q, set, heads));
   const AttentionFwdOperandShapes sh = attention_fwd_operand_shapes(q_meta, k_meta, *heads);
-  return check_operand_parts({{&ops.q, set + ".q", true, sh.q},
-                              {&ops.q_scale, set + ".q_scale", false, sh.q_scale},
-                              {&ops.k, set + ".k", true, sh.k},
-                              {&ops.k_scale, set + ".k_scale", false, sh.k_scale},
-                              {&ops.v, set + ".v", true, sh.v},
-                              {&ops.v_scale, set + ".v_scale", false, sh.v_scale}},
-                             dev);
+  return check_operand_parts(operand_table(ops, sh), set, dev);
 }
 
 cuda::FwdExecOperands exec_operands(const AttentionFwdOperands& ops) {
@@ -377,23 +422,17 @@ AttentionFwdOperandShapes attention_fwd_operand_shapes(const JaggedMeta& q_meta,
 void attention_fwd_operand_bytes(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
                                  size_t bytes[kAttentionFwdOperandCount]) {
   void* none[kAttentionFwdOperandCount] = {};
-  const AttentionFwdOperands v = attention_fwd_operand_views(q_meta, k_meta, heads, none, Device::kCPU);
-  const TensorView* parts[kAttentionFwdOperandCount] = {&v.q, &v.k, &v.v, &v.q_scale, &v.k_scale, &v.v_scale};
-  for (int i = 0; i < kAttentionFwdOperandCount; ++i) bytes[i] = size_t(parts[i]->nbytes());
+  const AttentionFwdOperandShapes sh = attention_fwd_operand_shapes(q_meta, k_meta, heads);
+  AttentionFwdOperands v = operand_views<AttentionFwdOperands>(sh, none, Device::kCPU, 0);
+  const auto table = operand_table(v, sh);
+  for (int i = 0; i < kAttentionFwdOperandCount; ++i) bytes[i] = size_t(table[size_t(i)].t->nbytes());
 }
 
 AttentionFwdOperands attention_fwd_operand_views(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
                                                  void* const data[kAttentionFwdOperandCount], Device device,
                                                  int device_id) {
-  const AttentionFwdOperandShapes sh = attention_fwd_operand_shapes(q_meta, k_meta, heads);
-  AttentionFwdOperands o;
-  o.q = make_view(data[0], DType::kE4M3, device, 3, sh.q, device_id);
-  o.k = make_view(data[1], DType::kE4M3, device, 3, sh.k, device_id);
-  o.v = make_view(data[2], DType::kE4M3, device, 3, sh.v, device_id);
-  o.q_scale = make_view(data[3], DType::kFloat32, device, 2, sh.q_scale, device_id);
-  o.k_scale = make_view(data[4], DType::kFloat32, device, 2, sh.k_scale, device_id);
-  o.v_scale = make_view(data[5], DType::kFloat32, device, 2, sh.v_scale, device_id);
-  return o;
+  return operand_views<AttentionFwdOperands>(attention_fwd_operand_shapes(q_meta, k_meta, heads), data, device,
+                                             device_id);
 }
 
 size_t attention_forward_operands_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta,
@@ -702,17 +741,7 @@ Status check_bwd_operands(const AttentionBwdOperands& ops, const JaggedMeta& q_m
                           int64_t* heads, Device* dev, const std::string& set = "ops") {
   MXFLASH_RETURN_IF_ERROR(operand_heads(ops.q, set, heads));
   const AttentionBwdOperandShapes sh = attention_bwd_operand_shapes(q_meta, k_meta, *heads);
-  return check_operand_parts({{&ops.q, set + ".q", true, sh.q},
-                              {&ops.q_scale, set + ".q_scale", false, sh.q_scale},
-                              {&ops.k, set + ".k", true, sh.k},
-                              {&ops.k_scale, set + ".k_scale", false, sh.k_scale},
-                              {&ops.v, set + ".v", true, sh.v},
-                              {&ops.v_scale, set + ".v_scale", false, sh.v_scale},
-                              {&ops.qt, set + ".qt", true, sh.qt},
-                              {&ops.qt_scale, set + ".qt_scale", false, sh.qt_scale},
-                              {&ops.kt, set + ".kt", true, sh.kt},
-                              {&ops.kt_scale, set + ".kt_scale", false, sh.kt_scale}},
-                             dev);
+  return check_operand_parts(operand_table(ops, sh), set, dev);
 }
 
 cuda::BwdExecOperands bwd_exec_operands(const AttentionBwdOperands& ops) {
@@ -743,28 +772,17 @@ AttentionBwdOperandShapes attention_bwd_operand_shapes(const JaggedMeta& q_meta,
 void attention_bwd_operand_bytes(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
                                  size_t bytes[kAttentionBwdOperandCount]) {
   void* none[kAttentionBwdOperandCount] = {};
-  const AttentionBwdOperands v = attention_bwd_operand_views(q_meta, k_meta, heads, none, Device::kCPU);
-  const TensorView* parts[kAttentionBwdOperandCount] = {&v.q,       &v.k,       &v.v,        &v.qt,       &v.kt,
-                                                        &v.q_scale, &v.k_scale, &v.v_scale, &v.qt_scale, &v.kt_scale};
-  for (int i = 0; i < kAttentionBwdOperandCount; ++i) bytes[i] = size_t(parts[i]->nbytes());
+  const AttentionBwdOperandShapes sh = attention_bwd_operand_shapes(q_meta, k_meta, heads);
+  AttentionBwdOperands v = operand_views<AttentionBwdOperands>(sh, none, Device::kCPU, 0);
+  const auto table = operand_table(v, sh);
+  for (int i = 0; i < kAttentionBwdOperandCount; ++i) bytes[i] = size_t(table[size_t(i)].t->nbytes());
 }
 
 AttentionBwdOperands attention_bwd_operand_views(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
                                                  void* const data[kAttentionBwdOperandCount], Device device,
                                                  int device_id) {
-  const AttentionBwdOperandShapes sh = attention_bwd_operand_shapes(q_meta, k_meta, heads);
-  AttentionBwdOperands o;
-  o.q = make_view(data[0], DType::kE4M3, device, 3, sh.q, device_id);
-  o.k = make_view(data[1], DType::kE4M3, device, 3, sh.k, device_id);
-  o.v = make_view(data[2], DType::kE4M3, device, 3, sh.v, device_id);
-  o.qt = make_view(data[3], DType::kE4M3, device, 3, sh.qt, device_id);
-  o.kt = make_view(data[4], DType::kE4M3, device, 3, sh.kt, device_id);
-  o.q_scale = make_view(data[5], DType::kFloat32, device, 2, sh.q_scale, device_id);
-  o.k_scale = make_view(data[6], DType::kFloat32, device, 2, sh.k_scale, device_id);
-  o.v_scale = make_view(data[7], DType::kFloat32, device, 2, sh.v_scale, device_id);
-  o.qt_scale = make_view(data[8], DType::kFloat32, device, 2, sh.qt_scale, device_id);
-  o.kt_scale = make_view(data[9], DType::kFloat32, device, 2, sh.kt_scale, device_id);
-  return o;
+  return operand_views<AttentionBwdOperands>(attention_bwd_operand_shapes(q_meta, k_meta, heads), data, device,
+                                             device_id);
 }
 
 Status quantize_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
