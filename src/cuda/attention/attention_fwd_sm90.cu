@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/attention/attention_fwd.h"
@@ -771,11 +772,15 @@ static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs3 * kWarpgroupThr
 // predicated instructions and the register allocation around them); not understood, so not the
 // default (docs/attention.md).
 inline constexpr int kVariantTracePin = 1 << 28;
+// Bit 27 (experiments builds): S of the next tile issued at the end of a tile (kPrefetch in
+// attention_fwd_kernel3). Compiles with no spill and no wgmma serialization; NOT YET RUN on a GPU
+// (the session's device time ran out): measure it, and check its bytes, before anything else.
+inline constexpr int kVariantPrefetchS = 1 << 27;
 // Bit 29 (P.V in two 64-channel halves, the first promoted while the second runs) is the kernel's
 // schedule since 2026-11-30 (+4-6%). Bit 30 (S in two 64-key halves, the first half's row maxima
 // taken while the second runs) measured 3% slower and was removed (docs/attention.md).
-// Bit 27 (6 K/V stages instead of 4: +-0) and S of the next tile issued in two 64-key halves at the
-// end of a tile (ptxas serialized every wgmma for lack of registers and spilled ~900 bytes): removed
+// 6 K/V stages instead of 4 (+-0) and a first form of bit 27 (the next tile's S issued under a
+// condition inside the loop: ptxas serialized every wgmma and spilled ~900 bytes): removed
 // (docs/attention.md).
 
 struct SharedStorage3 {
@@ -867,14 +872,22 @@ __global__ void __launch_bounds__(kThreads3, 1)
     if constexpr (kTrace) trace_stamp(trace_row, cw, j, event);
   };
   constexpr uint64_t kHalfDesc = (kRowsPerConsumer * kHeadDim) >> 4;  // 64 rows of a V' tile
-  for (int j = 0; j < n_tiles; ++j) {
+  // kVariantPrefetchS: S of tile j + 1 issued at the end of tile j, in two 64-key halves
+  // (wgmma_m64n64k32_ss_fresh: no earlier value of the halves is kept alive), the first under the
+  // promotion of the second P.V half; the last tile is peeled so that the loop issues it always.
+  constexpr bool kPrefetch = (kVariant & kVariantPrefetchS) != 0;
+  auto issue_s_half = [&](float(&d)[32], int jj, int half) {
+    const uint64_t dk = desc_k0 + uint64_t(stage_of(jj)) * kStageDesc + uint64_t(half) * kHalfDesc;
+    sm90::wgmma_fence();
+    sm90::wgmma_m64n64k32_ss_fresh(d, desc_q, dk);
+#pragma unroll
+    for (int kk = 1; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n64k32_ss(d, desc_q + 2 * kk, dk + 2 * kk, 1);
+    sm90::wgmma_commit();
+  };
+  // Tile j from its S (issued, in flight) to its promotion; `prefetch`: S of tile j + 1 into sc.
+  auto tile = [&](float(&sc)[64], int j, auto prefetch) {
     const int stage = stage_of(j);
-    stamp(j, 0);
-    float sc[64];
     const uint64_t desc_v = desc_v0 + uint64_t(stage) * kStageDesc;
-    sm90::mbar_wait(&s.full[stage], phase_of(j));
-    issue_s(sc, desc_q, desc_k0 + uint64_t(stage) * kStageDesc);
-    stamp(j, 1);
     sm90::wgmma_wait<0>();
     fence_all(sc);
     stamp(j, 2);
@@ -918,8 +931,33 @@ __global__ void __launch_bounds__(kThreads3, 1)
     for (int i = 0; i < 16; ++i) sm90::fence_regs(pa[i]);  // P was read until here
     stamp(j, 5);
     sm90::mbar_arrive(&s.empty[stage]);
+    if constexpr (decltype(prefetch)::value) {
+      sm90::mbar_wait(&s.full[stage_of(j + 1)], phase_of(j + 1));
+      issue_s_half(*reinterpret_cast<float(*)[32]>(sc), j + 1, 0);
+    }
     promote_vtile_apply<32>(o + 32, ot_hi, pr);
+    if constexpr (decltype(prefetch)::value) issue_s_half(*reinterpret_cast<float(*)[32]>(sc + 32), j + 1, 1);
     stamp(j, 6);
+  };
+  if constexpr (kPrefetch) {
+    float sc[64];  // S of the current tile, issued the tile before (or here)
+    stamp(0, 0);
+    sm90::mbar_wait(&s.full[0], 0);
+    issue_s_half(*reinterpret_cast<float(*)[32]>(sc), 0, 0);
+    issue_s_half(*reinterpret_cast<float(*)[32]>(sc + 32), 0, 1);
+    stamp(0, 1);
+    for (int j = 0; j + 1 < n_tiles; ++j) tile(sc, j, std::true_type{});
+    tile(sc, n_tiles - 1, std::false_type{});
+  } else {
+    for (int j = 0; j < n_tiles; ++j) {
+      const int stage = stage_of(j);
+      stamp(j, 0);
+      float sc[64];
+      sm90::mbar_wait(&s.full[stage], phase_of(j));
+      issue_s(sc, desc_q, desc_k0 + uint64_t(stage) * kStageDesc);
+      stamp(j, 1);
+      tile(sc, j, std::false_type{});
+    }
   }
 
   // ---------------------------------------------------------------------------- epilogue
@@ -1174,9 +1212,13 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
 #if MXFLASH_FWD_EXPERIMENTS
   if (three) {
     constexpr int kV = kDefaultVariantVTile;
-    switch (experiment_variant() & (attn::kVariantTrace | attn::kVariantTracePin)) {
+    switch (experiment_variant() & (attn::kVariantTrace | attn::kVariantTracePin | attn::kVariantPrefetchS)) {
       case attn::kVariantTrace: kernel = attn::attention_fwd_kernel3<kV | attn::kVariantTrace>; break;
       case attn::kVariantTracePin: kernel = attn::attention_fwd_kernel3<kV | attn::kVariantTracePin>; break;
+      case attn::kVariantPrefetchS: kernel = attn::attention_fwd_kernel3<kV | attn::kVariantPrefetchS>; break;
+      case attn::kVariantPrefetchS | attn::kVariantTrace:
+        kernel = attn::attention_fwd_kernel3<kV | attn::kVariantPrefetchS | attn::kVariantTrace>;
+        break;
       default: break;
     }
   }
