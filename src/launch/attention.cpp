@@ -280,6 +280,16 @@ Ops operand_views(const Shapes& sh, void* const* data, Device device, int device
   return o;
 }
 
+// The byte sizes of an operand set's parts, in the table's order.
+template <typename Ops, typename Shapes>
+void operand_bytes(const Shapes& sh, size_t* bytes) {
+  Ops o;
+  const auto table = operand_table(o, sh);
+  void* none[std::tuple_size_v<decltype(table)>] = {};
+  o = operand_views<Ops>(sh, none, Device::kCPU, 0);
+  for (size_t i = 0; i < table.size(); ++i) bytes[i] = size_t(table[i].t->nbytes());
+}
+
 // An operand set's checks, named `set`.name in messages: dtypes, shapes for the metadata,
 // contiguity, non-null data, alignment (TMA reads the payloads in 16-byte units), every part on
 // q's device (*dev). Each payload is checked with its scales next (q, q_scale, k, k_scale, ...: the
@@ -421,11 +431,7 @@ AttentionFwdOperandShapes attention_fwd_operand_shapes(const JaggedMeta& q_meta,
 
 void attention_fwd_operand_bytes(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
                                  size_t bytes[kAttentionFwdOperandCount]) {
-  void* none[kAttentionFwdOperandCount] = {};
-  const AttentionFwdOperandShapes sh = attention_fwd_operand_shapes(q_meta, k_meta, heads);
-  AttentionFwdOperands v = operand_views<AttentionFwdOperands>(sh, none, Device::kCPU, 0);
-  const auto table = operand_table(v, sh);
-  for (int i = 0; i < kAttentionFwdOperandCount; ++i) bytes[i] = size_t(table[size_t(i)].t->nbytes());
+  operand_bytes<AttentionFwdOperands>(attention_fwd_operand_shapes(q_meta, k_meta, heads), bytes);
 }
 
 AttentionFwdOperands attention_fwd_operand_views(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
@@ -771,11 +777,7 @@ AttentionBwdOperandShapes attention_bwd_operand_shapes(const JaggedMeta& q_meta,
 
 void attention_bwd_operand_bytes(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
                                  size_t bytes[kAttentionBwdOperandCount]) {
-  void* none[kAttentionBwdOperandCount] = {};
-  const AttentionBwdOperandShapes sh = attention_bwd_operand_shapes(q_meta, k_meta, heads);
-  AttentionBwdOperands v = operand_views<AttentionBwdOperands>(sh, none, Device::kCPU, 0);
-  const auto table = operand_table(v, sh);
-  for (int i = 0; i < kAttentionBwdOperandCount; ++i) bytes[i] = size_t(table[size_t(i)].t->nbytes());
+  operand_bytes<AttentionBwdOperands>(attention_bwd_operand_shapes(q_meta, k_meta, heads), bytes);
 }
 
 AttentionBwdOperands attention_bwd_operand_views(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,

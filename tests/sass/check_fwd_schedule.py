@@ -103,6 +103,14 @@ def r2ur_before_gemm(loop, window=40):
     return n
 
 
+def loop_problems(name, loop):
+    """A main loop's R2UR before a wgmma, spills (STL/LDL) and global loads (LDG), one problem per kind."""
+    counts = [("R2UR before a wgmma", r2ur_before_gemm(loop))]
+    for what, pattern in (("local memory (STL/LDL)", r"\b(STL|LDL)\b"), ("global load (LDG)", r"\bLDG\b")):
+        counts.append((what, sum(1 for u in loop if re.search(pattern, u))))
+    return [f"{name}: {n} {what} in the main loop ({len(loop)} instructions)" for what, n in counts if n]
+
+
 def check(variant, ins):
     """Problems of one kernel: each wait for S alone must be followed by a whole tile's
     exponentials before the next wait for everything; its loop must hold no R2UR, spill or
@@ -115,13 +123,7 @@ def check(variant, ins):
         found += 1
         loop = main_loop(ins, i)
         in_loop += bool(loop)
-        counts = [("R2UR before a wgmma", r2ur_before_gemm(loop))]
-        for what, pattern in (("local memory (STL/LDL)", r"\b(STL|LDL)\b"), ("global load (LDG)", r"\bLDG\b")):
-            counts.append((what, sum(1 for u in loop if re.search(pattern, u))))
-        for what, n in counts:
-            if n:
-                problems.append(f"attention_fwd_kernel<{variant}>: {n} {what} in the main loop "
-                                f"({len(loop)} instructions)")
+        problems += loop_problems(f"attention_fwd_kernel<{variant}>", loop)
         exps = 0
         for u in text[i + 1:]:
             if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in u:
@@ -177,12 +179,7 @@ def check_three(variant, ins):
     loop = main_loop(ins, waits[0]) if waits else []
     if not loop:
         return [f"attention_fwd_kernel3<{variant}>: main loop not found"]
-    counts = [("R2UR before a wgmma", r2ur_before_gemm(loop))]
-    for what, pattern in (("local memory (STL/LDL)", r"\b(STL|LDL)\b"), ("global load (LDG)", r"\bLDG\b")):
-        counts.append((what, sum(1 for u in loop if re.search(pattern, u))))
-    for what, n in counts:
-        if n:
-            problems.append(f"attention_fwd_kernel3<{variant}>: {n} {what} in the main loop ({len(loop)} instructions)")
+    problems += loop_problems(f"attention_fwd_kernel3<{variant}>", loop)
     if sum(1 for u in loop if "MUFU.EX2" in u) < EXPS_PER_TILE:
         problems.append(f"attention_fwd_kernel3<{variant}>: fewer than {EXPS_PER_TILE} MUFU.EX2 in the main loop")
     halves, last = 0, 0
