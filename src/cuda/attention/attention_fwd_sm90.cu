@@ -224,32 +224,13 @@ struct TileSoftmax {
         for (int i = 0; i < N; ++i)
           if ((i % 4) / 2 == r) mx = fmaxf(mx, masked(i));
       }
-      finish_row(r, mx, ks, m, l, alpha, rows);
+      rows.mult[r] = row_mult[r] * ks;
+      rows.m_new[r] = fmaxf(m[r], quad_max(mx) * rows.mult[r]);
+      alpha[r] = fast_exp2(m[r] - rows.m_new[r]);
+      m[r] = rows.m_new[r];
+      l[r] *= alpha[r];
     }
     return rows;
-  }
-
-  // Row r's new maximum from this thread's maximum mx of its S values, the rescale factor alpha of
-  // O and l (the end of max_phase).
-  __device__ __forceinline__ void finish_row(int r, float mx, float ks, float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                             Rows& rows) const {
-    rows.mult[r] = row_mult[r] * ks;
-    rows.m_new[r] = fmaxf(m[r], quad_max(mx) * rows.mult[r]);
-    alpha[r] = fast_exp2(m[r] - rows.m_new[r]);
-    m[r] = rows.m_new[r];
-    l[r] *= alpha[r];
-  }
-
-  // This thread's maxima of its two rows over 32 accumulators of an unmasked tile (a 64-key half).
-  __device__ __forceinline__ static void half_max(const float* x, float (&mx)[2]) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float t[8];
-#pragma unroll
-      for (int k = 0; k < 8; ++k) t[k] = fmaxf(x[4 * k + 2 * r], x[4 * k + 2 * r + 1]);
-      tree_max<4>(t);
-      mx[r] = t[0];
-    }
   }
 
   // Phase 2: P = e4m3(256 p) fragments and the row sums. kInPlace: the values 256 p replace S in sc
