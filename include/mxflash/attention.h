@@ -84,9 +84,11 @@ Status quantize_attention_forward(const TensorView& q, const TensorView& k, cons
                                   const JaggedMeta& q_meta, const JaggedMeta& k_meta, const AttentionFwdOperands& ops,
                                   void* stream = nullptr);
 
-// Device workspace of the forward on operands (its work list only: 8 bytes per 128-row Q tile,
-// rounded up to 256); 0 on CPU-only builds and for metadata the call would reject.
-size_t attention_forward_operands_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta,
+// Device workspace of the forward on operands: its work list (8 bytes per Q tile of 128 or 192
+// rows, rounded up to 256) and, where the kernel splits the last, partial wave of its work items
+// over more CTAs, their partial states (99 KiB per part; at most 2 parts per SM of the current
+// device, e.g. 26 MB on an H200); 0 on CPU-only builds and for metadata the call would reject.
+size_t attention_forward_operands_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
                                                  const AttentionOptions& opt);
 
 // The forward on operands from quantize_attention_forward (same q_meta, k_meta). Outputs and

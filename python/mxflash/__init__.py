@@ -592,7 +592,8 @@ def _torch_workspace(nbytes, device):
 
 def _forward_outputs(ref, heads, q_meta, k_meta, broadcast_q, out, operands=False):
     """A forward's (out, lse) (given through out=, or allocated like `ref`) and, for CUDA, its
-    workspace from torch's allocator (operands: the execution-layout form's, its work list only):
+    workspace from torch's allocator (operands: the execution-layout form's, its work list and the
+    split tail's partial states):
     (out, lse, workspace, ptr, bytes)."""
     outs = _outputs(out, 2, "out, lse")
     if outs is None:
@@ -604,7 +605,7 @@ def _forward_outputs(ref, heads, q_meta, k_meta, broadcast_q, out, operands=Fals
     workspace = ws_ptr = ws_bytes = 0
     if _is_cuda(ref):
         if operands:
-            n = _C.attention_forward_operands_workspace_size(q_meta._host, k_meta._host, broadcast_q)
+            n = _C.attention_forward_operands_workspace_size(q_meta._host, k_meta._host, heads, broadcast_q)
         else:
             n = _C.attention_forward_workspace_size(q_meta._host, k_meta._host, heads, broadcast_q)
         workspace, ws_ptr, ws_bytes = _torch_workspace(n, ref.device)

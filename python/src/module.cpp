@@ -417,10 +417,10 @@ NB_MODULE(_mxflash, m) {
       "q_meta"_a, "k_meta"_a, "heads"_a, "broadcast_q"_a);
   m.def(
       "attention_forward_operands_workspace_size",
-      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, bool broadcast_q) -> size_t {
-        return attention_forward_operands_workspace_size(q_meta, k_meta, attention_options(NAN, broadcast_q));
+      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, bool broadcast_q) -> size_t {
+        return attention_forward_operands_workspace_size(q_meta, k_meta, heads, attention_options(NAN, broadcast_q));
       },
-      "q_meta"_a, "k_meta"_a, "broadcast_q"_a);
+      "q_meta"_a, "k_meta"_a, "heads"_a, "broadcast_q"_a);
   m.def(
       "attention_forward",
       [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, const Mx& q, const Mx& k, const Mx& v,

@@ -441,11 +441,11 @@ AttentionFwdOperands attention_fwd_operand_views(const JaggedMeta& q_meta, const
                                              device_id);
 }
 
-size_t attention_forward_operands_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta,
+size_t attention_forward_operands_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
                                                  const AttentionOptions& opt) {
-  if (!sizable(q_meta, k_meta, 1, opt.broadcast_q)) return 0;
-  return cuda::attention_fwd_exec_workspace_bytes(
-      cuda::attention_fwd_num_q_tiles(q_meta.cu_seqlens(), k_meta.batch(), opt.broadcast_q));
+  if (!sizable(q_meta, k_meta, heads, opt.broadcast_q)) return 0;
+  return cuda::attention_fwd_exec_workspace_bytes(q_meta.cu_seqlens(), k_meta.cu_seqlens(), k_meta.batch(), heads,
+                                                  opt.broadcast_q);
 }
 
 Status quantize_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -501,7 +501,7 @@ Status attention_forward(const AttentionFwdOperands& ops, const JaggedMeta& q_me
   }
   MXFLASH_RETURN_IF_ERROR(check_cuda_call(ops.q.device_id, "ops.q", q_meta, k_meta));
   MXFLASH_RETURN_IF_ERROR(check_tma_coordinates("ops.q", H, q_meta, k_meta));
-  if (workspace && workspace_bytes < attention_forward_operands_workspace_size(q_meta, k_meta, opt))
+  if (workspace && workspace_bytes < attention_forward_operands_workspace_size(q_meta, k_meta, H, opt))
     return Status::Invalid("workspace: smaller than attention_forward_operands_workspace_size()");
   cuda::AttentionFwdProblem p;
   fill_problem(q_meta, k_meta, H, To, opt.broadcast_q, scale, &p);

@@ -15,7 +15,9 @@ Status quantize_attention_fwd_operands(const AttentionFwdProblem&, const void*, 
                                        const FwdExecOperands&, void*) {
   return Status::Unsupported("mxflash was built without CUDA");
 }
-size_t attention_fwd_exec_workspace_bytes(int64_t) { return 0; }
+size_t attention_fwd_exec_workspace_bytes(const std::vector<int32_t>&, const std::vector<int32_t>&, int, int64_t, bool) {
+  return 0;
+}
 Status attention_forward_exec(const AttentionFwdProblem&, const FwdExecOperands&, void*, size_t, void*) {
   return Status::Unsupported("mxflash was built without CUDA");
 }

@@ -336,18 +336,18 @@ TEST(AttentionWorkspace, OperandsFormNeedsOnlyItsWorkList) {
   ASSERT_TRUE(JaggedMeta::FromLengths({64}, &one).ok());
   ASSERT_TRUE(JaggedMeta::FromLengths({64, 0, 300}, &three).ok());
   AttentionOptions opt;
-  EXPECT_EQ(attention_forward_operands_workspace_size(one, three, opt), 0u);  // batch mismatch
+  EXPECT_EQ(attention_forward_operands_workspace_size(one, three, 2, opt), 0u);  // batch mismatch
   opt.broadcast_q = true;
-  EXPECT_EQ(attention_forward_operands_workspace_size(three, three, opt), 0u);
+  EXPECT_EQ(attention_forward_operands_workspace_size(three, three, 2, opt), 0u);
 #ifdef MXFLASH_WITH_CUDA
   // One shared 64-row Q sequence against 3 K/V sequences: 3 Q tiles of 8 bytes, rounded to 256.
-  EXPECT_EQ(attention_forward_operands_workspace_size(one, three, opt), 256u);
+  EXPECT_EQ(attention_forward_operands_workspace_size(one, three, 2, opt), 256u);
   opt.broadcast_q = false;
-  EXPECT_EQ(attention_forward_operands_workspace_size(three, three, opt), 256u);
-  EXPECT_LT(attention_forward_operands_workspace_size(three, three, opt),
+  EXPECT_EQ(attention_forward_operands_workspace_size(three, three, 2, opt), 256u);
+  EXPECT_LT(attention_forward_operands_workspace_size(three, three, 2, opt),
             attention_forward_workspace_size(three, three, 2, opt));
 #else
-  EXPECT_EQ(attention_forward_operands_workspace_size(one, three, opt), 0u);
+  EXPECT_EQ(attention_forward_operands_workspace_size(one, three, 2, opt), 0u);
 #endif
 }
 

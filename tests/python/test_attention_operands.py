@@ -322,7 +322,7 @@ def test_non_invalid_status_is_runtime_error(case):
         _mxflash.attention_forward_operands(qm._host, km._host, tuple(view(a) for a in ops), float("nan"), False,
                                             view(np.zeros((To, H, 128), BF16)),
                                             view(np.zeros((H, To), np.float32)), 0, 0, 0)
-    assert _mxflash.attention_forward_operands_workspace_size(qm._host, km._host, False) == 0
+    assert _mxflash.attention_forward_operands_workspace_size(qm._host, km._host, H, False) == 0
 
 
 def test_operands_workspace_is_the_work_list_only(case):
@@ -330,11 +330,11 @@ def test_operands_workspace_is_the_work_list_only(case):
         pytest.skip("needs a CUDA build (the size is 0 without one)")
     from mxflash import _mxflash
     qm, km, _, _ = case
-    n = _mxflash.attention_forward_operands_workspace_size(qm._host, km._host, False)
+    n = _mxflash.attention_forward_operands_workspace_size(qm._host, km._host, H, False)
     q_tiles = sum((lq + 127) // 128 for lq in Q_LENGTHS)
     assert n == (q_tiles * 8 + 255) // 256 * 256
     assert n < _mxflash.attention_forward_workspace_size(qm._host, km._host, H, False)
-    assert _mxflash.attention_forward_operands_workspace_size(qm._host, km._host, True) == 0  # 3 Q sequences
+    assert _mxflash.attention_forward_operands_workspace_size(qm._host, km._host, H, True) == 0  # 3 Q sequences
 
 
 # ---------------------------------------------------------------------------- CUDA

@@ -13,7 +13,8 @@ path (a warp-uniform value computed in vector registers and moved within 40 inst
 wgmma; the loop had 11, removing them gave +3.5%), no local-memory spill (STL/LDL) and no global
 load (LDG) inside the loop.
 
-The three-consumer forward kernel (attention_fwd_kernel3) runs each tile in series but for its P.V,
+The three-consumer forward kernel (attention_fwd_kernel3, both its whole-item and its split-part
+instantiation) runs each tile in series but for its P.V,
 issued in two 64-channel halves whose first is promoted under the second: its main loop must show
 that wait for one group behind both halves, and hold no spill, no global load and no R2UR before a
 wgmma (160 registers a consumer).
@@ -212,7 +213,8 @@ def main():
         print(f"check_fwd_schedule: no overlapped attention_fwd_kernel in {sys.argv[1]} (found {sorted(ks)})")
         return 1
     problems = [p for v, ins in sorted(checked.items()) for p in check(v, ins)]
-    three = kernels(sass, r"Function : \S*attention_fwd_kernel3ILi(\d+)E")
+    # attention_fwd_kernel3<variant, parts>: keyed "<variant>ELb<0|1>" (whole items / split parts)
+    three = kernels(sass, r"Function : \S*attention_fwd_kernel3ILi(\d+ELb[01])E")
     if not three:
         problems.append("attention_fwd_kernel3: not found")
     for v, ins in sorted(three.items()):

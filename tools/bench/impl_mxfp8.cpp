@@ -57,7 +57,7 @@ class Mxfp8Attention final : public AttnImpl {
     MXFLASH_RETURN_IF_ERROR(lay_k_.init(p_.lk, std::vector<int64_t>(cu_k.begin(), cu_k.end() - 1), H * kHeadDim, 0));
     const std::vector<int64_t> cu_o = prefix_rows(p_.lq);
     MXFLASH_RETURN_IF_ERROR(lay_o_.init(p_.lq, std::vector<int64_t>(cu_o.begin(), cu_o.end() - 1), H * kHeadDim, 0));
-    MXFLASH_RETURN_IF_ERROR(ws_.alloc(exec_ ? attention_forward_operands_workspace_size(q_meta_, k_meta_, opt_)
+    MXFLASH_RETURN_IF_ERROR(ws_.alloc(exec_ ? attention_forward_operands_workspace_size(q_meta_, k_meta_, H, opt_)
                                             : attention_forward_workspace_size(q_meta_, k_meta_, H, opt_)));
     DeviceBuffer xq, xk;
     MXFLASH_RETURN_IF_ERROR(xq.alloc(size_t(Tq * H * kHeadDim * 2)));

@@ -53,8 +53,10 @@ Status quantize_attention_fwd_operands(const AttentionFwdProblem& p, const void*
                                        bool x_fp32, const FwdExecOperands& out, void* stream);
 
 // The forward from operands in the execution layout (no prepare pass); workspace: at least
-// attention_fwd_exec_workspace_bytes(attention_fwd_num_q_tiles(...)), or nullptr.
-size_t attention_fwd_exec_workspace_bytes(int64_t num_q_tiles);
+// attention_fwd_exec_workspace_bytes(...) (the work list, and the partial states of the split tail
+// when the three-consumer kernel runs one: it depends on the current device's SM count), or nullptr.
+size_t attention_fwd_exec_workspace_bytes(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k,
+                                          int batch, int64_t heads, bool broadcast_q);
 Status attention_forward_exec(const AttentionFwdProblem& p, const FwdExecOperands& ops, void* workspace,
                               size_t workspace_bytes, void* stream);
 

@@ -131,6 +131,18 @@ struct FwdParams {
   int num_items;  // (Q tile, head) pairs: the persistent kernel's work list
 };
 
+// The split tail of the three-consumer kernel (split_parts on the host): items first.. run as
+// `parts` CTAs each, one contiguous share of the item's K/V tiles per CTA (a part), which write
+// their partial row state to part_o / part_rows; attention_fwd_merge3 combines them into out and
+// lse. first = the item count: nothing split. A parameter of its own, not fields of FwdParams: with
+// them there, ptxas scheduled the two-consumer kernel's loop differently (its SASS otherwise the
+// same) and that kernel ran 2.5% slower on cross and jagged (H200, same run, 2026-11-30).
+struct SplitParams {
+  int first, parts;
+  float4* part_o;     // (slot, consumer, 16, 128 threads): a consumer thread's 64 accumulators
+  float4* part_rows;  // (slot, consumer, 64 rows): {m, l (quad-summed), O's unit exponent, 0}
+};
+
 // Stage and phase of the n-th K/V tile a CTA loads (n >= 0; unsigned: one AND and one shift, not
 // the signed division's four instructions in the consumers' loop).
 __device__ __forceinline__ int stage_of(int n) { return int(unsigned(n) % kStages); }
@@ -290,6 +302,8 @@ struct TileSoftmax {
 struct WorkItem {
   int h, b, m_block, qb, Lq, Lk, n_tiles;
   int64_t q_row;  // first row of the Q tile in Q' (H, Pq, 128)
+  int j0 = 0;     // first K/V tile (split items' parts; n_tiles: the part's count)
+  int slot = -1;  // split items: the part's slot in FwdParams::part_o / part_rows
 };
 
 template <int kQTile = kTile>
@@ -317,11 +331,12 @@ template <int kVariant, int kQBoxes = 1, int kQBoxRows = kTile, typename Storage
 __device__ __forceinline__ void produce_item(Storage& s, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                              const CUtensorMap* tm_v, const FwdParams& p, const WorkItem& w, int it) {
   const int h = w.h, b = w.b, n_tiles = w.n_tiles;
-  const int k_row = int(int64_t(h) * p.Pk + p.cu_k_sf[b]);
-  const int v_col = p.cu_k_sf[b];
-  const float* k_scale = p.k_scale + int64_t(h) * (p.Pk / kTile) + p.cu_k_sf[b] / kTile;
+  const int k_first = p.cu_k_sf[b] + w.j0 * kTile;  // the first K/V tile's token in K' and V'
+  const int k_row = int(int64_t(h) * p.Pk + k_first);
+  const int v_col = k_first;
+  const float* k_scale = p.k_scale + int64_t(h) * (p.Pk / kTile) + k_first / kTile;
   constexpr bool kVTile = (kVariant & kVariantVTile) != 0;
-  const float* v_scale = p.v_scale + int64_t(h) * (p.Pk / kTile) + p.cu_k_sf[b] / kTile;
+  const float* v_scale = p.v_scale + int64_t(h) * (p.Pk / kTile) + k_first / kTile;
   sm90::mbar_arrive_expect_tx(&s.q_full, kQBoxes * kQBoxRows * kHeadDim);
 #pragma unroll
   for (int c = 0; c < kQBoxes; ++c)
@@ -753,10 +768,10 @@ static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs3 * kWarpgroupThr
 // predicated instructions and the register allocation around them); not understood, so not the
 // default (docs/attention.md).
 inline constexpr int kVariantTracePin = 1 << 28;
-// Bit 27 (experiments builds): S of the next tile issued at the end of a tile (kPrefetch in
-// attention_fwd_kernel3). Compiles with no spill and no wgmma serialization; NOT YET RUN on a GPU
-// (the session's device time ran out): measure it, and check its bytes, before anything else.
-inline constexpr int kVariantPrefetchS = 1 << 27;
+// Bit 27 (S of the next tile issued at the end of a tile, in two 64-key halves, the last tile
+// peeled: the same bytes, 1-2% slower) and bits 22-23 (2, 4 or 6 of each 16 exponentials on the FMA
+// pipe by a polynomial: 1.5, 3 and 6% slower) were measured 2026-11-30 and removed
+// (docs/attention.md).
 // Bit 29 (P.V in two 64-channel halves, the first promoted while the second runs) is the kernel's
 // schedule since 2026-11-30 (+4-6%). Bit 30 (S in two 64-key halves, the first half's row maxima
 // taken while the second runs) measured 3% slower and was removed (docs/attention.md).
@@ -776,17 +791,53 @@ struct SharedStorage3 {
 };
 inline constexpr size_t kSmemBytes3 = sizeof(SharedStorage3) + 1024;
 
-template <int kVariant>
+// Part q of the split items (SplitParams): part q % parts of item first + q / parts, its K/V tiles
+// [part n / parts, (part + 1) n / parts) of the item's n, its partial state in slot q.
+__device__ __forceinline__ WorkItem work_part3(const FwdParams& p, const SplitParams& sp, unsigned q) {
+  const unsigned first = unsigned(sp.first), parts = unsigned(sp.parts);
+  WorkItem w = work_item<kQTile3>(p, first + q / parts);
+  const int part = int(q % parts), n = w.n_tiles;
+  w.j0 = part * n / int(parts);
+  w.n_tiles = (part + 1) * n / int(parts) - w.j0;
+  w.slot = int(q);
+  return w;
+}
+
+// A split item's part: this consumer thread's accumulators (O in units of 2^e_ref) and its rows'
+// maxima, sums and unit, for attention_fwd_merge3.
+__device__ __forceinline__ void write_partial3(const SplitParams& sp, int slot, int cw, int tid, const float (&o)[64],
+                                               const float (&l)[2], const float (&m)[2], const VTileUnit& u) {
+  float4* po = sp.part_o + (int64_t(slot) * kConsumers3 + cw) * (16 * kWarpgroupThreads) + tid;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) po[i * kWarpgroupThreads] = make_float4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
+  const int row = tid / 32 * 16 + tid % 32 / 4;
+  for (int r = 0; r < 2; ++r) {
+    const float lsum = quad_sum(l[r]);
+    if (tid % 4 == 0)
+      sp.part_rows[(int64_t(slot) * kConsumers3 + cw) * kRowsPerConsumer + row + 8 * r] =
+          make_float4(m[r], lsum, float(u.e_ref), 0.f);
+  }
+}
+
+// kParts = false: CTA i runs item i whole (items 0 .. sp.first - 1). kParts = true: CTA q runs part
+// q of the split items (work_part3) and writes its partial state; that grid is launched as the
+// first one's programmatic dependent, so its CTAs start on the SMs the first grid's last wave leaves
+// idle, and completes only after the first grid (its producer thread waits for it), so that
+// attention_fwd_merge3, its own dependent, and whatever follows find out and lse complete. Two
+// instantiations rather than a branch on the CTA index: with the split's epilogue in the same
+// kernel ptxas scheduled the main loop differently, 1.3% slower on llm (H200, same run).
+template <int kVariant, bool kParts = false>
 __global__ void __launch_bounds__(kThreads3, 1)
     attention_fwd_kernel3(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                          const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
+                          const __grid_constant__ CUtensorMap tm_v, const FwdParams p, const SplitParams sp) {
   static_assert((kVariant & kVariantVTile) != 0, "the three-consumer kernel takes V scales per tile");
   extern __shared__ uint8_t smem_raw[];
   SharedStorage3& s =
       *reinterpret_cast<SharedStorage3*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const int wg = warpgroup_index();
   const int tid = threadIdx.x % kWarpgroupThreads;
-  const WorkItem w = work_item<kQTile3>(p, blockIdx.x);
+  const WorkItem w = kParts ? work_part3(p, sp, blockIdx.x) : work_item<kQTile3>(p, blockIdx.x);
+  if constexpr (!kParts) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   if (threadIdx.x == 0) {
     sm90::mbar_init(&s.q_full, 1);
     for (int i = 0; i < kStages; ++i) {
@@ -804,6 +855,7 @@ __global__ void __launch_bounds__(kThreads3, 1)
     // the next sequence or head, or lie past the tensor (zero-filled): only their own rows of S
     // see them, and those rows are never written.
     if (tid == 0 && n_tiles > 0) produce_item<kVariant, kConsumers3, kRowsPerConsumer>(s, &tm_q, &tm_k, &tm_v, p, w, 0);
+    if (kParts && tid == 0) asm volatile("griddepcontrol.wait;" ::: "memory");  // complete after the first grid
     return;
   }
 
@@ -813,11 +865,19 @@ __global__ void __launch_bounds__(kThreads3, 1)
   const int warp = tid / 32, lane = tid % 32, quad = lane % 4;
   const int r0 = cw * kRowsPerConsumer + warp * 16 + lane / 4;  // rows r0 and r0 + 8 of the Q tile
   const int rows[2] = {r0, r0 + 8};
-  const int Lq = w.Lq, Lk = w.Lk;
+  const int Lq = w.Lq, Lk = w.Lk - w.j0 * kTile;  // keys from the first K/V tile of this CTA on
   const int row0 = w.m_block * kQTile3;  // the tile's first row within its Q sequence
   const int64_t tok_base = p.broadcast_q ? int64_t(b) * Lq : p.cu_q[w.qb];
-  if (n_tiles == 0) {  // no keys: out = 0, lse = -inf
-    write_keyless_rows(p, h, tok_base, row0, Lq, rows, quad);
+  if (n_tiles == 0) {  // no keys: out = 0, lse = -inf (a split item's part: an empty partial state)
+    if constexpr (kParts) {
+      float o[64];
+#pragma unroll
+      for (int i = 0; i < 64; ++i) o[i] = 0.f;
+      const float l[2] = {0.f, 0.f}, m[2] = {-INFINITY, -INFINITY};
+      write_partial3(sp, w.slot, cw, tid, o, l, m, VTileUnit{});
+    } else {
+      write_keyless_rows(p, h, tok_base, row0, Lq, rows, quad);
+    }
     return;
   }
   if (row0 + cw * kRowsPerConsumer >= Lq) {  // no rows in this warpgroup: release the stages only
@@ -853,20 +913,8 @@ __global__ void __launch_bounds__(kThreads3, 1)
     if constexpr (kTrace) trace_stamp(trace_row, cw, j, event);
   };
   constexpr uint64_t kHalfDesc = (kRowsPerConsumer * kHeadDim) >> 4;  // 64 rows of a V' tile
-  // kVariantPrefetchS: S of tile j + 1 issued at the end of tile j, in two 64-key halves
-  // (wgmma_m64n64k32_ss_fresh: no earlier value of the halves is kept alive), the first under the
-  // promotion of the second P.V half; the last tile is peeled so that the loop issues it always.
-  constexpr bool kPrefetch = (kVariant & kVariantPrefetchS) != 0;
-  auto issue_s_half = [&](float(&d)[32], int jj, int half) {
-    const uint64_t dk = desc_k0 + uint64_t(stage_of(jj)) * kStageDesc + uint64_t(half) * kHalfDesc;
-    sm90::wgmma_fence();
-    sm90::wgmma_m64n64k32_ss_fresh(d, desc_q, dk);
-#pragma unroll
-    for (int kk = 1; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n64k32_ss(d, desc_q + 2 * kk, dk + 2 * kk, 1);
-    sm90::wgmma_commit();
-  };
-  // Tile j from its S (issued, in flight) to its promotion; `prefetch`: S of tile j + 1 into sc.
-  auto tile = [&](float(&sc)[64], int j, auto prefetch) {
+  // Tile j from its S (issued, in flight) to its promotion.
+  auto tile = [&](float(&sc)[64], int j) {
     const int stage = stage_of(j);
     const uint64_t desc_v = desc_v0 + uint64_t(stage) * kStageDesc;
     sm90::wgmma_wait<0>();
@@ -912,37 +960,78 @@ __global__ void __launch_bounds__(kThreads3, 1)
     for (int i = 0; i < 16; ++i) sm90::fence_regs(pa[i]);  // P was read until here
     stamp(j, 5);
     sm90::mbar_arrive(&s.empty[stage]);
-    if constexpr (decltype(prefetch)::value) {
-      sm90::mbar_wait(&s.full[stage_of(j + 1)], phase_of(j + 1));
-      issue_s_half(*reinterpret_cast<float(*)[32]>(sc), j + 1, 0);
-    }
     promote_vtile_apply<32>(o + 32, ot_hi, pr);
-    if constexpr (decltype(prefetch)::value) issue_s_half(*reinterpret_cast<float(*)[32]>(sc + 32), j + 1, 1);
     stamp(j, 6);
   };
-  if constexpr (kPrefetch) {
-    float sc[64];  // S of the current tile, issued the tile before (or here)
-    stamp(0, 0);
-    sm90::mbar_wait(&s.full[0], 0);
-    issue_s_half(*reinterpret_cast<float(*)[32]>(sc), 0, 0);
-    issue_s_half(*reinterpret_cast<float(*)[32]>(sc + 32), 0, 1);
-    stamp(0, 1);
-    for (int j = 0; j + 1 < n_tiles; ++j) tile(sc, j, std::true_type{});
-    tile(sc, n_tiles - 1, std::false_type{});
-  } else {
-    for (int j = 0; j < n_tiles; ++j) {
-      const int stage = stage_of(j);
-      stamp(j, 0);
-      float sc[64];
-      sm90::mbar_wait(&s.full[stage], phase_of(j));
-      issue_s(sc, desc_q, desc_k0 + uint64_t(stage) * kStageDesc);
-      stamp(j, 1);
-      tile(sc, j, std::false_type{});
-    }
+  for (int j = 0; j < n_tiles; ++j) {
+    const int stage = stage_of(j);
+    stamp(j, 0);
+    float sc[64];
+    sm90::mbar_wait(&s.full[stage], phase_of(j));
+    issue_s(sc, desc_q, desc_k0 + uint64_t(stage) * kStageDesc);
+    stamp(j, 1);
+    tile(sc, j);
   }
 
   // ---------------------------------------------------------------------------- epilogue
-  write_rows<true>(p, o, l, m, vunit, b, h, tok_base, row0, Lq, rows, quad);
+  if constexpr (kParts)
+    write_partial3(sp, w.slot, cw, tid, o, l, m, vunit);
+  else
+    write_rows<true>(p, o, l, m, vunit, b, h, tok_base, row0, Lq, rows, quad);
+}
+
+// The split items' out and lse: one CTA of 128 threads per (split item, consumer warpgroup), each
+// thread the rows and accumulators of the kernel3 consumer thread of the same index, its parts'
+// partial states combined in part order (deterministic): m = max m_p, l = sum l_p 2^(m_p - m),
+// O = sum O_p 2^(m_p - m) 2^(e_p - e) in the largest unit 2^e.
+__global__ void __launch_bounds__(kWarpgroupThreads) attention_fwd_merge3(const FwdParams p, const SplitParams sp) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // the parts' partial states, complete
+  const int cw = int(blockIdx.x % kConsumers3), q = int(blockIdx.x / kConsumers3), parts = sp.parts;
+  const WorkItem w = work_item<kQTile3>(p, unsigned(sp.first + q));
+  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, quad = lane % 4;
+  const int r0 = cw * kRowsPerConsumer + warp * 16 + lane / 4;
+  const int rows[2] = {r0, r0 + 8};
+  const int row0 = w.m_block * kQTile3;
+  const int64_t tok_base = p.broadcast_q ? int64_t(w.b) * w.Lq : p.cu_q[w.qb];
+  if (w.n_tiles == 0) {  // no keys in any part
+    write_keyless_rows(p, w.h, tok_base, row0, w.Lq, rows, quad);
+    return;
+  }
+  if (row0 + cw * kRowsPerConsumer >= w.Lq) return;  // no rows in this warpgroup: no partial states
+  auto rows_of = [&](int part, int r) {
+    return sp.part_rows[(int64_t(q * parts + part) * kConsumers3 + cw) * kRowsPerConsumer + r0 - cw * kRowsPerConsumer + 8 * r];
+  };
+  float m[2] = {-INFINITY, -INFINITY};
+  int e = -1000;
+  for (int part = 0; part < parts; ++part) {
+    for (int r = 0; r < 2; ++r) m[r] = fmaxf(m[r], rows_of(part, r).x);
+    e = max(e, int(rows_of(part, 0).z));
+  }
+  float o[64], l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  for (int part = 0; part < parts; ++part) {
+    float f[2];
+    for (int r = 0; r < 2; ++r) {
+      const float4 info = rows_of(part, r);
+      const float g = exp2f(info.x - m[r]);
+      l[r] += info.y * g;
+      f[r] = g * pow2i_exact(int(info.z) - e);
+    }
+    const float4* po = sp.part_o + (int64_t(q * parts + part) * kConsumers3 + cw) * (16 * kWarpgroupThreads) + tid;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const float4 v = po[i * kWarpgroupThreads];
+      o[4 * i] = fmaf(v.x, f[0], o[4 * i]);
+      o[4 * i + 1] = fmaf(v.y, f[0], o[4 * i + 1]);
+      o[4 * i + 2] = fmaf(v.z, f[1], o[4 * i + 2]);
+      o[4 * i + 3] = fmaf(v.w, f[1], o[4 * i + 3]);
+    }
+  }
+  VTileUnit u;
+  u.e_ref = e;
+  const float lq[2] = {quad == 0 ? l[0] : 0.f, quad == 0 ? l[1] : 0.f};  // write_rows sums the quad
+  write_rows<true>(p, o, lq, m, u, w.b, w.h, tok_base, row0, w.Lq, rows, quad);
 }
 
 // Persistent form (experiment, MXFLASH_FWD_VARIANT with bit kVariantPersistent): one CTA per SM
@@ -1121,19 +1210,20 @@ namespace {
 // attention_fwd_kernel3) instead of two (128 rows): when the 192-row tiles pad Q's sequences to at
 // most 5% more rows than the 128-row tiles do (H200, 2026-11-30: llm's 2048-row sequences, 3% more
 // rows, ran 5-6% faster on three; cross's and jagged's 512-row ones, 12.5% more, 8% and 2% slower).
-// MXFLASH_FWD_CONSUMERS=2|3 forces one (tests, A/B runs), read at every call; in experiments
-// builds a set MXFLASH_FWD_VARIANT decides instead (three with bit kThreeConsumerVariant).
+// MXFLASH_FWD_CONSUMERS=2|3 forces one (tests, A/B runs), read at every call; else, in experiments
+// builds, a set MXFLASH_FWD_VARIANT decides (three with bit kThreeConsumerVariant), so the GPU
+// tests' comparison of both counts compares the default two-consumer kernel with the variant.
 #if MXFLASH_FWD_EXPERIMENTS
 constexpr int kThreeConsumerVariant = 1 << 26;
 #endif
 bool three_consumers(const std::vector<int32_t>& cu_q, int batch, bool broadcast_q) {
-#if MXFLASH_FWD_EXPERIMENTS
-  if (experiment_variant() >= 0) return (experiment_variant() & kThreeConsumerVariant) != 0;
-#endif
   if (const char* e = std::getenv("MXFLASH_FWD_CONSUMERS")) {
     if (std::string(e) == "2") return false;
     if (std::string(e) == "3") return true;
   }
+#if MXFLASH_FWD_EXPERIMENTS
+  if (experiment_variant() >= 0) return (experiment_variant() & kThreeConsumerVariant) != 0;
+#endif
   int64_t rows2 = 0, rows3 = 0;
   for (int b = 0; b < (broadcast_q ? 1 : batch); ++b) {
     const int64_t n = cu_q[size_t(b) + 1] - cu_q[size_t(b)];
@@ -1143,15 +1233,86 @@ bool three_consumers(const std::vector<int32_t>& cu_q, int batch, bool broadcast
   return rows3 * 100 <= rows2 * 105;
 }
 
-// The main kernel over operands in the execution layout; `tiles_ws` receives the work list.
-Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, const std::vector<int2>& tiles_in,
-                   uint8_t* tiles_ws, cudaStream_t stream) {
-  if (tiles_in.empty()) return Status::Ok();
+// The split tail of the three-consumer kernel. Its CTAs (one per SM: registers and shared memory
+// allow no second) run the work list's items in order, so with items of equal work a last, partial
+// wave of r = items mod SMs CTAs leaves the other SMs idle for a whole item (llm-long: 1376 items on
+// 132 SMs, 10.4 waves of work in 11 rounds). Those last r items then run as `parts` CTAs each, one
+// contiguous share of the item's K/V tiles per CTA, and attention_fwd_merge3 combines their partial
+// states: the tail takes ceil(r parts / SMs) / parts of a round instead of one. parts in 2..4 where
+// that shortens the tail, at most 2 x SMs parts in all (the partial states' workspace), and parts
+// of at least kSplitMinTiles K/V tiles of the tail's longest item (a part of a shorter item may get
+// no tile: it writes an empty state); 1 otherwise. H200, 2026-11-30: llm-long (64 K/V tiles, 2
+// parts) 1.9% faster, llm (16 tiles, 3 parts) 2.5% slower: a part's start (Q, the first K/V
+// tiles) and the merge cost more than a third of a short item saves. MXFLASH_FWD_SPLIT=1..4 forces a part count (A/B runs and tests; still
+// at most that tile count), read at every call. Splitting changes the summation order (each part
+// quantizes P against its own running row maxima), so out and lse depend, in their last bits, on
+// which items are split: on the work list's order and on the device's SM count.
+constexpr int kSplitMinTiles = 16;
+int split_parts(int64_t r, int sms, int max_tiles) {
+  if (r == 0 || sms <= 0) return 1;
+  if (const char* e = std::getenv("MXFLASH_FWD_SPLIT")) {
+    const int forced = std::atoi(e);
+    if (forced >= 1 && forced <= 4) return std::max(1, std::min(forced, max_tiles));
+  }
+  int best = 1;
+  double rounds = 1.0;  // the tail's length in item rounds
+  for (int k = 2; k <= 4 && k * kSplitMinTiles <= max_tiles && r * k <= 2 * int64_t(sms); ++k) {
+    const double t = double((r * k + sms - 1) / sms) / k;
+    if (t < rounds - 1e-9) rounds = t, best = k;
+  }
+  return best;
+}
+
+// How the operands forward runs a problem: the consumer count, the work list (Q tiles of 128 or,
+// three consumers, 192 rows) and the split tail.
+struct ExecPlan {
+  bool three = false;
+  std::vector<int2> tiles;
+  int64_t items = 0;        // tiles x heads
+  int64_t split_first = 0;  // items from here on run in split_parts parts each (= items: none)
+  int split_parts = 1;
+  int64_t slots() const { return (items - split_first) * (split_parts > 1 ? split_parts : 0); }
+};
+// A part's partial state (FwdParams::part_o, part_rows) per slot.
+constexpr size_t kSplitSlotBytes =
+    attn::kConsumers3 * (16 * attn::kWarpgroupThreads + attn::kRowsPerConsumer) * sizeof(float4);
+
+ExecPlan exec_plan(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k, int batch, int64_t heads,
+                   bool broadcast_q, bool v_per_tile) {
+  ExecPlan e;
+  e.three = v_per_tile && three_consumers(cu_q, batch, broadcast_q);
+  e.tiles = schedule(cu_q, cu_k, batch, broadcast_q, e.three ? attn::kQTile3 : attn::kTile);
+  e.items = int64_t(e.tiles.size()) * heads;
+  e.split_first = e.items;
+  int sms = 0;
+  if (!e.three || e.items == 0 || !sm_count(&sms).ok()) {  // no device: nothing to launch, no split
+    cudaGetLastError();
+    return e;
+  }
+  const int64_t r = e.items % sms;
+  int max_tiles = 0;
+  for (int64_t i = e.items - r; i < e.items; ++i) {
+    const int b = e.tiles[size_t(i / heads)].x;
+    max_tiles = std::max(max_tiles, (cu_k[size_t(b) + 1] - cu_k[size_t(b)] + attn::kTile - 1) / attn::kTile);
+  }
+  e.split_parts = split_parts(r, sms, max_tiles);
+  if (e.split_parts > 1) e.split_first = e.items - r;
+  return e;
+}
+
+size_t exec_workspace_bytes(const ExecPlan& e) {
+  return align256(e.tiles.size() * sizeof(int2)) + size_t(e.slots()) * kSplitSlotBytes;
+}
+
+// The main kernel over operands in the execution layout, run as `plan` says; `ws` receives the
+// work list and the split tail's partial states (exec_workspace_bytes).
+Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, const ExecPlan& plan, uint8_t* ws,
+                   cudaStream_t stream) {
+  const std::vector<int2>& tiles = plan.tiles;
+  if (tiles.empty()) return Status::Ok();
   const int64_t H = p.heads;
-  const bool three = ops.v_per_tile && three_consumers(*p.host_cu_q, p.batch, p.broadcast_q);
-  // Q tiles of 192 rows for the three-warpgroup kernel: fewer entries, the same workspace suffices.
-  const std::vector<int2> tiles =
-      three ? schedule(*p.host_cu_q, *p.host_cu_k, p.batch, p.broadcast_q, attn::kQTile3) : tiles_in;
+  const bool three = plan.three;
+  uint8_t* const tiles_ws = ws;
   MXFLASH_RETURN_IF_ERROR(upload_to_device(tiles_ws, tiles.data(), tiles.size() * sizeof(int2), stream));
   CUtensorMap tm_q, tm_k, tm_v;
   MXFLASH_RETURN_IF_ERROR(
@@ -1179,31 +1340,26 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   fp.broadcast_q = p.broadcast_q;
   fp.out = static_cast<__nv_bfloat16*>(p.out);
   fp.lse = p.lse;
+  attn::SplitParams sp;
+  sp.first = int(plan.split_first);
+  sp.parts = plan.split_parts;
+  sp.part_o = reinterpret_cast<float4*>(ws + align256(tiles.size() * sizeof(int2)));
+  sp.part_rows = sp.part_o + plan.slots() * (attn::kConsumers3 * 16 * attn::kWarpgroupThreads);
   // V scales per 128-key tile: folded into every promotion (kVariantVTile).
   auto kernel = ops.v_per_tile ? attn::attention_fwd_kernel<kDefaultVariantVTile>
                                : attn::attention_fwd_kernel<kDefaultVariant>;
+  auto kernel3 = three ? attn::attention_fwd_kernel3<kDefaultVariantVTile> : nullptr;
+  auto parts3 = attn::attention_fwd_kernel3<kDefaultVariantVTile, true>;
   bool persistent = false;
-  size_t smem = attn::kSmemBytes;
-  int threads = attn::kThreads;
-  if (three) {
-    kernel = attn::attention_fwd_kernel3<kDefaultVariantVTile>;
-    smem = attn::kSmemBytes3;
-    threads = attn::kThreads3;
-  }
 #if MXFLASH_FWD_EXPERIMENTS
   if (three) {
     constexpr int kV = kDefaultVariantVTile;
-    switch (experiment_variant() & (attn::kVariantTrace | attn::kVariantTracePin | attn::kVariantPrefetchS)) {
-      case attn::kVariantTrace: kernel = attn::attention_fwd_kernel3<kV | attn::kVariantTrace>; break;
-      case attn::kVariantTracePin: kernel = attn::attention_fwd_kernel3<kV | attn::kVariantTracePin>; break;
-      case attn::kVariantPrefetchS: kernel = attn::attention_fwd_kernel3<kV | attn::kVariantPrefetchS>; break;
-      case attn::kVariantPrefetchS | attn::kVariantTrace:
-        kernel = attn::attention_fwd_kernel3<kV | attn::kVariantPrefetchS | attn::kVariantTrace>;
-        break;
+    switch (experiment_variant() & (attn::kVariantTrace | attn::kVariantTracePin)) {
+      case attn::kVariantTrace: kernel3 = attn::attention_fwd_kernel3<kV | attn::kVariantTrace>; break;
+      case attn::kVariantTracePin: kernel3 = attn::attention_fwd_kernel3<kV | attn::kVariantTracePin>; break;
       default: break;
     }
   }
-  else
   if (ops.v_per_tile) switch (experiment_variant()) {
     case 81 | attn::kVariantNoTurn: kernel = attn::attention_fwd_kernel<81 | attn::kVariantNoTurn>; break;
     case 81: kernel = attn::attention_fwd_kernel<81>; break;
@@ -1241,18 +1397,55 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   }
   persistent = experiment_variant() >= 0 && (experiment_variant() & attn::kVariantPersistent) != 0;
 #endif
-  MXFLASH_RETURN_IF_ERROR(cuda_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-                                     "cudaFuncSetAttribute(smem)"));
-  const int64_t ctas = int64_t(tiles.size()) * p.heads;
-  fp.num_items = int(ctas);
-  int64_t grid = ctas;
-  if (persistent) {  // one CTA per SM: shared memory and registers allow no second
-    int sms = 0;
-    MXFLASH_RETURN_IF_ERROR(sm_count(&sms));
-    grid = std::min<int64_t>(ctas, sms);
+  fp.num_items = int(plan.items);
+  // A programmatic dependent of the kernel launched before it on the stream.
+  auto launch_dependent = [&](auto k, int64_t grid, int threads, size_t smem, auto... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(grid));
+    cfg.blockDim = dim3(unsigned(threads));
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, k, args...);
+  };
+  if (kernel3) {
+    if (plan.split_first > 0) {  // the whole items
+      MXFLASH_RETURN_IF_ERROR(cuda_error(
+          cudaFuncSetAttribute(kernel3, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes3)),
+          "cudaFuncSetAttribute(smem)"));
+      kernel3<<<unsigned(plan.split_first), unsigned(attn::kThreads3), attn::kSmemBytes3, stream>>>(tm_q, tm_k, tm_v,
+                                                                                                      fp, sp);
+      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_fwd_kernel3 launch"));
+    }
+    if (plan.slots() > 0) {  // the split items' parts, then their merge
+      MXFLASH_RETURN_IF_ERROR(cuda_error(
+          cudaFuncSetAttribute(parts3, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes3)),
+          "cudaFuncSetAttribute(smem)"));
+      MXFLASH_RETURN_IF_ERROR(cuda_error(launch_dependent(parts3, plan.slots(), attn::kThreads3, attn::kSmemBytes3,
+                                                          tm_q, tm_k, tm_v, fp, sp),
+                                         "attention_fwd_kernel3 (parts) launch"));
+      MXFLASH_RETURN_IF_ERROR(cuda_error(launch_dependent(attn::attention_fwd_merge3,
+                                                          (plan.items - plan.split_first) * attn::kConsumers3,
+                                                          attn::kWarpgroupThreads, 0, fp, sp),
+                                         "attention_fwd_merge3 launch"));
+    }
+  } else {
+    MXFLASH_RETURN_IF_ERROR(cuda_error(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes)),
+        "cudaFuncSetAttribute(smem)"));
+    int64_t grid = plan.items;
+    if (persistent) {  // one CTA per SM: shared memory and registers allow no second
+      int sms = 0;
+      MXFLASH_RETURN_IF_ERROR(sm_count(&sms));
+      grid = std::min<int64_t>(grid, sms);
+    }
+    kernel<<<unsigned(grid), unsigned(attn::kThreads), attn::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, fp);
+    MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_fwd_kernel launch"));
   }
-  kernel<<<unsigned(grid), unsigned(threads), smem, stream>>>(tm_q, tm_k, tm_v, fp);
-  MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_fwd_kernel launch"));
 #if MXFLASH_FWD_EXPERIMENTS
   if (experiment_variant() >= 0 && (experiment_variant() & attn::kVariantTrace) != 0) {
     static int calls = 0;  // the consumers' timeline of the traced CTAs (kVariantTrace)
@@ -1283,20 +1476,23 @@ Status with_workspace(void* workspace, size_t workspace_bytes, size_t need, cuda
 }
 }  // namespace
 
-size_t attention_fwd_exec_workspace_bytes(int64_t num_q_tiles) { return align256(size_t(num_q_tiles) * sizeof(int2)); }
+size_t attention_fwd_exec_workspace_bytes(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k,
+                                          int batch, int64_t heads, bool broadcast_q) {
+  return exec_workspace_bytes(exec_plan(cu_q, cu_k, batch, heads, broadcast_q, /*v_per_tile=*/true));
+}
 
 Status attention_forward_exec(const AttentionFwdProblem& p, const FwdExecOperands& ops, void* workspace,
                               size_t workspace_bytes, void* stream_ptr) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  const std::vector<int2> tiles = schedule(*p.host_cu_q, *p.host_cu_k, p.batch, p.broadcast_q);
-  return with_workspace(workspace, workspace_bytes, attention_fwd_exec_workspace_bytes(int64_t(tiles.size())), stream,
-                        [&](uint8_t* ws) { return launch_main(p, ops, tiles, ws, stream); });
+  const ExecPlan plan = exec_plan(*p.host_cu_q, *p.host_cu_k, p.batch, p.heads, p.broadcast_q, ops.v_per_tile);
+  return with_workspace(workspace, workspace_bytes, exec_workspace_bytes(plan), stream,
+                        [&](uint8_t* ws) { return launch_main(p, ops, plan, ws, stream); });
 }
 
 Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t workspace_bytes, void* stream_ptr) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  const std::vector<int2> tiles = schedule(*p.host_cu_q, *p.host_cu_k, p.batch, p.broadcast_q);
-  const WorkspaceLayout w = layout_of(p.batch, p.heads, p.Pq, p.Pk, int64_t(tiles.size()));
+  const ExecPlan plan = exec_plan(*p.host_cu_q, *p.host_cu_k, p.batch, p.heads, p.broadcast_q, /*v_per_tile=*/false);
+  const WorkspaceLayout w = layout_of(p.batch, p.heads, p.Pq, p.Pk, int64_t(plan.tiles.size()));
   return with_workspace(workspace, workspace_bytes, w.total, stream, [&](uint8_t* ws) -> Status {
     const int64_t H = p.heads;
     bool prepare = true;
@@ -1332,7 +1528,7 @@ Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t w
     const FwdExecOperands ops{ws + w.q, ws + w.k, ws + w.v, reinterpret_cast<float*>(ws + w.q_scale),
                               reinterpret_cast<float*>(ws + w.k_scale), reinterpret_cast<float*>(ws + w.v_scale),
                               /*v_per_tile=*/false};
-    return launch_main(p, ops, tiles, ws + w.tiles, stream);
+    return launch_main(p, ops, plan, ws + w.tiles, stream);
   });
 }
 

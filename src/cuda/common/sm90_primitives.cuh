@@ -190,22 +190,6 @@ __device__ __forceinline__ void wgmma_m64n64k32_rs(float (&d)[32], const uint32_
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 }
 
-// D(64x64, fp32) = A(64x32 e4m3, shared) * B(64x32 e4m3, shared)^T: the first k step of a fresh
-// accumulation, D written only (the compiler keeps no earlier value of d alive for it).
-__device__ __forceinline__ void wgmma_m64n64k32_ss_fresh(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1;\n}\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
-        "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]),
-        "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
-        "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(0));
-}
-
 // D(64x128, fp32) (+)= A(64x32 e4m3, registers) * B(128x32 e4m3, shared)^T.
 // A fragment: a[0] = row r, k 4q..4q+3; a[1] = row r+8, same k; a[2] = row r, k 16+4q..; a[3] =
 // row r+8, k 16+4q.. (r = 16*warp + lane/4, q = lane%4), 4 e4m3 per register, low byte first.
