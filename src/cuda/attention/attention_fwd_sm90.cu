@@ -1209,14 +1209,19 @@ namespace {
 // Whether the operands kernel runs with three consumer warpgroups (Q tiles of 192 rows,
 // attention_fwd_kernel3) instead of two (128 rows): when the 192-row tiles pad Q's sequences to at
 // most 5% more rows than the 128-row tiles do (H200, 2026-11-30: llm's 2048-row sequences, 3% more
-// rows, ran 5-6% faster on three; cross's and jagged's 512-row ones, 12.5% more, 8% and 2% slower).
+// rows, ran 5-6% faster on three), or to at most 15% more where the three-consumer items fill at
+// least 20 rounds of the SMs: a 512-row Q's third tile has one idle consumer, which costs less
+// than a third of a tile, but the fewer, larger items leave a longer partial last round (cross:
+// 576 items, 4.4 rounds, 5% slower on three even with the split tail; jagged: 6912 items, 52
+// rounds, faster on three in three calls: 811 against 783, 774-776 against 743, and with this rule
+// 793 against 782 forced onto two, TFLOP/s).
 // MXFLASH_FWD_CONSUMERS=2|3 forces one (tests, A/B runs), read at every call; else, in experiments
 // builds, a set MXFLASH_FWD_VARIANT decides (three with bit kThreeConsumerVariant), so the GPU
 // tests' comparison of both counts compares the default two-consumer kernel with the variant.
 #if MXFLASH_FWD_EXPERIMENTS
 constexpr int kThreeConsumerVariant = 1 << 26;
 #endif
-bool three_consumers(const std::vector<int32_t>& cu_q, int batch, bool broadcast_q) {
+bool three_consumers(const std::vector<int32_t>& cu_q, int batch, int64_t heads, bool broadcast_q) {
   if (const char* e = std::getenv("MXFLASH_FWD_CONSUMERS")) {
     if (std::string(e) == "2") return false;
     if (std::string(e) == "3") return true;
@@ -1230,7 +1235,15 @@ bool three_consumers(const std::vector<int32_t>& cu_q, int batch, bool broadcast
     rows2 += (n + attn::kTile - 1) / attn::kTile * attn::kTile;
     rows3 += (n + attn::kQTile3 - 1) / attn::kQTile3 * attn::kQTile3;
   }
-  return rows3 * 100 <= rows2 * 105;
+  if (rows3 * 100 <= rows2 * 105) return true;
+  int sms = 0;
+  if (rows3 * 100 > rows2 * 115) return false;
+  if (!sm_count(&sms).ok()) {
+    cudaGetLastError();  // no device: nothing to launch
+    return false;
+  }
+  const int64_t items3 = rows3 / attn::kQTile3 * heads * (broadcast_q ? batch : 1);
+  return items3 >= 20 * int64_t(sms);
 }
 
 // The split tail of the three-consumer kernel. Its CTAs (one per SM: registers and shared memory
@@ -1280,12 +1293,13 @@ constexpr size_t kSplitSlotBytes =
 ExecPlan exec_plan(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k, int batch, int64_t heads,
                    bool broadcast_q, bool v_per_tile) {
   ExecPlan e;
-  e.three = v_per_tile && three_consumers(cu_q, batch, broadcast_q);
+  e.three = v_per_tile && three_consumers(cu_q, batch, heads, broadcast_q);
   e.tiles = schedule(cu_q, cu_k, batch, broadcast_q, e.three ? attn::kQTile3 : attn::kTile);
   e.items = int64_t(e.tiles.size()) * heads;
   e.split_first = e.items;
   int sms = 0;
-  if (!e.three || e.items == 0 || !sm_count(&sms).ok()) {  // no device: nothing to launch, no split
+  if (!e.three || e.items == 0) return e;
+  if (!sm_count(&sms).ok()) {  // no device: nothing to launch, no split
     cudaGetLastError();
     return e;
   }
