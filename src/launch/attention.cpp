@@ -173,9 +173,8 @@ bool sizable(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, 
 size_t attention_forward_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
                                         const AttentionOptions& opt) {
   if (!sizable(q_meta, k_meta, heads, opt.broadcast_q)) return 0;
-  return cuda::attention_fwd_workspace_bytes(
-      k_meta.batch(), int(heads), q_meta.padded_tokens(), k_meta.padded_tokens(),
-      cuda::attention_fwd_num_q_tiles(q_meta.cu_seqlens(), k_meta.batch(), opt.broadcast_q));
+  return cuda::attention_fwd_workspace_bytes(q_meta.cu_seqlens(), k_meta.cu_seqlens(), k_meta.batch(), heads,
+                                             q_meta.padded_tokens(), k_meta.padded_tokens(), opt.broadcast_q);
 }
 
 Status attention_forward(const MxTensor& q, const MxTensor& k, const MxTensor& v, const JaggedMeta& q_meta,

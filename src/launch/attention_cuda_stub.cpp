@@ -3,8 +3,10 @@
 #include "cuda/attention/attention_fwd.h"
 
 namespace mxflash::cuda {
-int64_t attention_fwd_num_q_tiles(const std::vector<int32_t>&, int, bool) { return 0; }
-size_t attention_fwd_workspace_bytes(int, int, int64_t, int64_t, int64_t) { return 0; }
+size_t attention_fwd_workspace_bytes(const std::vector<int32_t>&, const std::vector<int32_t>&, int, int64_t, int64_t,
+                                     int64_t, bool) {
+  return 0;
+}
 Status attention_forward_exact(const AttentionFwdProblem&, void*) {
   return Status::Unsupported("mxflash was built without CUDA");
 }

@@ -63,10 +63,6 @@ std::vector<float> draw(int64_t n, std::mt19937_64& rng) {
   return x;
 }
 
-// The least agreement of a forward whose items are split (the split tail) with the CPU forward on
-// the same operands, in dB.
-constexpr double kSplitAgreeDb = 26.0;
-
 void run_case(const Case& c, uint64_t seed, bool attention) {
   JaggedMeta qm, km;
   ASSERT_TRUE(JaggedMeta::FromLengths(c.q_lengths, &qm).ok());
@@ -225,45 +221,15 @@ void run_case(const Case& c, uint64_t seed, bool attention) {
   const double s_gpu = sqnr_db(exact.out, og), s_mx = sqnr_db(exact.out, om), s_agree = sqnr_db(oc, og);
   std::printf("    out SQNR vs fp64: gpu (operands) %.2f dB, exact MX %.2f dB; gpu vs cpu on the operands %.2f dB\n",
               s_gpu, s_mx, s_agree);
-  // Where the plan splits items (the split tail, below), they differ more from the CPU forward,
-  // which sums every item whole.
-  size_t ws_whole;
-  {
-    const gputest::ScopedEnv whole("MXFLASH_FWD_SPLIT", "1");
-    ws_whole = attention_forward_operands_workspace_size(qm, km, H, opt);
-  }
-  const bool split_by_rule = attention_forward_operands_workspace_size(qm, km, H, opt) > ws_whole;
+  // Where the plan splits items (the split tail), they differ more from the CPU forward, which sums
+  // every item whole.
+  auto workspace = [&] { return attention_forward_operands_workspace_size(qm, km, H, opt); };
   EXPECT_GT(s_gpu, s_mx - 0.3) << "the operands' forward loses more than 0.3 dB against exact MX";
-  EXPECT_GT(s_agree, split_by_rule ? kSplitAgreeDb : 30.0)
+  EXPECT_GT(s_agree, gputest::forward_splits(workspace) ? gputest::kSplitAgreeDb : 30.0)
       << "the GPU forward disagrees with the CPU forward on the same operands";
-
-  // The split tail (three consumers; MXFLASH_FWD_SPLIT forces its part count, at most the longest
-  // K sequence's tile count): every item of these small problems lies in the last, partial wave, so
-  // all of them run as parts (some of them with no K/V tile, sequences with no keys at all too),
-  // each part quantizing P against its own running row maxima, and attention_fwd_merge3 combines
-  // them. The same checks as the whole items: lse against the CPU's, out against FP64 (within 0.3 dB
-  // of exact MX) and against the CPU forward on the same operands, there with a lower bar: P
-  // quantized against a part's row maxima instead of the whole item's moves the bf16 outputs by up
-  // to ~2 dB of agreement (H200: 29.9 against 32.2 dB on 4096 keys in 4 parts; the SQNR against FP64
-  // the same or better: 25.71 against 25.63 dB). The workspace grows by the parts' partial states.
   int64_t max_lk = 0;
   for (int64_t b = 0; b < km.batch(); ++b) max_lk = std::max<int64_t>(max_lk, km.cu_seqlens()[b + 1] - km.cu_seqlens()[b]);
-  for (const char* parts : {"2", "3", "4"}) {
-    const gputest::ScopedEnv three("MXFLASH_FWD_CONSUMERS", "3"), split("MXFLASH_FWD_SPLIT", parts);
-    const size_t ws = attention_forward_operands_workspace_size(qm, km, H, opt);
-    if (max_lk > kHeadDim) EXPECT_GT(ws, ws_whole) << "no split in " << parts << " parts";
-    out_gpu.fill(gputest::kDevicePoison);
-    lse_gpu.fill(gputest::kDevicePoison);
-    ASSERT_TRUE(rerun().ok());
-    ASSERT_TRUE(gputest::device_ok());
-    const std::vector<double> os = gputest::checked_forward_out(out_gpu, lse_gpu, lse_cpu);
-    ASSERT_FALSE(os.empty()) << "split in " << parts << " parts";
-    const double s_split = sqnr_db(exact.out, os), s_split_agree = sqnr_db(oc, os);
-    std::printf("    split in %s parts: out SQNR vs fp64 %.2f dB; vs cpu on the operands %.2f dB\n", parts, s_split,
-                s_split_agree);
-    EXPECT_GT(s_split, s_mx - 0.3) << "split in " << parts << " parts";
-    EXPECT_GT(s_split_agree, kSplitAgreeDb) << "split in " << parts << " parts";
-  }
+  gputest::expect_split_forward_close(out_gpu, lse_gpu, lse_cpu, oc, exact.out, s_mx, max_lk > kHeadDim, workspace, rerun);
 }
 
 class AttentionFwdOperandsGpu : public ::testing::Test {

@@ -60,8 +60,10 @@ size_t attention_fwd_exec_workspace_bytes(const std::vector<int32_t>& cu_q, cons
 Status attention_forward_exec(const AttentionFwdProblem& p, const FwdExecOperands& ops, void* workspace,
                               size_t workspace_bytes, void* stream);
 
-size_t attention_fwd_workspace_bytes(int batch, int heads, int64_t Pq, int64_t Pk, int64_t num_q_tiles);
-int64_t attention_fwd_num_q_tiles(const std::vector<int32_t>& cu_q, int batch, bool broadcast_q);
+// The forward on MX tensors: its re-expressed operands, the work list and the split tail's partial
+// states (attention_fwd_exec_workspace_bytes).
+size_t attention_fwd_workspace_bytes(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k, int batch,
+                                     int64_t heads, int64_t Pq, int64_t Pk, bool broadcast_q);
 
 // The exact-MX oracle (attention_fwd_exact.cu): no workspace.
 Status attention_forward_exact(const AttentionFwdProblem& p, void* stream);

@@ -413,6 +413,10 @@ __device__ __forceinline__ void promote_vtile_apply(float* o, const float* ot, c
     for (int i = 0; i < N; ++i) o[i] = fmaf(o[i], pr.a[(i % 4) / 2], ot[i]);
   }
 }
+// Without tile scales (V's channel scales applied in the epilogue): o = o alpha + ot.
+__device__ __forceinline__ VTilePromotion plain_promotion(const float (&alpha)[2]) {
+  return {{alpha[0], alpha[1]}, 1.f, 0, false};
+}
 __device__ __forceinline__ void promote_vtile(float (&o)[64], const float (&ot)[64], const float (&alpha)[2], float vs,
                                               VTileUnit& u) {
   promote_vtile_apply<64>(o, ot, promote_vtile_prepare(alpha, vs, u));
@@ -830,7 +834,9 @@ template <int kVariant, bool kParts = false>
 __global__ void __launch_bounds__(kThreads3, 1)
     attention_fwd_kernel3(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                           const __grid_constant__ CUtensorMap tm_v, const FwdParams p, const SplitParams sp) {
-  static_assert((kVariant & kVariantVTile) != 0, "the three-consumer kernel takes V scales per tile");
+  // kVTile: V' with one scale per 128-key tile (the operands), folded into every promotion; else
+  // V's per-(sequence, channel) scales (the MX tensors' prepare pass), applied in the epilogue.
+  constexpr bool kVTile = (kVariant & kVariantVTile) != 0;
   extern __shared__ uint8_t smem_raw[];
   SharedStorage3& s =
       *reinterpret_cast<SharedStorage3*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -922,10 +928,21 @@ __global__ void __launch_bounds__(kThreads3, 1)
     stamp(j, 2);
     // The tile's scales, read here: V's read next to the P.V issue put its R2UR (the promotion's
     // uniform arithmetic) between the wgmmas, behind the shared-memory load.
-    const float ks = sm90::ld_shared_f32(&s.k_scale[stage]), vs = sm90::ld_shared_f32(&s.v_scale[stage]);
+    const float ks = sm90::ld_shared_f32(&s.k_scale[stage]);
+    const float vs = kVTile ? sm90::ld_shared_f32(&s.v_scale[stage]) : 0.f;
     uint32_t pa[16];
     float alpha[2];
-    if (sm.masked_tile(j)) {
+    if constexpr (!kVTile) {
+      // The keys past the sequence's end set to -inf in place, then the one unmasked softmax: the
+      // two compiled softmax paths of the form below spilled a register in this instantiation.
+      if (sm.masked_tile(j)) {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) sc[i] = sm.template value<true>(sc, j, i);
+      }
+      const auto rs = sm.template max_phase<false>(sc, j, ks, m, l, alpha);
+      stamp(j, 3);
+      sm.template exp_phase<false>(sc, j, rs, l, pa);
+    } else if (sm.masked_tile(j)) {
       const auto rs = sm.template max_phase<true>(sc, j, ks, m, l, alpha);
       sm.template exp_phase<true>(sc, j, rs, l, pa);
     } else {
@@ -950,7 +967,7 @@ __global__ void __launch_bounds__(kThreads3, 1)
     }
     sm90::wgmma_commit();
     stamp(j, 4);
-    const VTilePromotion pr = promote_vtile_prepare(alpha, vs, vunit);
+    const VTilePromotion pr = kVTile ? promote_vtile_prepare(alpha, vs, vunit) : plain_promotion(alpha);
     sm90::wgmma_wait<1>();
     fence_all(ot_lo);
     promote_vtile_apply<32>(o, ot_lo, pr);
@@ -977,13 +994,14 @@ __global__ void __launch_bounds__(kThreads3, 1)
   if constexpr (kParts)
     write_partial3(sp, w.slot, cw, tid, o, l, m, vunit);
   else
-    write_rows<true>(p, o, l, m, vunit, b, h, tok_base, row0, Lq, rows, quad);
+    write_rows<kVTile>(p, o, l, m, vunit, b, h, tok_base, row0, Lq, rows, quad);
 }
 
 // The split items' out and lse: one CTA of 128 threads per (split item, consumer warpgroup), each
 // thread the rows and accumulators of the kernel3 consumer thread of the same index, its parts'
 // partial states combined in part order (deterministic): m = max m_p, l = sum l_p 2^(m_p - m),
 // O = sum O_p 2^(m_p - m) 2^(e_p - e) in the largest unit 2^e.
+template <bool kVTile>
 __global__ void __launch_bounds__(kWarpgroupThreads) attention_fwd_merge3(const FwdParams p, const SplitParams sp) {
   asm volatile("griddepcontrol.wait;" ::: "memory");  // the parts' partial states, complete
   const int cw = int(blockIdx.x % kConsumers3), q = int(blockIdx.x / kConsumers3), parts = sp.parts;
@@ -1031,7 +1049,7 @@ __global__ void __launch_bounds__(kWarpgroupThreads) attention_fwd_merge3(const 
   VTileUnit u;
   u.e_ref = e;
   const float lq[2] = {quad == 0 ? l[0] : 0.f, quad == 0 ? l[1] : 0.f};  // write_rows sums the quad
-  write_rows<true>(p, o, lq, m, u, w.b, w.h, tok_base, row0, w.Lq, rows, quad);
+  write_rows<kVTile>(p, o, lq, m, u, w.b, w.h, tok_base, row0, w.Lq, rows, quad);
 }
 
 // Persistent form (experiment, MXFLASH_FWD_VARIANT with bit kVariantPersistent): one CTA per SM
@@ -1111,7 +1129,9 @@ struct WorkspaceLayout {
   size_t q, k, v, q_scale, k_scale, v_byte, v_scale, tiles, total;
 };
 
-WorkspaceLayout layout_of(int batch, int heads, int64_t Pq, int64_t Pk, int64_t num_tiles) {
+// tiles_bytes: the work list and, right behind it, the split tail's partial states
+// (exec_workspace_bytes).
+WorkspaceLayout layout_of(int batch, int64_t heads, int64_t Pq, int64_t Pk, size_t tiles_bytes) {
   WorkspaceLayout w;
   size_t off = 0;
   auto take = [&](size_t bytes) {
@@ -1126,7 +1146,7 @@ WorkspaceLayout layout_of(int batch, int heads, int64_t Pq, int64_t Pk, int64_t 
   w.k_scale = take(size_t(heads) * (Pk / attn::kTile) * sizeof(float));
   w.v_byte = take(size_t(batch) * heads * kHeadDim);
   w.v_scale = take(size_t(batch) * heads * kHeadDim * sizeof(float));
-  w.tiles = take(size_t(num_tiles) * sizeof(int2));
+  w.tiles = take(tiles_bytes);
   w.total = off;
   return w;
 }
@@ -1195,18 +1215,9 @@ Status make_f32_rows_map(CUtensorMap* map, float* base, uint64_t rows, uint64_t 
   return encode_result(r);
 }
 
-int64_t attention_fwd_num_q_tiles(const std::vector<int32_t>& cu_q, int batch, bool broadcast_q) {
-  int64_t n = 0;
-  for (int b = 0; b < (broadcast_q ? 1 : batch); ++b) n += (cu_q[b + 1] - cu_q[b] + attn::kTile - 1) / attn::kTile;
-  return broadcast_q ? n * batch : n;
-}
-
-size_t attention_fwd_workspace_bytes(int batch, int heads, int64_t Pq, int64_t Pk, int64_t num_q_tiles) {
-  return layout_of(batch, heads, Pq, Pk, num_q_tiles).total;
-}
-
 namespace {
-// Whether the operands kernel runs with three consumer warpgroups (Q tiles of 192 rows,
+// Whether the forward (on operands or on MX tensors, H200 2026-11-30: llm 613 against 565 TFLOP/s on
+// MX tensors, llm-long 822 against 767) runs with three consumer warpgroups (Q tiles of 192 rows,
 // attention_fwd_kernel3) instead of two (128 rows): when the 192-row tiles pad Q's sequences to at
 // most 5% more rows than the 128-row tiles do (H200, 2026-11-30: llm's 2048-row sequences, 3% more
 // rows, ran 5-6% faster on three), or to at most 15% more where the three-consumer items fill at
@@ -1293,7 +1304,7 @@ constexpr size_t kSplitSlotBytes =
 ExecPlan exec_plan(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k, int batch, int64_t heads,
                    bool broadcast_q, bool v_per_tile) {
   ExecPlan e;
-  e.three = v_per_tile && three_consumers(cu_q, batch, heads, broadcast_q);
+  e.three = three_consumers(cu_q, batch, heads, broadcast_q);
   e.tiles = schedule(cu_q, cu_k, batch, broadcast_q, e.three ? attn::kQTile3 : attn::kTile);
   e.items = int64_t(e.tiles.size()) * heads;
   e.split_first = e.items;
@@ -1362,11 +1373,14 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   // V scales per 128-key tile: folded into every promotion (kVariantVTile).
   auto kernel = ops.v_per_tile ? attn::attention_fwd_kernel<kDefaultVariantVTile>
                                : attn::attention_fwd_kernel<kDefaultVariant>;
-  auto kernel3 = three ? attn::attention_fwd_kernel3<kDefaultVariantVTile> : nullptr;
-  auto parts3 = attn::attention_fwd_kernel3<kDefaultVariantVTile, true>;
+  // The three-consumer kernel takes only the tree reductions and the V-tile bits of a variant.
+  constexpr int kV3 = kDefaultVariantVTile, kM3 = kDefaultVariantVTile & ~attn::kVariantVTile;
+  auto kernel3 = !three ? nullptr : ops.v_per_tile ? attn::attention_fwd_kernel3<kV3> : attn::attention_fwd_kernel3<kM3>;
+  auto parts3 = ops.v_per_tile ? attn::attention_fwd_kernel3<kV3, true> : attn::attention_fwd_kernel3<kM3, true>;
+  auto merge3 = ops.v_per_tile ? attn::attention_fwd_merge3<true> : attn::attention_fwd_merge3<false>;
   bool persistent = false;
 #if MXFLASH_FWD_EXPERIMENTS
-  if (three) {
+  if (three && ops.v_per_tile) {
     constexpr int kV = kDefaultVariantVTile;
     switch (experiment_variant() & (attn::kVariantTrace | attn::kVariantTracePin)) {
       case attn::kVariantTrace: kernel3 = attn::attention_fwd_kernel3<kV | attn::kVariantTrace>; break;
@@ -1442,7 +1456,7 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
       MXFLASH_RETURN_IF_ERROR(cuda_error(launch_dependent(parts3, plan.slots(), attn::kThreads3, attn::kSmemBytes3,
                                                           tm_q, tm_k, tm_v, fp, sp),
                                          "attention_fwd_kernel3 (parts) launch"));
-      MXFLASH_RETURN_IF_ERROR(cuda_error(launch_dependent(attn::attention_fwd_merge3,
+      MXFLASH_RETURN_IF_ERROR(cuda_error(launch_dependent(merge3,
                                                           (plan.items - plan.split_first) * attn::kConsumers3,
                                                           attn::kWarpgroupThreads, 0, fp, sp),
                                          "attention_fwd_merge3 launch"));
@@ -1495,6 +1509,12 @@ size_t attention_fwd_exec_workspace_bytes(const std::vector<int32_t>& cu_q, cons
   return exec_workspace_bytes(exec_plan(cu_q, cu_k, batch, heads, broadcast_q, /*v_per_tile=*/true));
 }
 
+size_t attention_fwd_workspace_bytes(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k, int batch,
+                                     int64_t heads, int64_t Pq, int64_t Pk, bool broadcast_q) {
+  const ExecPlan plan = exec_plan(cu_q, cu_k, batch, heads, broadcast_q, /*v_per_tile=*/false);
+  return layout_of(batch, heads, Pq, Pk, exec_workspace_bytes(plan)).total;
+}
+
 Status attention_forward_exec(const AttentionFwdProblem& p, const FwdExecOperands& ops, void* workspace,
                               size_t workspace_bytes, void* stream_ptr) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
@@ -1506,7 +1526,7 @@ Status attention_forward_exec(const AttentionFwdProblem& p, const FwdExecOperand
 Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t workspace_bytes, void* stream_ptr) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   const ExecPlan plan = exec_plan(*p.host_cu_q, *p.host_cu_k, p.batch, p.heads, p.broadcast_q, /*v_per_tile=*/false);
-  const WorkspaceLayout w = layout_of(p.batch, p.heads, p.Pq, p.Pk, int64_t(plan.tiles.size()));
+  const WorkspaceLayout w = layout_of(p.batch, p.heads, p.Pq, p.Pk, exec_workspace_bytes(plan));
   return with_workspace(workspace, workspace_bytes, w.total, stream, [&](uint8_t* ws) -> Status {
     const int64_t H = p.heads;
     bool prepare = true;
