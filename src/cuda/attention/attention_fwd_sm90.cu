@@ -1426,8 +1426,9 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   persistent = experiment_variant() >= 0 && (experiment_variant() & attn::kVariantPersistent) != 0;
 #endif
   fp.num_items = int(plan.items);
-  // A programmatic dependent of the kernel launched before it on the stream.
-  auto launch_dependent = [&](auto k, int64_t grid, int threads, size_t smem, auto... args) {
+  // A programmatic dependent of the kernel launched before it on the stream (`programmatic`: else
+  // an ordinary launch).
+  auto launch_dependent = [&](bool programmatic, auto k, int64_t grid, int threads, size_t smem, auto... args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(unsigned(grid));
     cfg.blockDim = dim3(unsigned(threads));
@@ -1435,7 +1436,7 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    attr[0].val.programmaticStreamSerializationAllowed = programmatic ? 1 : 0;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     return cudaLaunchKernelEx(&cfg, k, args...);
@@ -1453,10 +1454,12 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
       MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(parts3, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes3)),
           "cudaFuncSetAttribute(smem)"));
-      MXFLASH_RETURN_IF_ERROR(cuda_error(launch_dependent(parts3, plan.slots(), attn::kThreads3, attn::kSmemBytes3,
-                                                          tm_q, tm_k, tm_v, fp, sp),
+      // Every item split (no whole-item grid): the parts follow the stream's previous work (the
+      // operands' writers) as an ordinary launch, since they read its output before any wait.
+      MXFLASH_RETURN_IF_ERROR(cuda_error(launch_dependent(plan.split_first > 0, parts3, plan.slots(), attn::kThreads3,
+                                                          attn::kSmemBytes3, tm_q, tm_k, tm_v, fp, sp),
                                          "attention_fwd_kernel3 (parts) launch"));
-      MXFLASH_RETURN_IF_ERROR(cuda_error(launch_dependent(merge3,
+      MXFLASH_RETURN_IF_ERROR(cuda_error(launch_dependent(true, merge3,
                                                           (plan.items - plan.split_first) * attn::kConsumers3,
                                                           attn::kWarpgroupThreads, 0, fp, sp),
                                          "attention_fwd_merge3 launch"));
