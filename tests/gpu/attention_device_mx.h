@@ -69,22 +69,26 @@ inline std::vector<double> checked_forward_out(const DeviceBuffer& out_gpu, cons
 // (H200: 29.9 against 32.2 dB on 4096 keys in 4 parts, the SQNR against FP64 the same or better).
 inline constexpr double kSplitAgreeDb = 26.0;
 
+// The forward's workspace (`workspace_bytes()`) with the split tail off (MXFLASH_FWD_SPLIT=1).
+inline size_t unsplit_workspace_bytes(const std::function<size_t()>& workspace_bytes) {
+  const ScopedEnv no_split("MXFLASH_FWD_SPLIT", "1");
+  return workspace_bytes();
+}
+
 // The forward again on three consumers with each part count of the split tail forced
 // (MXFLASH_FWD_SPLIT=2, 3, 4; every item of a small problem lies in the last, partial wave, so all
 // run as parts, some with no K/V tile, sequences with no keys too), out and lse poisoned first:
 // lse against the CPU's (`lse_cpu`), out within 0.3 dB of `mx_db` (exact MX's SQNR against
-// `exact`) and within kSplitAgreeDb of the CPU forward (`cpu`). Where some K sequence has more than
-// one tile (`multi_tile`), the workspace (`workspace_bytes()`) must grow by the parts' states.
+// `exact`) and within kSplitAgreeDb of the CPU forward (`cpu`). Where some K sequence of `k_meta`
+// has more than one tile, the workspace (`workspace_bytes()`) must grow by the parts' states.
 inline void expect_split_forward_close(DeviceBuffer& out, DeviceBuffer& lse, const std::vector<float>& lse_cpu,
                                        const std::vector<double>& cpu, const std::vector<double>& exact, double mx_db,
-                                       bool multi_tile, const std::function<size_t()>& workspace_bytes,
+                                       const JaggedMeta& k_meta, const std::function<size_t()>& workspace_bytes,
                                        const std::function<Status()>& launch) {
+  bool multi_tile = false;
+  for (int b = 0; b < k_meta.batch(); ++b) multi_tile = multi_tile || k_meta.length(b) > kHeadDim;
   const ScopedEnv three("MXFLASH_FWD_CONSUMERS", "3");
-  size_t whole;
-  {
-    const ScopedEnv no_split("MXFLASH_FWD_SPLIT", "1");
-    whole = workspace_bytes();
-  }
+  const size_t whole = unsplit_workspace_bytes(workspace_bytes);
   for (const char* parts : {"2", "3", "4"}) {
     const ScopedEnv split("MXFLASH_FWD_SPLIT", parts);
     if (multi_tile) EXPECT_GT(workspace_bytes(), whole) << "no split in " << parts << " parts";
@@ -102,12 +106,7 @@ inline void expect_split_forward_close(DeviceBuffer& out, DeviceBuffer& lse, con
 // Whether the forward's plan splits items as it stands (its workspace, `workspace_bytes()`, larger
 // than with the split off).
 inline bool forward_splits(const std::function<size_t()>& workspace_bytes) {
-  size_t whole;
-  {
-    const ScopedEnv no_split("MXFLASH_FWD_SPLIT", "1");
-    whole = workspace_bytes();
-  }
-  return workspace_bytes() > whole;
+  return workspace_bytes() > unsplit_workspace_bytes(workspace_bytes);
 }
 
 }  // namespace mxflash::gputest

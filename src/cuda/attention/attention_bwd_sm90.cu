@@ -261,22 +261,6 @@ __device__ __forceinline__ Item item_of(const BwdParams& p, unsigned index) {
   return w;
 }
 
-// The CTA's mbarriers, by thread 0, then a CTA barrier: `once` (the operands loaded once per CTA)
-// and each stage's full (the producer's one arrival + transaction bytes) and empty (every consumer
-// thread arrives) barriers.
-template <int kStages>
-__device__ __forceinline__ void init_pipeline(uint64_t* once, uint64_t (&full)[kStages], uint64_t (&empty)[kStages]) {
-  if (threadIdx.x == 0) {
-    sm90::mbar_init(once, 1);
-    for (int i = 0; i < kStages; ++i) {
-      sm90::mbar_init(&full[i], 1);
-      sm90::mbar_init(&empty[i], kConsumers * kWarpgroupThreads);
-    }
-    sm90::fence_barrier_init();
-  }
-  __syncthreads();
-}
-
 // dS row scale of one accumulator row pair: amax over the quad, 1/scale and scale.
 __device__ __forceinline__ void row_scales(const float (&amax)[2], float (&inv)[2], float (&scale)[2]) {
 #pragma unroll
@@ -388,11 +372,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // writes: its CTAs may take the SMs this kernel's CTAs leave in its last round.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* const smem_base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  KvSmem& s = *reinterpret_cast<KvSmem*>(smem_base);
+  KvSmem& s = attn::aligned_shared<KvSmem>(smem_raw);
+  uint8_t* const smem_base = reinterpret_cast<uint8_t*>(&s);
   FusedDqSmem& f = *reinterpret_cast<FusedDqSmem*>(smem_base + kKvSmemOffsetFused);  // kFusedDq only
   const int wg = attn::warpgroup_index(), tid = threadIdx.x % kWarpgroupThreads;
-  init_pipeline(&s.kv_full, s.full, s.empty);
+  attn::init_pipeline(&s.kv_full, s.full, s.empty, kConsumers);
   if (kPersistent) {
     if (threadIdx.x == 0) {
       sm90::mbar_init(&s.kv_empty, kConsumers * kWarpgroupThreads);
@@ -823,11 +807,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                             const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                             const __grid_constant__ CUtensorMap tm_kt, const BwdParams p) {
   extern __shared__ uint8_t smem_raw[];
-  QSmem& s = *reinterpret_cast<QSmem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  QSmem& s = attn::aligned_shared<QSmem>(smem_raw);
   const int wg = attn::warpgroup_index(), tid = threadIdx.x % kWarpgroupThreads;
   const Item w = item_of<false>(p, blockIdx.x);
   const int n_k = (w.Lk + kTile - 1) / kTile;
-  init_pipeline(&s.q_full, s.full, s.empty);
+  attn::init_pipeline(&s.q_full, s.full, s.empty, kConsumers);
   const int64_t o_row = w.o_pad0 + int64_t(w.blk) * kTile;  // padded output row of the Q tile
 
   if (wg == 0) {  // ---------------------------------------------------------------- producer
@@ -1341,18 +1325,10 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kQSmemBytes)),
           "cudaFuncSetAttribute(attention_bwd_dq_kernel)"));
       // Programmatic dependent of the dK/dV kernel (independent work: see the dQ kernel's epilogue).
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(unsigned(int64_t(q_items.size()) * H));
-      cfg.blockDim = dim3(bwd::kThreads);
-      cfg.dynamicSmemBytes = bwd::kQSmemBytes;
-      cfg.stream = stream;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attr[0].val.programmaticStreamSerializationAllowed = (bwd_variant() & 131072) == 0 ? 1 : 0;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaLaunchKernelEx(&cfg, kernel, tm_q, tm_k, tm_v, tm_do, tm_kt, bp),
-                                         "attention_bwd_dq_kernel launch"));
+      MXFLASH_RETURN_IF_ERROR(cuda_error(
+          launch_programmatic((bwd_variant() & 131072) == 0, kernel, dim3(unsigned(int64_t(q_items.size()) * H)),
+                              dim3(bwd::kThreads), bwd::kQSmemBytes, stream, tm_q, tm_k, tm_v, tm_do, tm_kt, bp),
+          "attention_bwd_dq_kernel launch"));
     }
     if (p.broadcast_q && !fused && p.Tq > 0) {
       const int64_t n = p.Tq * H * kHeadDim;

@@ -707,25 +707,15 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   write_rows<(kVariant & kVariantVTile) != 0>(p, o, l, m, vunit, b, h, tok_base, m_block * kTile, Lq, rows, quad);
 }
 
-// The kernels' shared storage: the dynamic shared memory rounded up to 1024 bytes.
-__device__ __forceinline__ SharedStorage& shared_storage(uint8_t* raw) {
-  return *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
-}
-
-// Thread 0 initializes the mbarriers (q_empty only for the persistent kernel), then a CTA barrier.
+// The mbarriers (q_empty only for the persistent kernel) and the exponential turns' zero, then a CTA
+// barrier (init_pipeline).
 template <bool kPersistent>
 __device__ __forceinline__ void init_barriers(SharedStorage& s) {
   if (threadIdx.x == 0) {
-    sm90::mbar_init(&s.q_full, 1);
     s.turn_zero = 0.f;
     if (kPersistent) sm90::mbar_init(&s.q_empty, kConsumerWarpgroups * kWarpgroupThreads);
-    for (int i = 0; i < kStages; ++i) {
-      sm90::mbar_init(&s.full[i], 1);
-      sm90::mbar_init(&s.empty[i], kConsumerWarpgroups * kWarpgroupThreads);
-    }
-    sm90::fence_barrier_init();
   }
-  __syncthreads();
+  init_pipeline(&s.q_full, s.full, s.empty, kConsumerWarpgroups);
 }
 
 template <int kVariant>
@@ -733,7 +723,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     attention_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
   extern __shared__ uint8_t smem_raw[];
-  SharedStorage& s = shared_storage(smem_raw);
+  SharedStorage& s = aligned_shared<SharedStorage>(smem_raw);
   const int wg = warpgroup_index();
   const int tid = threadIdx.x % kWarpgroupThreads;
   const WorkItem w = work_item(p, blockIdx.x);
@@ -838,21 +828,12 @@ __global__ void __launch_bounds__(kThreads3, 1)
   // V's per-(sequence, channel) scales (the MX tensors' prepare pass), applied in the epilogue.
   constexpr bool kVTile = (kVariant & kVariantVTile) != 0;
   extern __shared__ uint8_t smem_raw[];
-  SharedStorage3& s =
-      *reinterpret_cast<SharedStorage3*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  SharedStorage3& s = aligned_shared<SharedStorage3>(smem_raw);
   const int wg = warpgroup_index();
   const int tid = threadIdx.x % kWarpgroupThreads;
   const WorkItem w = kParts ? work_part3(p, sp, blockIdx.x) : work_item<kQTile3>(p, blockIdx.x);
   if constexpr (!kParts) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  if (threadIdx.x == 0) {
-    sm90::mbar_init(&s.q_full, 1);
-    for (int i = 0; i < kStages; ++i) {
-      sm90::mbar_init(&s.full[i], 1);
-      sm90::mbar_init(&s.empty[i], kConsumers3 * kWarpgroupThreads);
-    }
-    sm90::fence_barrier_init();
-  }
-  __syncthreads();
+  init_pipeline(&s.q_full, s.full, s.empty, kConsumers3);
   const int h = w.h, b = w.b, n_tiles = w.n_tiles;
 
   if (wg == 0) {  // ------------------------------------------------------------ producer
@@ -1061,7 +1042,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     attention_fwd_persistent_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                                     const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
   extern __shared__ uint8_t smem_raw[];
-  SharedStorage& s = shared_storage(smem_raw);
+  SharedStorage& s = aligned_shared<SharedStorage>(smem_raw);
   const int wg = warpgroup_index();
   const int tid = threadIdx.x % kWarpgroupThreads;
   init_barriers<true>(s);
@@ -1232,7 +1213,8 @@ namespace {
 #if MXFLASH_FWD_EXPERIMENTS
 constexpr int kThreeConsumerVariant = 1 << 26;
 #endif
-bool three_consumers(const std::vector<int32_t>& cu_q, int batch, int64_t heads, bool broadcast_q) {
+// sms: the device's SM count (0: no device).
+bool three_consumers(const std::vector<int32_t>& cu_q, int batch, int64_t heads, bool broadcast_q, int sms) {
   if (const char* e = std::getenv("MXFLASH_FWD_CONSUMERS")) {
     if (std::string(e) == "2") return false;
     if (std::string(e) == "3") return true;
@@ -1247,12 +1229,7 @@ bool three_consumers(const std::vector<int32_t>& cu_q, int batch, int64_t heads,
     rows3 += (n + attn::kQTile3 - 1) / attn::kQTile3 * attn::kQTile3;
   }
   if (rows3 * 100 <= rows2 * 105) return true;
-  int sms = 0;
-  if (rows3 * 100 > rows2 * 115) return false;
-  if (!sm_count(&sms).ok()) {
-    cudaGetLastError();  // no device: nothing to launch
-    return false;
-  }
+  if (rows3 * 100 > rows2 * 115 || sms <= 0) return false;
   const int64_t items3 = rows3 / attn::kQTile3 * heads * (broadcast_q ? batch : 1);
   return items3 >= 20 * int64_t(sms);
 }
@@ -1273,7 +1250,7 @@ bool three_consumers(const std::vector<int32_t>& cu_q, int batch, int64_t heads,
 // which items are split: on the work list's order and on the device's SM count.
 constexpr int kSplitMinTiles = 16;
 int split_parts(int64_t r, int sms, int max_tiles) {
-  if (r == 0 || sms <= 0) return 1;
+  if (r == 0) return 1;
   if (const char* e = std::getenv("MXFLASH_FWD_SPLIT")) {
     const int forced = std::atoi(e);
     if (forced >= 1 && forced <= 4) return std::max(1, std::min(forced, max_tiles));
@@ -1287,8 +1264,8 @@ int split_parts(int64_t r, int sms, int max_tiles) {
   return best;
 }
 
-// How the operands forward runs a problem: the consumer count, the work list (Q tiles of 128 or,
-// three consumers, 192 rows) and the split tail.
+// How the forward (on operands or MX tensors alike) runs a problem: the consumer count, the work
+// list (Q tiles of 128 or, three consumers, 192 rows) and the split tail.
 struct ExecPlan {
   bool three = false;
   std::vector<int2> tiles;
@@ -1302,18 +1279,18 @@ constexpr size_t kSplitSlotBytes =
     attn::kConsumers3 * (16 * attn::kWarpgroupThreads + attn::kRowsPerConsumer) * sizeof(float4);
 
 ExecPlan exec_plan(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k, int batch, int64_t heads,
-                   bool broadcast_q, bool v_per_tile) {
+                   bool broadcast_q) {
+  int sms = 0;
+  if (!sm_count(&sms).ok()) {  // no device (sizes asked on a CPU machine): nothing to launch, no split
+    cudaGetLastError();
+    sms = 0;
+  }
   ExecPlan e;
-  e.three = three_consumers(cu_q, batch, heads, broadcast_q);
+  e.three = three_consumers(cu_q, batch, heads, broadcast_q, sms);
   e.tiles = schedule(cu_q, cu_k, batch, broadcast_q, e.three ? attn::kQTile3 : attn::kTile);
   e.items = int64_t(e.tiles.size()) * heads;
   e.split_first = e.items;
-  int sms = 0;
-  if (!e.three || e.items == 0) return e;
-  if (!sm_count(&sms).ok()) {  // no device: nothing to launch, no split
-    cudaGetLastError();
-    return e;
-  }
+  if (!e.three || e.items == 0 || sms <= 0) return e;
   const int64_t r = e.items % sms;
   int max_tiles = 0;
   for (int64_t i = e.items - r; i < e.items; ++i) {
@@ -1426,21 +1403,6 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   persistent = experiment_variant() >= 0 && (experiment_variant() & attn::kVariantPersistent) != 0;
 #endif
   fp.num_items = int(plan.items);
-  // A programmatic dependent of the kernel launched before it on the stream (`programmatic`: else
-  // an ordinary launch).
-  auto launch_dependent = [&](bool programmatic, auto k, int64_t grid, int threads, size_t smem, auto... args) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(unsigned(grid));
-    cfg.blockDim = dim3(unsigned(threads));
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = programmatic ? 1 : 0;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, k, args...);
-  };
   if (kernel3) {
     if (plan.split_first > 0) {  // the whole items
       MXFLASH_RETURN_IF_ERROR(cuda_error(
@@ -1456,13 +1418,14 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
           "cudaFuncSetAttribute(smem)"));
       // Every item split (no whole-item grid): the parts follow the stream's previous work (the
       // operands' writers) as an ordinary launch, since they read its output before any wait.
-      MXFLASH_RETURN_IF_ERROR(cuda_error(launch_dependent(plan.split_first > 0, parts3, plan.slots(), attn::kThreads3,
-                                                          attn::kSmemBytes3, tm_q, tm_k, tm_v, fp, sp),
+      MXFLASH_RETURN_IF_ERROR(cuda_error(launch_programmatic(plan.split_first > 0, parts3, dim3(unsigned(plan.slots())),
+                                                             dim3(attn::kThreads3), attn::kSmemBytes3, stream, tm_q,
+                                                             tm_k, tm_v, fp, sp),
                                          "attention_fwd_kernel3 (parts) launch"));
-      MXFLASH_RETURN_IF_ERROR(cuda_error(launch_dependent(true, merge3,
-                                                          (plan.items - plan.split_first) * attn::kConsumers3,
-                                                          attn::kWarpgroupThreads, 0, fp, sp),
-                                         "attention_fwd_merge3 launch"));
+      MXFLASH_RETURN_IF_ERROR(cuda_error(
+          launch_programmatic(true, merge3, dim3(unsigned((plan.items - plan.split_first) * attn::kConsumers3)),
+                              dim3(attn::kWarpgroupThreads), 0, stream, fp, sp),
+          "attention_fwd_merge3 launch"));
     }
   } else {
     MXFLASH_RETURN_IF_ERROR(cuda_error(
@@ -1509,26 +1472,26 @@ Status with_workspace(void* workspace, size_t workspace_bytes, size_t need, cuda
 
 size_t attention_fwd_exec_workspace_bytes(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k,
                                           int batch, int64_t heads, bool broadcast_q) {
-  return exec_workspace_bytes(exec_plan(cu_q, cu_k, batch, heads, broadcast_q, /*v_per_tile=*/true));
+  return exec_workspace_bytes(exec_plan(cu_q, cu_k, batch, heads, broadcast_q));
 }
 
 size_t attention_fwd_workspace_bytes(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k, int batch,
                                      int64_t heads, int64_t Pq, int64_t Pk, bool broadcast_q) {
-  const ExecPlan plan = exec_plan(cu_q, cu_k, batch, heads, broadcast_q, /*v_per_tile=*/false);
+  const ExecPlan plan = exec_plan(cu_q, cu_k, batch, heads, broadcast_q);
   return layout_of(batch, heads, Pq, Pk, exec_workspace_bytes(plan)).total;
 }
 
 Status attention_forward_exec(const AttentionFwdProblem& p, const FwdExecOperands& ops, void* workspace,
                               size_t workspace_bytes, void* stream_ptr) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  const ExecPlan plan = exec_plan(*p.host_cu_q, *p.host_cu_k, p.batch, p.heads, p.broadcast_q, ops.v_per_tile);
+  const ExecPlan plan = exec_plan(*p.host_cu_q, *p.host_cu_k, p.batch, p.heads, p.broadcast_q);
   return with_workspace(workspace, workspace_bytes, exec_workspace_bytes(plan), stream,
                         [&](uint8_t* ws) { return launch_main(p, ops, plan, ws, stream); });
 }
 
 Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t workspace_bytes, void* stream_ptr) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  const ExecPlan plan = exec_plan(*p.host_cu_q, *p.host_cu_k, p.batch, p.heads, p.broadcast_q, /*v_per_tile=*/false);
+  const ExecPlan plan = exec_plan(*p.host_cu_q, *p.host_cu_k, p.batch, p.heads, p.broadcast_q);
   const WorkspaceLayout w = layout_of(p.batch, p.heads, p.Pq, p.Pk, exec_workspace_bytes(plan));
   return with_workspace(workspace, workspace_bytes, w.total, stream, [&](uint8_t* ws) -> Status {
     const int64_t H = p.heads;

@@ -13,6 +13,31 @@ namespace mxflash::cuda::attn {
 // instead of being moved there (R2UR) before every wgmma.
 __device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xFFFFFFFFu, int(threadIdx.x) / 128, 0); }
 
+// The dynamic shared memory as a T, its start rounded up to 1024 bytes (the 128-byte swizzle's
+// atom; the launches ask for 1024 bytes more than sizeof(T)).
+template <typename T>
+__device__ __forceinline__ T& aligned_shared(uint8_t* raw) {
+  return *reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+}
+
+// Thread 0 initializes a TMA pipeline's mbarriers: `once` (the per-item operand, one arrival: the
+// producer's expect_tx) and each stage's `full` (one arrival) and `empty` (every thread of
+// `consumer_warpgroups`), fences them, then a CTA barrier. Barriers the caller's thread 0
+// initializes before the call are covered by the same fence.
+template <int kStages>
+__device__ __forceinline__ void init_pipeline(uint64_t* once, uint64_t (&full)[kStages], uint64_t (&empty)[kStages],
+                                              int consumer_warpgroups) {
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(once, 1);
+    for (int i = 0; i < kStages; ++i) {
+      sm90::mbar_init(&full[i], 1);
+      sm90::mbar_init(&empty[i], consumer_warpgroups * 128);
+    }
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+}
+
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 

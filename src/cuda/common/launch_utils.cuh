@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "mxflash/status.h"
 
@@ -32,6 +33,26 @@ inline Status sm_count(int* sms) {
   int dev = 0;
   MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetDevice(&dev), "cudaGetDevice"));
   return cuda_error(cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+}
+
+// Launches `kernel` on `stream`, as a programmatic dependent of the kernel launched before it there
+// when `programmatic` (programmatic stream serialization: its CTAs may start once every CTA of that
+// kernel has executed griddepcontrol.launch_dependents or exited, and it must execute
+// griddepcontrol.wait before reading what that kernel writes), else as an ordinary launch.
+template <typename... KernelArgs, typename... Args>
+cudaError_t launch_programmatic(bool programmatic, void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
+                                cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = programmatic ? 1 : 0;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
 // Grid for a grid-stride kernel: every CTA resident at once (a second wave of CTAs would each
