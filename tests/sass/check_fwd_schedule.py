@@ -14,7 +14,7 @@ wgmma; the loop had 11, removing them gave +3.5%), no local-memory spill (STL/LD
 load (LDG) inside the loop.
 
 The three-consumer forward kernel (attention_fwd_kernel3, both its whole-item and its split-part
-instantiation) runs each tile in series but for its P.V,
+instantiation, and the persistent attention_fwd_kernel3p) runs each tile in series but for its P.V,
 issued in two 64-channel halves whose first is promoted under the second: its main loop must show
 that wait for one group behind both halves, and hold no spill, no global load and no R2UR before a
 wgmma (160 registers a consumer).
@@ -217,6 +217,10 @@ def main():
     three = kernels(sass, r"Function : \S*attention_fwd_kernel3ILi(\d+ELb[01])E")
     if not three:
         problems.append("attention_fwd_kernel3: not found")
+    persistent = kernels(sass, r"Function : \S*attention_fwd_kernel3pILi(\d+)E")
+    if not persistent:
+        problems.append("attention_fwd_kernel3p: not found")
+    three.update({f"persistent {v}": ins for v, ins in persistent.items()})
     for v, ins in sorted(three.items()):
         problems += check_three(v, ins)
     dq = kernels(sass, r"Function : (\S*attention_bwd_dq_kernel\S*)")

@@ -323,13 +323,21 @@ __device__ __forceinline__ WorkItem work_item(const FwdParams& p, unsigned index
   return w;
 }
 
-// Producer thread: Q of the item, then its K/V tiles into the stages; `it` K/V tiles were loaded
-// before (persistent CTAs), which sets the stage and phase of the first one.
-// Storage: SharedStorage or SharedStorage3; Q arrives in kQBoxes boxes of kQBoxRows rows (the Q
-// map's box).
-template <int kVariant, int kQBoxes = 1, int kQBoxRows = kTile, typename Storage>
-__device__ __forceinline__ void produce_item(Storage& s, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
-                                             const CUtensorMap* tm_v, const FwdParams& p, const WorkItem& w, int it) {
+// Producer thread: the item's Q tile into q, in kQBoxes boxes of kQBoxRows rows (the Q map's box),
+// completing q_full.
+template <int kQBoxes, int kQBoxRows>
+__device__ __forceinline__ void produce_q(uint8_t* q, uint64_t* q_full, const CUtensorMap* tm_q, const WorkItem& w) {
+  sm90::mbar_arrive_expect_tx(q_full, kQBoxes * kQBoxRows * kHeadDim);
+#pragma unroll
+  for (int c = 0; c < kQBoxes; ++c) sm90::tma_load_2d(q + c * kQBoxRows * kHeadDim, tm_q, q_full, 0, int(w.q_row) + c * kQBoxRows);
+}
+
+// Producer thread: the item's K/V tiles into the stages; `it` K/V tiles were loaded before
+// (persistent CTAs), which sets the stage and phase of the first one. Storage: SharedStorage,
+// SharedStorage3 or SharedStorage3P.
+template <int kVariant, typename Storage>
+__device__ __forceinline__ void produce_kv(Storage& s, const CUtensorMap* tm_k, const CUtensorMap* tm_v,
+                                           const FwdParams& p, const WorkItem& w, int it) {
   const int h = w.h, b = w.b, n_tiles = w.n_tiles;
   const int k_first = p.cu_k_sf[b] + w.j0 * kTile;  // the first K/V tile's token in K' and V'
   const int k_row = int(int64_t(h) * p.Pk + k_first);
@@ -337,10 +345,6 @@ __device__ __forceinline__ void produce_item(Storage& s, const CUtensorMap* tm_q
   const float* k_scale = p.k_scale + int64_t(h) * (p.Pk / kTile) + k_first / kTile;
   constexpr bool kVTile = (kVariant & kVariantVTile) != 0;
   const float* v_scale = p.v_scale + int64_t(h) * (p.Pk / kTile) + k_first / kTile;
-  sm90::mbar_arrive_expect_tx(&s.q_full, kQBoxes * kQBoxRows * kHeadDim);
-#pragma unroll
-  for (int c = 0; c < kQBoxes; ++c)
-    sm90::tma_load_2d(s.q + c * kQBoxRows * kHeadDim, tm_q, &s.q_full, 0, int(w.q_row) + c * kQBoxRows);
   const int loads = variant_diag(kVariant) == 2 ? min(n_tiles, kStages) : n_tiles;
   for (int j = 0; j < loads; ++j) {
     const int stage = stage_of(it + j);
@@ -358,6 +362,15 @@ __device__ __forceinline__ void produce_item(Storage& s, const CUtensorMap* tm_q
     sm90::tma_load_2d(s.k[stage], tm_k, &s.full[stage], 0, k_row + j * kTile);
     sm90::tma_load_2d(s.v[stage], tm_v, &s.full[stage], v_col + j * kTile, h * kHeadDim);
   }
+}
+
+// Producer thread: Q of the item (in SharedStorage's or SharedStorage3's one Q buffer), then its K/V
+// tiles.
+template <int kVariant, int kQBoxes = 1, int kQBoxRows = kTile, typename Storage>
+__device__ __forceinline__ void produce_item(Storage& s, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
+                                             const CUtensorMap* tm_v, const FwdParams& p, const WorkItem& w, int it) {
+  produce_q<kQBoxes, kQBoxRows>(s.q, &s.q_full, tm_q, w);
+  produce_kv<kVariant>(s, tm_k, tm_v, p, w, it);
 }
 
 // 2^n as a float for n <= 127 (0 under 2^-126); pow2i_exact: subnormals down to 2^-149 too.
@@ -820,42 +833,26 @@ __device__ __forceinline__ void write_partial3(const SplitParams& sp, int slot, 
 // attention_fwd_merge3, its own dependent, and whatever follows find out and lse complete. Two
 // instantiations rather than a branch on the CTA index: with the split's epilogue in the same
 // kernel ptxas scheduled the main loop differently, 1.3% slower on llm (H200, same run).
-template <int kVariant, bool kParts = false>
-__global__ void __launch_bounds__(kThreads3, 1)
-    attention_fwd_kernel3(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                          const __grid_constant__ CUtensorMap tm_v, const FwdParams p, const SplitParams sp) {
+// A consumer warpgroup (cw) of a three-consumer CTA on item w: S, softmax, P.V and the promotion of
+// each K/V tile in series, then the epilogue (kParts: the part's partial state). Q from q_tile,
+// complete at phase q_phase of q_full; `it` K/V tiles consumed before (persistent CTAs, else 0).
+// kPersistent: the rows' Q scales from qs (shared memory, written with Q; rows past the sequence
+// 0), and items with no keys are the caller's.
+template <int kVariant, bool kParts, bool kPersistent, typename Storage>
+__device__ __forceinline__ void consume_item3(Storage& s, const uint8_t* q_tile, uint64_t* q_full, uint32_t q_phase,
+                                              const float* qs, const FwdParams& p, const SplitParams& sp,
+                                              const WorkItem& w, int cw, int tid, int it) {
   // kVTile: V' with one scale per 128-key tile (the operands), folded into every promotion; else
   // V's per-(sequence, channel) scales (the MX tensors' prepare pass), applied in the epilogue.
   constexpr bool kVTile = (kVariant & kVariantVTile) != 0;
-  extern __shared__ uint8_t smem_raw[];
-  SharedStorage3& s = aligned_shared<SharedStorage3>(smem_raw);
-  const int wg = warpgroup_index();
-  const int tid = threadIdx.x % kWarpgroupThreads;
-  const WorkItem w = kParts ? work_part3(p, sp, blockIdx.x) : work_item<kQTile3>(p, blockIdx.x);
-  if constexpr (!kParts) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  init_pipeline(&s.q_full, s.full, s.empty, kConsumers3);
   const int h = w.h, b = w.b, n_tiles = w.n_tiles;
-
-  if (wg == 0) {  // ------------------------------------------------------------ producer
-    sm90::setmaxnreg_dec<kProducerRegs>();
-    // Q in three boxes of 64 rows (the map's box); rows past the sequence's padded end belong to
-    // the next sequence or head, or lie past the tensor (zero-filled): only their own rows of S
-    // see them, and those rows are never written.
-    if (tid == 0 && n_tiles > 0) produce_item<kVariant, kConsumers3, kRowsPerConsumer>(s, &tm_q, &tm_k, &tm_v, p, w, 0);
-    if (kParts && tid == 0) asm volatile("griddepcontrol.wait;" ::: "memory");  // complete after the first grid
-    return;
-  }
-
-  // ------------------------------------------------------------------------------ consumers
-  sm90::setmaxnreg_inc<kConsumerRegs3>();
-  const int cw = wg - 1;
   const int warp = tid / 32, lane = tid % 32, quad = lane % 4;
   const int r0 = cw * kRowsPerConsumer + warp * 16 + lane / 4;  // rows r0 and r0 + 8 of the Q tile
   const int rows[2] = {r0, r0 + 8};
   const int Lq = w.Lq, Lk = w.Lk - w.j0 * kTile;  // keys from the first K/V tile of this CTA on
   const int row0 = w.m_block * kQTile3;  // the tile's first row within its Q sequence
   const int64_t tok_base = p.broadcast_q ? int64_t(b) * Lq : p.cu_q[w.qb];
-  if (n_tiles == 0) {  // no keys: out = 0, lse = -inf (a split item's part: an empty partial state)
+  if (!kPersistent && n_tiles == 0) {  // no keys: out = 0, lse = -inf (a split item's part: an empty partial state)
     if constexpr (kParts) {
       float o[64];
 #pragma unroll
@@ -869,14 +866,19 @@ __global__ void __launch_bounds__(kThreads3, 1)
   }
   if (row0 + cw * kRowsPerConsumer >= Lq) {  // no rows in this warpgroup: release the stages only
     for (int j = 0; j < n_tiles; ++j) {
-      sm90::mbar_wait(&s.full[stage_of(j)], phase_of(j));
-      sm90::mbar_arrive(&s.empty[stage_of(j)]);
+      sm90::mbar_wait(&s.full[stage_of(it + j)], phase_of(it + j));
+      sm90::mbar_arrive(&s.empty[stage_of(it + j)]);
     }
     return;
   }
   float row_mult[2];  // rows past Lq (their Q row scale may lie past the array) get 0
-  for (int r = 0; r < 2; ++r)
-    row_mult[r] = (row0 + rows[r] < Lq ? p.q_scale[w.q_row + rows[r]] : 0.f) * p.scale_log2;
+  if constexpr (kPersistent) {
+    sm90::mbar_wait(q_full, q_phase);
+    for (int r = 0; r < 2; ++r) row_mult[r] = sm90::ld_shared_f32(&qs[rows[r]]) * p.scale_log2;
+  } else {
+    for (int r = 0; r < 2; ++r)
+      row_mult[r] = (row0 + rows[r] < Lq ? p.q_scale[w.q_row + rows[r]] : 0.f) * p.scale_log2;
+  }
   const TileSoftmax<(kVariant & kVariantTree) != 0> sm{{row_mult[0], row_mult[1]}, Lk, quad};
 
   float o[64];
@@ -884,8 +886,8 @@ __global__ void __launch_bounds__(kThreads3, 1)
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   VTileUnit vunit;
-  sm90::mbar_wait(&s.q_full, 0);
-  const uint64_t desc_q = sm90::make_desc_k128b(s.q + cw * kRowsPerConsumer * kHeadDim);
+  if constexpr (!kPersistent) sm90::mbar_wait(q_full, q_phase);
+  const uint64_t desc_q = sm90::make_desc_k128b(q_tile + cw * kRowsPerConsumer * kHeadDim);
   const uint64_t desc_k0 = sm90::make_desc_k128b(s.k[0]), desc_v0 = sm90::make_desc_k128b(s.v[0]);
   constexpr uint64_t kStageDesc = kTileBytes >> 4;
   // kVariantTrace: the per-tile clock trace (slot = K/V tile; events as the two-consumer kernel's,
@@ -902,7 +904,7 @@ __global__ void __launch_bounds__(kThreads3, 1)
   constexpr uint64_t kHalfDesc = (kRowsPerConsumer * kHeadDim) >> 4;  // 64 rows of a V' tile
   // Tile j from its S (issued, in flight) to its promotion.
   auto tile = [&](float(&sc)[64], int j) {
-    const int stage = stage_of(j);
+    const int stage = stage_of(it + j);
     const uint64_t desc_v = desc_v0 + uint64_t(stage) * kStageDesc;
     sm90::wgmma_wait<0>();
     fence_all(sc);
@@ -962,10 +964,10 @@ __global__ void __launch_bounds__(kThreads3, 1)
     stamp(j, 6);
   };
   for (int j = 0; j < n_tiles; ++j) {
-    const int stage = stage_of(j);
+    const int stage = stage_of(it + j);
     stamp(j, 0);
     float sc[64];
-    sm90::mbar_wait(&s.full[stage], phase_of(j));
+    sm90::mbar_wait(&s.full[stage], phase_of(it + j));
     issue_s(sc, desc_q, desc_k0 + uint64_t(stage) * kStageDesc);
     stamp(j, 1);
     tile(sc, j);
@@ -976,6 +978,155 @@ __global__ void __launch_bounds__(kThreads3, 1)
     write_partial3(sp, w.slot, cw, tid, o, l, m, vunit);
   else
     write_rows<kVTile>(p, o, l, m, vunit, b, h, tok_base, row0, Lq, rows, quad);
+}
+
+
+template <int kVariant, bool kParts = false>
+__global__ void __launch_bounds__(kThreads3, 1)
+    attention_fwd_kernel3(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                          const __grid_constant__ CUtensorMap tm_v, const FwdParams p, const SplitParams sp) {
+  extern __shared__ uint8_t smem_raw[];
+  SharedStorage3& s = aligned_shared<SharedStorage3>(smem_raw);
+  const int wg = warpgroup_index();
+  const int tid = threadIdx.x % kWarpgroupThreads;
+  const WorkItem w = kParts ? work_part3(p, sp, blockIdx.x) : work_item<kQTile3>(p, blockIdx.x);
+  if constexpr (!kParts) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  init_pipeline(&s.q_full, s.full, s.empty, kConsumers3);
+  const int n_tiles = w.n_tiles;
+
+  if (wg == 0) {  // ------------------------------------------------------------ producer
+    sm90::setmaxnreg_dec<kProducerRegs>();
+    // Q in three boxes of 64 rows (the map's box); rows past the sequence's padded end belong to
+    // the next sequence or head, or lie past the tensor (zero-filled): only their own rows of S
+    // see them, and those rows are never written.
+    if (tid == 0 && n_tiles > 0) produce_item<kVariant, kConsumers3, kRowsPerConsumer>(s, &tm_q, &tm_k, &tm_v, p, w, 0);
+    if (kParts && tid == 0) asm volatile("griddepcontrol.wait;" ::: "memory");  // complete after the first grid
+    return;
+  }
+
+  // ------------------------------------------------------------------------------ consumers
+  sm90::setmaxnreg_inc<kConsumerRegs3>();
+  consume_item3<kVariant, kParts, false>(s, s.q, &s.q_full, 0, nullptr, p, sp, w, wg - 1, tid, 0);
+}
+
+// The persistent three-consumer kernel (attention_fwd_kernel3p, persistent_ctas on the host): one
+// CTA per SM runs whole items 0 .. sp.first - 1, CTA c item c first, then each the first item not
+// yet taken (`next_item`, a counter zeroed with the work list's upload), so items of unequal length
+// (jagged batches, longest first) balance as the CTA-per-item kernel's do; static strides measured
+// 1-3% slower on jagged. Per item the CTA-per-item kernel pays its launch, the barriers' set-up, the
+// first loads' latency and an epilogue that no other warpgroup's work covers. Here the K/V stages run
+// on across items, and the producer warp publishes each item (its WorkItem, Q and the rows' Q
+// scales) through one of two buffers an item ahead, freed when all three consumers are done with it:
+// the consumers read no global memory between items, and each goes on to its next item as soon as
+// it has written its rows. Every item is computed whole by one CTA, in the same order as by
+// attention_fwd_kernel3: the same bytes (GPU tests). A first form with a second producer warp
+// polling for the buffers and the consumers computing each WorkItem from global memory ran 1-3%
+// slower than a CTA per item on 2048-8192 keys; re-synchronizing the consumers at each item (a
+// named barrier) gained nothing.
+struct SharedStorage3P {
+  alignas(1024) uint8_t q[2][kQTile3 * kHeadDim];
+  alignas(1024) uint8_t k[kStages][kTileBytes];
+  alignas(1024) uint8_t v[kStages][kTileBytes];
+  float k_scale[kStages];
+  float v_scale[kStages];
+  float qs[2][kQTile3];  // each buffer's row scales (rows past the sequence: 0)
+  WorkItem item[2];      // each buffer's item; n_tiles < 0: no more items
+  alignas(8) uint64_t q_full[2];
+  uint64_t q_empty[2];
+  uint64_t full[kStages];
+  uint64_t empty[kStages];
+};
+inline constexpr size_t kSmemBytes3P = sizeof(SharedStorage3P) + 1024;
+
+// An item read from shared memory, made known to the compiler as warp-uniform (lane 0's), so that
+// what derives from it may live in uniform registers.
+__device__ __forceinline__ WorkItem warp_uniform(const WorkItem& x) {
+  WorkItem w;
+  w.h = __shfl_sync(0xFFFFFFFFu, x.h, 0);
+  w.b = __shfl_sync(0xFFFFFFFFu, x.b, 0);
+  w.m_block = __shfl_sync(0xFFFFFFFFu, x.m_block, 0);
+  w.qb = __shfl_sync(0xFFFFFFFFu, x.qb, 0);
+  w.Lq = __shfl_sync(0xFFFFFFFFu, x.Lq, 0);
+  w.Lk = __shfl_sync(0xFFFFFFFFu, x.Lk, 0);
+  w.n_tiles = __shfl_sync(0xFFFFFFFFu, x.n_tiles, 0);
+  w.q_row = __shfl_sync(0xFFFFFFFFu, x.q_row, 0);
+  w.j0 = 0;
+  w.slot = -1;
+  return w;
+}
+
+template <int kVariant>
+__global__ void __launch_bounds__(kThreads3, 1)
+    attention_fwd_kernel3p(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                           const __grid_constant__ CUtensorMap tm_v, const FwdParams p, const SplitParams sp,
+                           unsigned* next_item) {
+  extern __shared__ uint8_t smem_raw[];
+  SharedStorage3P& s = aligned_shared<SharedStorage3P>(smem_raw);
+  const int wg = warpgroup_index();
+  const int tid = threadIdx.x % kWarpgroupThreads;
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  constexpr int kQArrivals = 32;  // the producer warp's lanes (lane 0's with Q's expect_tx)
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(&s.q_full[1], kQArrivals);
+    for (int i = 0; i < 2; ++i) sm90::mbar_init(&s.q_empty[i], kConsumers3 * kWarpgroupThreads);
+  }
+  init_pipeline(&s.q_full[0], s.full, s.empty, kConsumers3, kQArrivals);
+  if (wg == 0) {  // ------------------------------------------------------------ producer
+    sm90::setmaxnreg_dec<kProducerRegs>();
+    if (tid >= 32) return;
+    const int lane = tid;
+    int it = 0;  // K/V tiles loaded before
+    for (unsigned n = 0, index = blockIdx.x;; ++n) {
+      const int qb = int(n & 1u);
+      sm90::mbar_wait(&s.q_empty[qb], ((n >> 1) & 1u) ^ 1u);
+      if (index >= unsigned(sp.first)) {  // the end
+        if (lane == 0) s.item[qb].n_tiles = -1;
+        sm90::mbar_arrive(&s.q_full[qb]);
+        return;
+      }
+      unsigned next = 0;  // the CTA's next item: the first not yet taken
+      if (lane == 0) next = gridDim.x + atomicAdd(next_item, 1u);
+      const WorkItem w = work_item<kQTile3>(p, index);
+      const int row0 = w.m_block * kQTile3;
+      if (w.n_tiles > 0)
+        for (int r = lane; r < kQTile3; r += 32) s.qs[qb][r] = row0 + r < w.Lq ? p.q_scale[w.q_row + r] : 0.f;
+      if (lane == 0) {
+        s.item[qb] = w;
+        if (w.n_tiles > 0) {
+          produce_q<kConsumers3, kRowsPerConsumer>(s.q[qb], &s.q_full[qb], &tm_q, w);
+        } else {
+          sm90::mbar_arrive(&s.q_full[qb]);
+        }
+      } else {
+        sm90::mbar_arrive(&s.q_full[qb]);
+      }
+      if (lane == 0 && w.n_tiles > 0) produce_kv<kVariant>(s, &tm_k, &tm_v, p, w, it);
+      it += max(w.n_tiles, 0);
+      index = __shfl_sync(0xFFFFFFFFu, next, 0);
+    }
+  }
+
+  // ------------------------------------------------------------------------------ consumers
+  sm90::setmaxnreg_inc<kConsumerRegs3>();
+  const int cw = wg - 1;
+  int it = 0;
+  for (unsigned n = 0;; ++n) {
+    const int qb = int(n & 1u);
+    sm90::mbar_wait(&s.q_full[qb], (n >> 1) & 1u);
+    const WorkItem w = warp_uniform(s.item[qb]);
+    if (w.n_tiles < 0) break;
+    if (w.n_tiles == 0) {  // no keys: out = 0, lse = -inf
+      const int warp = tid / 32, lane = tid % 32;
+      const int r0 = cw * kRowsPerConsumer + warp * 16 + lane / 4;
+      const int rows[2] = {r0, r0 + 8};
+      const int64_t tok_base = p.broadcast_q ? int64_t(w.b) * w.Lq : p.cu_q[w.qb];
+      write_keyless_rows(p, w.h, tok_base, w.m_block * kQTile3, w.Lq, rows, lane % 4);
+    } else {
+      consume_item3<kVariant, false, true>(s, s.q[qb], &s.q_full[qb], (n >> 1) & 1u, s.qs[qb], p, sp, w, cw, tid, it);
+      it += w.n_tiles;
+    }
+    sm90::mbar_arrive(&s.q_empty[qb]);
+  }
 }
 
 // The split items' out and lse: one CTA of 128 threads per (split item, consumer warpgroup), each
@@ -1264,6 +1415,26 @@ int split_parts(int64_t r, int sms, int max_tiles) {
   return best;
 }
 
+// How many CTAs of the persistent kernel (attention_fwd_kernel3p) run the three-consumer forward's
+// whole items: one per SM (sms), or 0 for one CTA per item (attention_fwd_kernel3). A CTA per item
+// pays per item what the persistent kernel hides (the CTA's start, the first loads' latency, an
+// epilogue no other warpgroup's work covers): ~2.6 K/V tiles' time on the H200 (2026-11-30, the
+// time's intercept against the K/V length at a fixed item count). Persistent where the longest K/V
+// sequence has at most kPersistentMaxTiles tiles: H200, same call, TFLOP/s against a CTA per item:
+// 512-token sequences 587 against 479, 1024 698 against 639, llm (2048) 777 against 752; at 4096
+// keys +1.3%, at 8192 (llm-long) -0.4 to 0%, jagged (up to 16384) equal.
+// MXFLASH_FWD_PERSISTENT forces it, read at every call: 0 = off, 1 = one CTA per SM, n >= 2 = at
+// most n CTAs (tests: each CTA then walks many items).
+constexpr int kPersistentMaxTiles = 32;
+int persistent_ctas(int sms, int max_tiles) {
+  if (const char* e = std::getenv("MXFLASH_FWD_PERSISTENT")) {
+    const int n = std::atoi(e);
+    if (n == 0) return 0;
+    return n >= 2 ? std::min(n, sms) : sms;
+  }
+  return max_tiles <= kPersistentMaxTiles ? sms : 0;
+}
+
 // How the forward (on operands or MX tensors alike) runs a problem: the consumer count, the work
 // list (Q tiles of 128 or, three consumers, 192 rows) and the split tail.
 struct ExecPlan {
@@ -1272,6 +1443,7 @@ struct ExecPlan {
   int64_t items = 0;        // tiles x heads
   int64_t split_first = 0;  // items from here on run in split_parts parts each (= items: none)
   int split_parts = 1;
+  int persistent = 0;  // > 0: the whole items on attention_fwd_kernel3p, min(split_first, persistent) CTAs
   int64_t slots() const { return (items - split_first) * (split_parts > 1 ? split_parts : 0); }
 };
 // A part's partial state (FwdParams::part_o, part_rows) per slot.
@@ -1287,6 +1459,9 @@ ExecPlan exec_plan(const std::vector<int32_t>& cu_q, const std::vector<int32_t>&
   }
   ExecPlan e;
   e.three = three_consumers(cu_q, batch, heads, broadcast_q, sms);
+  int longest = 0;  // K/V tiles of the longest K/V sequence
+  for (int b = 0; b < batch; ++b) longest = std::max(longest, (cu_k[size_t(b) + 1] - cu_k[size_t(b)] + attn::kTile - 1) / attn::kTile);
+  e.persistent = e.three && sms > 0 ? persistent_ctas(sms, longest) : 0;
   e.tiles = schedule(cu_q, cu_k, batch, broadcast_q, e.three ? attn::kQTile3 : attn::kTile);
   e.items = int64_t(e.tiles.size()) * heads;
   e.split_first = e.items;
@@ -1302,8 +1477,10 @@ ExecPlan exec_plan(const std::vector<int32_t>& cu_q, const std::vector<int32_t>&
   return e;
 }
 
+// The work list, then the persistent kernel's item counter (zero at the start of every launch: it is
+// uploaded with the list), then the split tail's partial states.
 size_t exec_workspace_bytes(const ExecPlan& e) {
-  return align256(e.tiles.size() * sizeof(int2)) + size_t(e.slots()) * kSplitSlotBytes;
+  return align256((e.tiles.size() + 1) * sizeof(int2)) + size_t(e.slots()) * kSplitSlotBytes;
 }
 
 // The main kernel over operands in the execution layout, run as `plan` says; `ws` receives the
@@ -1315,7 +1492,10 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   const int64_t H = p.heads;
   const bool three = plan.three;
   uint8_t* const tiles_ws = ws;
-  MXFLASH_RETURN_IF_ERROR(upload_to_device(tiles_ws, tiles.data(), tiles.size() * sizeof(int2), stream));
+  std::vector<int2> upload(tiles);
+  upload.push_back(int2{0, 0});  // the persistent kernel's item counter, zeroed
+  MXFLASH_RETURN_IF_ERROR(upload_to_device(tiles_ws, upload.data(), upload.size() * sizeof(int2), stream));
+  unsigned* const next_item = reinterpret_cast<unsigned*>(tiles_ws + tiles.size() * sizeof(int2));
   CUtensorMap tm_q, tm_k, tm_v;
   MXFLASH_RETURN_IF_ERROR(
       make_tile_map(&tm_q, ops.q, kHeadDim, uint64_t(H * p.Pq), three ? attn::kRowsPerConsumer : attn::kTile));
@@ -1345,7 +1525,7 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   attn::SplitParams sp;
   sp.first = int(plan.split_first);
   sp.parts = plan.split_parts;
-  sp.part_o = reinterpret_cast<float4*>(ws + align256(tiles.size() * sizeof(int2)));
+  sp.part_o = reinterpret_cast<float4*>(ws + align256((tiles.size() + 1) * sizeof(int2)));
   sp.part_rows = sp.part_o + plan.slots() * (attn::kConsumers3 * 16 * attn::kWarpgroupThreads);
   // V scales per 128-key tile: folded into every promotion (kVariantVTile).
   auto kernel = ops.v_per_tile ? attn::attention_fwd_kernel<kDefaultVariantVTile>
@@ -1353,6 +1533,7 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   // The three-consumer kernel takes only the tree reductions and the V-tile bits of a variant.
   constexpr int kV3 = kDefaultVariantVTile, kM3 = kDefaultVariantVTile & ~attn::kVariantVTile;
   auto kernel3 = !three ? nullptr : ops.v_per_tile ? attn::attention_fwd_kernel3<kV3> : attn::attention_fwd_kernel3<kM3>;
+  auto kernel3p = ops.v_per_tile ? attn::attention_fwd_kernel3p<kV3> : attn::attention_fwd_kernel3p<kM3>;
   auto parts3 = ops.v_per_tile ? attn::attention_fwd_kernel3<kV3, true> : attn::attention_fwd_kernel3<kM3, true>;
   auto merge3 = ops.v_per_tile ? attn::attention_fwd_merge3<true> : attn::attention_fwd_merge3<false>;
   bool persistent = false;
@@ -1404,7 +1585,14 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
 #endif
   fp.num_items = int(plan.items);
   if (kernel3) {
-    if (plan.split_first > 0) {  // the whole items
+    if (plan.split_first > 0 && plan.persistent > 0) {  // the whole items, on a CTA per SM
+      MXFLASH_RETURN_IF_ERROR(cuda_error(
+          cudaFuncSetAttribute(kernel3p, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes3P)),
+          "cudaFuncSetAttribute(smem)"));
+      const unsigned grid = unsigned(std::min<int64_t>(plan.split_first, plan.persistent));
+      kernel3p<<<grid, unsigned(attn::kThreads3), attn::kSmemBytes3P, stream>>>(tm_q, tm_k, tm_v, fp, sp, next_item);
+      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_fwd_kernel3p launch"));
+    } else if (plan.split_first > 0) {  // the whole items, a CTA each
       MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(kernel3, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes3)),
           "cudaFuncSetAttribute(smem)"));

@@ -20,15 +20,15 @@ __device__ __forceinline__ T& aligned_shared(uint8_t* raw) {
   return *reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
 }
 
-// Thread 0 initializes a TMA pipeline's mbarriers: `once` (the per-item operand, one arrival: the
-// producer's expect_tx) and each stage's `full` (one arrival) and `empty` (every thread of
-// `consumer_warpgroups`), fences them, then a CTA barrier. Barriers the caller's thread 0
-// initializes before the call are covered by the same fence.
+// Thread 0 initializes a TMA pipeline's mbarriers: `once` (the per-item operand, `once_count`
+// arrivals: by default the producer's expect_tx alone) and each stage's `full` (one arrival) and
+// `empty` (every thread of `consumer_warpgroups`), fences them, then a CTA barrier. Barriers the
+// caller's thread 0 initializes before the call are covered by the same fence.
 template <int kStages>
 __device__ __forceinline__ void init_pipeline(uint64_t* once, uint64_t (&full)[kStages], uint64_t (&empty)[kStages],
-                                              int consumer_warpgroups) {
+                                              int consumer_warpgroups, int once_count = 1) {
   if (threadIdx.x == 0) {
-    sm90::mbar_init(once, 1);
+    sm90::mbar_init(once, once_count);
     for (int i = 0; i < kStages; ++i) {
       sm90::mbar_init(&full[i], 1);
       sm90::mbar_init(&empty[i], consumer_warpgroups * 128);
