@@ -13,6 +13,9 @@ path (a warp-uniform value computed in vector registers and moved within 40 inst
 wgmma; the loop had 11, removing them gave +3.5%), no local-memory spill (STL/LDL) and no global
 load (LDG) inside the loop.
 
+The persistent two-consumer kernel (attention_fwd_kernel2p) runs the same consumers and gets the
+same checks.
+
 The three-consumer forward kernel (attention_fwd_kernel3, both its whole-item and its split-part
 instantiation, and the persistent attention_fwd_kernel3p) runs each tile in series but for its P.V,
 issued in two 64-channel halves whose first is promoted under the second: its main loop must show
@@ -115,14 +118,18 @@ def loop_problems(name, loop):
 def check(variant, ins):
     """Problems of one kernel: each wait for S alone must be followed by a whole tile's
     exponentials before the next wait for everything; its loop must hold no R2UR, spill or
-    global load."""
+    global load. In a persistent kernel the copy of the loop body that the unrolled-by-two loop
+    leaves for an odd tile count lies in the loop over items, not in the tile loop: a loop more
+    than twice as long as the shortest one found is that outer loop and is not checked as a main
+    loop."""
     problems, found, in_loop = [], 0, 0
     text = [t for _, t in ins]
-    for i, t in enumerate(text):
-        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" not in t:
-            continue
+    waits = [i for i, t in enumerate(text) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in t]
+    loops = {i: main_loop(ins, i) for i in waits}
+    shortest = min((len(l) for l in loops.values() if l), default=0)
+    for i in waits:
         found += 1
-        loop = main_loop(ins, i)
+        loop = loops[i] if len(loops[i]) <= 2 * shortest else []
         in_loop += bool(loop)
         problems += loop_problems(f"attention_fwd_kernel<{variant}>", loop)
         exps = 0
@@ -213,6 +220,11 @@ def main():
         print(f"check_fwd_schedule: no overlapped attention_fwd_kernel in {sys.argv[1]} (found {sorted(ks)})")
         return 1
     problems = [p for v, ins in sorted(checked.items()) for p in check(v, ins)]
+    # The persistent two-consumer kernel (attention_fwd_kernel2p<variant>): the same consumers.
+    two_p = {v: ins for v, ins in kernels(sass, r"Function : \S*attention_fwd_kernel2pILi(\d+)E").items() if v & OVERLAP}
+    if not two_p:
+        problems.append("attention_fwd_kernel2p: not found")
+    problems += [p for v, ins in sorted(two_p.items()) for p in check(f"persistent {v}", ins)]
     # attention_fwd_kernel3<variant, parts>: keyed "<variant>ELb<0|1>" (whole items / split parts)
     three = kernels(sass, r"Function : \S*attention_fwd_kernel3ILi(\d+ELb[01])E")
     if not three:
@@ -230,7 +242,8 @@ def main():
         problems += check_dq(name, ins)
     for p in problems:
         print(p)
-    print(f"check_fwd_schedule: {len(checked)} forward kernels ({sorted(checked)}), {len(three)} three-consumer "
+    print(f"check_fwd_schedule: {len(checked)} forward kernels ({sorted(checked)}), {len(two_p)} persistent "
+          f"two-consumer ones, {len(three)} three-consumer "
           f"kernels and {len(dq)} dQ kernels checked, "
           f"{len(problems)} problems")
     return 1 if problems else 0

@@ -52,8 +52,8 @@ inline constexpr int kVariantTree = 1;
 // (exponentials left in the S registers) under the same warpgroup's P.V of tile j-1; P of tile j
 // packed into the registers of P of tile j-1 once that P.V is done.
 inline constexpr int kVariantOverlap = 16;
-// Bit 5 (experiment): the persistent kernel (attention_fwd_persistent_kernel).
-inline constexpr int kVariantPersistent = 32;
+// Bit 5: free (a first persistent two-consumer kernel, measured -0.5 to -1.5% and replaced by
+// attention_fwd_kernel2p).
 // Bit 6 (with bit 4): V' with one scale per 128-key tile, the form quantize_attention_fwd_operands
 // writes in one pass (no prepare pass): the producer stores the tile's scale with its stage and the
 // promotion folds it into the rescale factor of O (promote_vtile), instead of V's per-channel
@@ -106,7 +106,6 @@ struct SharedStorage {
   alignas(8) uint64_t q_full;
   uint64_t full[kStages];
   uint64_t empty[kStages];
-  uint64_t q_empty;  // persistent kernel: the consumers are done with Q
   float turn_zero;   // kVariantExpTurn: 0, read after each exp turn is taken
   float turn_sink[kConsumerWarpgroups * kWarpgroupThreads];  // kVariantExpTurn: row sums before each hand-over
 };
@@ -477,11 +476,14 @@ __device__ __forceinline__ void write_rows(const FwdParams& p, const float (&o)[
   }
 }
 
-// A consumer warpgroup on one item: S, softmax, P.V over its K/V tiles, then O and LSE. it / qi:
-// K/V tiles and Q tiles this CTA consumed before (persistent CTAs; 0 otherwise).
-template <int kVariant, bool kPersistent>
-__device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& p, const WorkItem& w, int cw, int warp,
-                                             int lane, int quad, const int (&rows)[2], int it, int qi) {
+// A consumer warpgroup on one item: S, softmax, P.V over its K/V tiles, then O and LSE. Q from
+// q_tile, complete at phase q_phase of q_full; `it`: K/V tiles this CTA consumed before (persistent
+// CTAs; 0 otherwise). kPersistent: the rows' Q scales from qs (shared memory, written with Q).
+// Storage: SharedStorage or SharedStorage2P.
+template <int kVariant, bool kPersistent, typename Storage>
+__device__ __forceinline__ void consume_item(Storage& s, const uint8_t* q_tile, uint64_t* q_full, uint32_t q_phase,
+                                             const float* qs, const FwdParams& p, const WorkItem& w, int cw, int warp,
+                                             int lane, int quad, const int (&rows)[2], int it) {
   static_assert((kVariant & kVariantVTile) == 0 || (kVariant & kVariantOverlap) != 0,
                 "per-tile V scales are applied by the overlapped schedule's promotion only");
   const int h = w.h, b = w.b, m_block = w.m_block, qb = w.qb, Lq = w.Lq, Lk = w.Lk, n_tiles = w.n_tiles;
@@ -494,15 +496,20 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   }
 
   float row_mult[2];
-  for (int r = 0; r < 2; ++r) row_mult[r] = p.q_scale[q_row + rows[r]] * p.scale_log2;
+  if constexpr (kPersistent) {
+    sm90::mbar_wait(q_full, q_phase);
+    for (int r = 0; r < 2; ++r) row_mult[r] = sm90::ld_shared_f32(&qs[rows[r]]) * p.scale_log2;
+  } else {
+    for (int r = 0; r < 2; ++r) row_mult[r] = p.q_scale[q_row + rows[r]] * p.scale_log2;
+  }
 
   float o[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
-  sm90::mbar_wait(&s.q_full, qi & 1);
-  const uint64_t desc_q = sm90::make_desc_k128b(s.q + cw * kRowsPerConsumer * kHeadDim);
+  if constexpr (!kPersistent) sm90::mbar_wait(q_full, q_phase);
+  const uint64_t desc_q = sm90::make_desc_k128b(q_tile + cw * kRowsPerConsumer * kHeadDim);
   // Stage n's K and V tiles: the stage-0 descriptors plus n stages in the 16-byte address field.
   const uint64_t desc_k0 = sm90::make_desc_k128b(s.k[0]), desc_v0 = sm90::make_desc_k128b(s.v[0]);
   constexpr uint64_t kStageDesc = kTileBytes >> 4;
@@ -706,7 +713,6 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
       }
     }
   }
-  if constexpr (kPersistent) sm90::mbar_arrive(&s.q_empty);  // every S is done: Q may be replaced
   const int last = stage_of(it + n_tiles - 1);
   if (kPackEarly && last_in_pb)  // (no register copy: a move into a wgmma operand serializes them)
     gemm_pv(ot, pb, last);
@@ -720,14 +726,9 @@ __device__ __forceinline__ void consume_item(SharedStorage& s, const FwdParams& 
   write_rows<(kVariant & kVariantVTile) != 0>(p, o, l, m, vunit, b, h, tok_base, m_block * kTile, Lq, rows, quad);
 }
 
-// The mbarriers (q_empty only for the persistent kernel) and the exponential turns' zero, then a CTA
-// barrier (init_pipeline).
-template <bool kPersistent>
+// The mbarriers and the exponential turns' zero, then a CTA barrier (init_pipeline).
 __device__ __forceinline__ void init_barriers(SharedStorage& s) {
-  if (threadIdx.x == 0) {
-    s.turn_zero = 0.f;
-    if (kPersistent) sm90::mbar_init(&s.q_empty, kConsumerWarpgroups * kWarpgroupThreads);
-  }
+  if (threadIdx.x == 0) s.turn_zero = 0.f;
   init_pipeline(&s.q_full, s.full, s.empty, kConsumerWarpgroups);
 }
 
@@ -740,7 +741,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = warpgroup_index();
   const int tid = threadIdx.x % kWarpgroupThreads;
   const WorkItem w = work_item(p, blockIdx.x);
-  init_barriers<false>(s);
+  init_barriers(s);
 
   if (wg == 0) {  // ------------------------------------------------------------ producer
     sm90::setmaxnreg_dec<kProducerRegs>();
@@ -754,7 +755,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = tid / 32, lane = tid % 32, quad = lane % 4;
   const int r0 = cw * kRowsPerConsumer + warp * 16 + lane / 4;  // rows r0 and r0 + 8 of the Q tile
   const int rows[2] = {r0, r0 + 8};
-  consume_item<kVariant, false>(s, p, w, cw, warp, lane, quad, rows, 0, 0);
+  consume_item<kVariant, false>(s, s.q, &s.q_full, 0, nullptr, p, w, cw, warp, lane, quad, rows, 0);
 }
 
 // Three consumer warpgroups (attention_fwd_kernel3; the operands kernel where Q's tiles of 192 rows
@@ -1037,6 +1038,23 @@ struct SharedStorage3P {
   uint64_t empty[kStages];
 };
 inline constexpr size_t kSmemBytes3P = sizeof(SharedStorage3P) + 1024;
+// The two-consumer kernel's (attention_fwd_kernel2p): the same, with its exponential turns' words.
+struct SharedStorage2P {
+  alignas(1024) uint8_t q[2][kTileBytes];
+  alignas(1024) uint8_t k[kStages][kTileBytes];
+  alignas(1024) uint8_t v[kStages][kTileBytes];
+  float k_scale[kStages];
+  float v_scale[kStages];
+  float qs[2][kTile];
+  WorkItem item[2];
+  alignas(8) uint64_t q_full[2];
+  uint64_t q_empty[2];
+  uint64_t full[kStages];
+  uint64_t empty[kStages];
+  float turn_zero;
+  float turn_sink[kConsumerWarpgroups * kWarpgroupThreads];
+};
+inline constexpr size_t kSmemBytes2P = sizeof(SharedStorage2P) + 1024;
 
 // An item read from shared memory, made known to the compiler as warp-uniform (lane 0's), so that
 // what derives from it may live in uniform registers.
@@ -1055,60 +1073,61 @@ __device__ __forceinline__ WorkItem warp_uniform(const WorkItem& x) {
   return w;
 }
 
-template <int kVariant>
-__global__ void __launch_bounds__(kThreads3, 1)
-    attention_fwd_kernel3p(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                           const __grid_constant__ CUtensorMap tm_v, const FwdParams p, const SplitParams sp,
-                           unsigned* next_item) {
-  extern __shared__ uint8_t smem_raw[];
-  SharedStorage3P& s = aligned_shared<SharedStorage3P>(smem_raw);
-  const int wg = warpgroup_index();
-  const int tid = threadIdx.x % kWarpgroupThreads;
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+// Thread 0 of a persistent kernel (Storage: SharedStorage3P or SharedStorage2P, consumer_warpgroups
+// consumers): its barriers, init_pipeline's and the Q buffers'.
+template <typename Storage>
+__device__ __forceinline__ void init_persistent(Storage& s, int consumer_warpgroups) {
   constexpr int kQArrivals = 32;  // the producer warp's lanes (lane 0's with Q's expect_tx)
   if (threadIdx.x == 0) {
     sm90::mbar_init(&s.q_full[1], kQArrivals);
-    for (int i = 0; i < 2; ++i) sm90::mbar_init(&s.q_empty[i], kConsumers3 * kWarpgroupThreads);
+    for (int i = 0; i < 2; ++i) sm90::mbar_init(&s.q_empty[i], consumer_warpgroups * kWarpgroupThreads);
   }
-  init_pipeline(&s.q_full[0], s.full, s.empty, kConsumers3, kQArrivals);
-  if (wg == 0) {  // ------------------------------------------------------------ producer
-    sm90::setmaxnreg_dec<kProducerRegs>();
-    if (tid >= 32) return;
-    const int lane = tid;
-    int it = 0;  // K/V tiles loaded before
-    for (unsigned n = 0, index = blockIdx.x;; ++n) {
-      const int qb = int(n & 1u);
-      sm90::mbar_wait(&s.q_empty[qb], ((n >> 1) & 1u) ^ 1u);
-      if (index >= unsigned(sp.first)) {  // the end
-        if (lane == 0) s.item[qb].n_tiles = -1;
-        sm90::mbar_arrive(&s.q_full[qb]);
-        return;
-      }
-      unsigned next = 0;  // the CTA's next item: the first not yet taken
-      if (lane == 0) next = gridDim.x + atomicAdd(next_item, 1u);
-      const WorkItem w = work_item<kQTile3>(p, index);
-      const int row0 = w.m_block * kQTile3;
-      if (w.n_tiles > 0)
-        for (int r = lane; r < kQTile3; r += 32) s.qs[qb][r] = row0 + r < w.Lq ? p.q_scale[w.q_row + r] : 0.f;
-      if (lane == 0) {
-        s.item[qb] = w;
-        if (w.n_tiles > 0) {
-          produce_q<kConsumers3, kRowsPerConsumer>(s.q[qb], &s.q_full[qb], &tm_q, w);
-        } else {
-          sm90::mbar_arrive(&s.q_full[qb]);
-        }
+  init_pipeline(&s.q_full[0], s.full, s.empty, consumer_warpgroups, kQArrivals);
+}
+
+// The producer warp of a persistent kernel: items of kQRows rows (Q in kQBoxes boxes), CTA c item c
+// first, then the first not yet taken (next_item), each published in Q buffer n % 2 (its WorkItem,
+// Q and its rows' Q scales, rows past the sequence 0) once the consumers have freed it, then its
+// K/V tiles into the stages; an item with n_tiles = -1 at the end.
+template <int kVariant, int kQRows, int kQBoxes, typename Storage>
+__device__ __forceinline__ void produce_persistent(Storage& s, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
+                                                   const CUtensorMap* tm_v, const FwdParams& p, unsigned items,
+                                                   unsigned* next_item, int lane) {
+  int it = 0;  // K/V tiles loaded before
+  for (unsigned n = 0, index = blockIdx.x;; ++n) {
+    const int qb = int(n & 1u);
+    sm90::mbar_wait(&s.q_empty[qb], ((n >> 1) & 1u) ^ 1u);
+    if (index >= items) {  // the end
+      if (lane == 0) s.item[qb].n_tiles = -1;
+      sm90::mbar_arrive(&s.q_full[qb]);
+      return;
+    }
+    unsigned next = 0;  // the CTA's next item: the first not yet taken
+    if (lane == 0) next = gridDim.x + atomicAdd(next_item, 1u);
+    const WorkItem w = work_item<kQRows>(p, index);
+    const int row0 = w.m_block * kQRows;
+    if (w.n_tiles > 0)
+      for (int r = lane; r < kQRows; r += 32) s.qs[qb][r] = row0 + r < w.Lq ? p.q_scale[w.q_row + r] : 0.f;
+    if (lane == 0) {
+      s.item[qb] = w;
+      if (w.n_tiles > 0) {
+        produce_q<kQBoxes, kQRows / kQBoxes>(s.q[qb], &s.q_full[qb], tm_q, w);
       } else {
         sm90::mbar_arrive(&s.q_full[qb]);
       }
-      if (lane == 0 && w.n_tiles > 0) produce_kv<kVariant>(s, &tm_k, &tm_v, p, w, it);
-      it += max(w.n_tiles, 0);
-      index = __shfl_sync(0xFFFFFFFFu, next, 0);
+    } else {
+      sm90::mbar_arrive(&s.q_full[qb]);
     }
+    if (lane == 0 && w.n_tiles > 0) produce_kv<kVariant>(s, tm_k, tm_v, p, w, it);
+    it += max(w.n_tiles, 0);
+    index = __shfl_sync(0xFFFFFFFFu, next, 0);
   }
+}
 
-  // ------------------------------------------------------------------------------ consumers
-  sm90::setmaxnreg_inc<kConsumerRegs3>();
-  const int cw = wg - 1;
+// A consumer warpgroup (cw) of a persistent kernel: the published items in turn; items with no keys
+// get out = 0 and lse = -inf, the others consume(w, Q buffer, its phase, K/V tiles consumed before).
+template <int kQRows, typename Storage, typename Consume>
+__device__ __forceinline__ void consume_persistent(Storage& s, const FwdParams& p, int cw, int tid, Consume&& consume) {
   int it = 0;
   for (unsigned n = 0;; ++n) {
     const int qb = int(n & 1u);
@@ -1120,13 +1139,68 @@ __global__ void __launch_bounds__(kThreads3, 1)
       const int r0 = cw * kRowsPerConsumer + warp * 16 + lane / 4;
       const int rows[2] = {r0, r0 + 8};
       const int64_t tok_base = p.broadcast_q ? int64_t(w.b) * w.Lq : p.cu_q[w.qb];
-      write_keyless_rows(p, w.h, tok_base, w.m_block * kQTile3, w.Lq, rows, lane % 4);
+      write_keyless_rows(p, w.h, tok_base, w.m_block * kQRows, w.Lq, rows, lane % 4);
     } else {
-      consume_item3<kVariant, false, true>(s, s.q[qb], &s.q_full[qb], (n >> 1) & 1u, s.qs[qb], p, sp, w, cw, tid, it);
+      consume(w, qb, (n >> 1) & 1u, it);
       it += w.n_tiles;
     }
     sm90::mbar_arrive(&s.q_empty[qb]);
   }
+}
+
+template <int kVariant>
+__global__ void __launch_bounds__(kThreads3, 1)
+    attention_fwd_kernel3p(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                           const __grid_constant__ CUtensorMap tm_v, const FwdParams p, const SplitParams sp,
+                           unsigned* next_item) {
+  extern __shared__ uint8_t smem_raw[];
+  SharedStorage3P& s = aligned_shared<SharedStorage3P>(smem_raw);
+  const int wg = warpgroup_index();
+  const int tid = threadIdx.x % kWarpgroupThreads;
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  init_persistent(s, kConsumers3);
+  if (wg == 0) {  // ------------------------------------------------------------ producer
+    sm90::setmaxnreg_dec<kProducerRegs>();
+    if (tid < 32)
+      produce_persistent<kVariant, kQTile3, kConsumers3>(s, &tm_q, &tm_k, &tm_v, p, unsigned(sp.first), next_item, tid);
+    return;
+  }
+  // ------------------------------------------------------------------------------ consumers
+  sm90::setmaxnreg_inc<kConsumerRegs3>();
+  const int cw = wg - 1;
+  consume_persistent<kQTile3>(s, p, cw, tid, [&](const WorkItem& w, int qb, uint32_t phase, int it) {
+    consume_item3<kVariant, false, true>(s, s.q[qb], &s.q_full[qb], phase, s.qs[qb], p, sp, w, cw, tid, it);
+  });
+}
+
+// The persistent two-consumer kernel (persistent_ctas on the host): attention_fwd_kernel3p's scheme
+// (items published by the producer warp, the K/V stages running on across items) around the
+// two-consumer kernel's consumers, whose exponential turns start afresh with each item.
+template <int kVariant>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_fwd_kernel2p(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                           const __grid_constant__ CUtensorMap tm_v, const FwdParams p, unsigned* next_item) {
+  extern __shared__ uint8_t smem_raw[];
+  SharedStorage2P& s = aligned_shared<SharedStorage2P>(smem_raw);
+  const int wg = warpgroup_index();
+  const int tid = threadIdx.x % kWarpgroupThreads;
+  if (threadIdx.x == 0) s.turn_zero = 0.f;
+  init_persistent(s, kConsumerWarpgroups);
+  if (wg == 0) {  // ------------------------------------------------------------ producer
+    sm90::setmaxnreg_dec<kProducerRegs>();
+    if (tid < 32)
+      produce_persistent<kVariant, kTile, 1>(s, &tm_q, &tm_k, &tm_v, p, unsigned(p.num_items), next_item, tid);
+    return;
+  }
+  // ------------------------------------------------------------------------------ consumers
+  sm90::setmaxnreg_inc<kConsumerRegs>();
+  const int cw = wg - 1;
+  const int warp = tid / 32, lane = tid % 32, quad = lane % 4;
+  const int r0 = cw * kRowsPerConsumer + warp * 16 + lane / 4;  // rows r0 and r0 + 8 of the Q tile
+  const int rows[2] = {r0, r0 + 8};
+  consume_persistent<kTile>(s, p, cw, tid, [&](const WorkItem& w, int qb, uint32_t phase, int it) {
+    consume_item<kVariant, true>(s, s.q[qb], &s.q_full[qb], phase, s.qs[qb], p, w, cw, warp, lane, quad, rows, it);
+  });
 }
 
 // The split items' out and lse: one CTA of 128 threads per (split item, consumer warpgroup), each
@@ -1182,49 +1256,6 @@ __global__ void __launch_bounds__(kWarpgroupThreads) attention_fwd_merge3(const 
   u.e_ref = e;
   const float lq[2] = {quad == 0 ? l[0] : 0.f, quad == 0 ? l[1] : 0.f};  // write_rows sums the quad
   write_rows<kVTile>(p, o, lq, m, u, w.b, w.h, tok_base, row0, w.Lq, rows, quad);
-}
-
-// Persistent form (experiment, MXFLASH_FWD_VARIANT with bit kVariantPersistent): one CTA per SM
-// walks the work list with a stride of gridDim.x. The K/V stages run on across items; Q is single
-// buffered: the producer loads the next item's Q as soon as both consumer warpgroups are done with
-// their last S GEMM (q_empty), i.e. under the previous item's last P.V and epilogue.
-template <int kVariant>
-__global__ void __launch_bounds__(kThreads, 1)
-    attention_fwd_persistent_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                                    const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
-  extern __shared__ uint8_t smem_raw[];
-  SharedStorage& s = aligned_shared<SharedStorage>(smem_raw);
-  const int wg = warpgroup_index();
-  const int tid = threadIdx.x % kWarpgroupThreads;
-  init_barriers<true>(s);
-  // Both roles count the K/V tiles (it) and Q tiles (qi) of the items before, alike.
-  int it = 0, qi = 0;
-  if (wg == 0) {  // ------------------------------------------------------------ producer
-    sm90::setmaxnreg_dec<kProducerRegs>();
-    if (tid == 0)
-      for (unsigned index = blockIdx.x; index < unsigned(p.num_items); index += gridDim.x) {
-        const WorkItem w = work_item(p, index);
-        if (w.n_tiles == 0) continue;
-        sm90::mbar_wait(&s.q_empty, (qi & 1) ^ 1);
-        produce_item<kVariant>(s, &tm_q, &tm_k, &tm_v, p, w, it);
-        it += w.n_tiles;
-        ++qi;
-      }
-    return;
-  }
-  sm90::setmaxnreg_inc<kConsumerRegs>();
-  const int cw = wg - 1;
-  const int warp = tid / 32, lane = tid % 32, quad = lane % 4;
-  const int r0 = cw * kRowsPerConsumer + warp * 16 + lane / 4;
-  const int rows[2] = {r0, r0 + 8};
-  for (unsigned index = blockIdx.x; index < unsigned(p.num_items); index += gridDim.x) {
-    const WorkItem w = work_item(p, index);
-    consume_item<kVariant, true>(s, p, w, cw, warp, lane, quad, rows, it, qi);
-    if (w.n_tiles > 0) {
-      it += w.n_tiles;
-      ++qi;
-    }
-  }
 }
 
 }  // namespace attn
@@ -1415,24 +1446,27 @@ int split_parts(int64_t r, int sms, int max_tiles) {
   return best;
 }
 
-// How many CTAs of the persistent kernel (attention_fwd_kernel3p) run the three-consumer forward's
-// whole items: one per SM (sms), or 0 for one CTA per item (attention_fwd_kernel3). A CTA per item
-// pays per item what the persistent kernel hides (the CTA's start, the first loads' latency, an
-// epilogue no other warpgroup's work covers): ~2.6 K/V tiles' time on the H200 (2026-11-30, the
-// time's intercept against the K/V length at a fixed item count). Persistent where the longest K/V
-// sequence has at most kPersistentMaxTiles tiles: H200, same call, TFLOP/s against a CTA per item:
-// 512-token sequences 587 against 479, 1024 698 against 639, llm (2048) 777 against 752; at 4096
-// keys +1.3%, at 8192 (llm-long) -0.4 to 0%, jagged (up to 16384) equal.
+// How many CTAs of the persistent kernels (attention_fwd_kernel3p, attention_fwd_kernel2p) run the
+// forward's whole items: one per SM (sms), or 0 for one CTA per item (attention_fwd_kernel3,
+// attention_fwd_kernel). A CTA per item pays per item what the persistent kernels hide (the CTA's
+// start, the first loads' latency, an epilogue no other warpgroup's work covers): ~2.6 K/V tiles'
+// time on the H200 (2026-11-30, the time's intercept against the K/V length at a fixed item count).
+// Persistent where the longest K/V sequence has at most kPersistentMaxTiles3 (three consumers) or
+// kPersistentMaxTiles2 (two) tiles. H200, same calls, TFLOP/s on operands against a CTA per item:
+// three consumers: 512-token sequences 587 against 479, 1024 698 against 639, llm (2048) 777
+// against 752, 4096 keys +1.3%, 8192 (llm-long) -0.4 to 0%, jagged (up to 16384) equal; two
+// consumers: 128-token sequences 198 against 160, 256 374 against 290, 1024 keys +4%, 16384 keys
+// (cross) -4.5%.
 // MXFLASH_FWD_PERSISTENT forces it, read at every call: 0 = off, 1 = one CTA per SM, n >= 2 = at
 // most n CTAs (tests: each CTA then walks many items).
-constexpr int kPersistentMaxTiles = 32;
-int persistent_ctas(int sms, int max_tiles) {
+constexpr int kPersistentMaxTiles3 = 32, kPersistentMaxTiles2 = 16;
+int persistent_ctas(int sms, int max_tiles, bool three) {
   if (const char* e = std::getenv("MXFLASH_FWD_PERSISTENT")) {
     const int n = std::atoi(e);
     if (n == 0) return 0;
     return n >= 2 ? std::min(n, sms) : sms;
   }
-  return max_tiles <= kPersistentMaxTiles ? sms : 0;
+  return max_tiles <= (three ? kPersistentMaxTiles3 : kPersistentMaxTiles2) ? sms : 0;
 }
 
 // How the forward (on operands or MX tensors alike) runs a problem: the consumer count, the work
@@ -1443,7 +1477,7 @@ struct ExecPlan {
   int64_t items = 0;        // tiles x heads
   int64_t split_first = 0;  // items from here on run in split_parts parts each (= items: none)
   int split_parts = 1;
-  int persistent = 0;  // > 0: the whole items on attention_fwd_kernel3p, min(split_first, persistent) CTAs
+  int persistent = 0;  // > 0: the whole items on attention_fwd_kernel3p / 2p, at most `persistent` CTAs
   int64_t slots() const { return (items - split_first) * (split_parts > 1 ? split_parts : 0); }
 };
 // A part's partial state (FwdParams::part_o, part_rows) per slot.
@@ -1461,7 +1495,7 @@ ExecPlan exec_plan(const std::vector<int32_t>& cu_q, const std::vector<int32_t>&
   e.three = three_consumers(cu_q, batch, heads, broadcast_q, sms);
   int longest = 0;  // K/V tiles of the longest K/V sequence
   for (int b = 0; b < batch; ++b) longest = std::max(longest, (cu_k[size_t(b) + 1] - cu_k[size_t(b)] + attn::kTile - 1) / attn::kTile);
-  e.persistent = e.three && sms > 0 ? persistent_ctas(sms, longest) : 0;
+  e.persistent = sms > 0 ? persistent_ctas(sms, longest, e.three) : 0;
   e.tiles = schedule(cu_q, cu_k, batch, broadcast_q, e.three ? attn::kQTile3 : attn::kTile);
   e.items = int64_t(e.tiles.size()) * heads;
   e.split_first = e.items;
@@ -1536,7 +1570,9 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   auto kernel3p = ops.v_per_tile ? attn::attention_fwd_kernel3p<kV3> : attn::attention_fwd_kernel3p<kM3>;
   auto parts3 = ops.v_per_tile ? attn::attention_fwd_kernel3<kV3, true> : attn::attention_fwd_kernel3<kM3, true>;
   auto merge3 = ops.v_per_tile ? attn::attention_fwd_merge3<true> : attn::attention_fwd_merge3<false>;
-  bool persistent = false;
+  auto kernel2p = ops.v_per_tile ? attn::attention_fwd_kernel2p<kDefaultVariantVTile>
+                                 : attn::attention_fwd_kernel2p<kDefaultVariant>;
+  int64_t persistent = plan.persistent;
 #if MXFLASH_FWD_EXPERIMENTS
   if (three && ops.v_per_tile) {
     constexpr int kV = kDefaultVariantVTile;
@@ -1549,11 +1585,7 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   if (ops.v_per_tile) switch (experiment_variant()) {
     case 81 | attn::kVariantNoTurn: kernel = attn::attention_fwd_kernel<81 | attn::kVariantNoTurn>; break;
     case 81: kernel = attn::attention_fwd_kernel<81>; break;
-    // The default persistent (one CTA per SM walking the work list; measured -0.5 to -1.5% as the
-    // default of 2026-11-29 evening), and the default with the consumer trace (bit 18).
-    case kDefaultVariantVTile | attn::kVariantPersistent:
-      kernel = attn::attention_fwd_persistent_kernel<kDefaultVariantVTile>;
-      break;
+    // The default with the consumer trace (bit 18).
     case kDefaultVariantVTile | attn::kVariantTrace:
       kernel = attn::attention_fwd_kernel<kDefaultVariantVTile | attn::kVariantTrace>;
       break;
@@ -1571,8 +1603,6 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
     case 5: kernel = attn::attention_fwd_kernel<5>; break;
     case 7: kernel = attn::attention_fwd_kernel<7>; break;
     case 17: kernel = attn::attention_fwd_kernel<17>; break;
-    case 33: kernel = attn::attention_fwd_persistent_kernel<1>; break;
-    case 49: kernel = attn::attention_fwd_persistent_kernel<17>; break;
     case 145: kernel = attn::attention_fwd_kernel<kDefaultVariant>; break;
     case 17 | attn::kVariantNoTurn: kernel = attn::attention_fwd_kernel<17 | attn::kVariantNoTurn>; break;
     case 17 | attn::kVariantPackEarly: kernel = attn::attention_fwd_kernel<17 | attn::kVariantPackEarly>; break;
@@ -1581,15 +1611,15 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
       break;
     default: break;
   }
-  persistent = experiment_variant() >= 0 && (experiment_variant() & attn::kVariantPersistent) != 0;
+  if (experiment_variant() >= 0 && !three) persistent = 0;  // a two-consumer variant: a CTA per item
 #endif
   fp.num_items = int(plan.items);
   if (kernel3) {
-    if (plan.split_first > 0 && plan.persistent > 0) {  // the whole items, on a CTA per SM
+    if (plan.split_first > 0 && persistent > 0) {  // the whole items, on a CTA per SM
       MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(kernel3p, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes3P)),
           "cudaFuncSetAttribute(smem)"));
-      const unsigned grid = unsigned(std::min<int64_t>(plan.split_first, plan.persistent));
+      const unsigned grid = unsigned(std::min<int64_t>(plan.split_first, persistent));
       kernel3p<<<grid, unsigned(attn::kThreads3), attn::kSmemBytes3P, stream>>>(tm_q, tm_k, tm_v, fp, sp, next_item);
       MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_fwd_kernel3p launch"));
     } else if (plan.split_first > 0) {  // the whole items, a CTA each
@@ -1615,17 +1645,18 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
                               dim3(attn::kWarpgroupThreads), 0, stream, fp, sp),
           "attention_fwd_merge3 launch"));
     }
+  } else if (persistent > 0) {  // two consumers, a CTA per SM
+    MXFLASH_RETURN_IF_ERROR(cuda_error(
+        cudaFuncSetAttribute(kernel2p, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes2P)),
+        "cudaFuncSetAttribute(smem)"));
+    const unsigned grid = unsigned(std::min<int64_t>(plan.items, persistent));
+    kernel2p<<<grid, unsigned(attn::kThreads), attn::kSmemBytes2P, stream>>>(tm_q, tm_k, tm_v, fp, next_item);
+    MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_fwd_kernel2p launch"));
   } else {
     MXFLASH_RETURN_IF_ERROR(cuda_error(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes)),
         "cudaFuncSetAttribute(smem)"));
-    int64_t grid = plan.items;
-    if (persistent) {  // one CTA per SM: shared memory and registers allow no second
-      int sms = 0;
-      MXFLASH_RETURN_IF_ERROR(sm_count(&sms));
-      grid = std::min<int64_t>(grid, sms);
-    }
-    kernel<<<unsigned(grid), unsigned(attn::kThreads), attn::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, fp);
+    kernel<<<unsigned(plan.items), unsigned(attn::kThreads), attn::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, fp);
     MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_fwd_kernel launch"));
   }
 #if MXFLASH_FWD_EXPERIMENTS
