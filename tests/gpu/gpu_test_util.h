@@ -193,6 +193,14 @@ inline void expect_same_bytes_in_every_work_order(const std::vector<DeviceBuffer
   expect_same_bytes_from("MXFLASH_WORK_ORDER", "heads", {"tiles"}, outputs, launch);
 }
 
+// The backward's dQ kernel runs a CTA per item or persistent (MXFLASH_BWD_DQ_PERSISTENT: 0 = a CTA
+// per item, 1 = a CTA per SM, n >= 2 = at most n CTAs, each walking many items; docs/backward.md):
+// each item is summed whole in the same order, so the outputs must keep their bytes.
+inline void expect_same_bytes_with_either_dq_kernel(const std::vector<DeviceBuffer*>& outputs,
+                                                    const std::function<Status()>& launch) {
+  expect_same_bytes_under_env("MXFLASH_BWD_DQ_PERSISTENT", {"0", "1", "2", "5"}, outputs, launch);
+}
+
 // The forward runs with two or three consumer warpgroups (MXFLASH_FWD_CONSUMERS forces one;
 // docs/attention.md), each with a CTA per item or on its persistent kernel (MXFLASH_FWD_PERSISTENT:
 // 0 = a CTA per item, 1 = a CTA per SM, n >= 2 = at most n CTAs, each walking many items): all do

@@ -229,6 +229,7 @@ void run_case(const Case& c, uint64_t seed) {
     }
   }
   gputest::expect_same_bytes_in_every_work_order({&d_dq, &d_dk, &d_dv}, [&] { return run(ops, nullptr, 0); });
+  gputest::expect_same_bytes_with_either_dq_kernel({&d_dq, &d_dk, &d_dv}, [&] { return run(ops, nullptr, 0); });
 
   // Against the fast backward on MX tensors of the same inputs: the two differ only in Qᵀ' and Kᵀ'
   // (per 128-token tile here, per (sequence, channel) there), which for these inputs changes few

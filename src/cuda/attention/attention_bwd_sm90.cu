@@ -800,70 +800,69 @@ struct QSmem {
 };
 inline constexpr size_t kQSmemBytes = sizeof(QSmem) + 1024;
 
-// kTileScales: as the dK/dV kernel's (Kᵀ' per K tile in dQ's promotions).
-template <bool kTileScales>
-__global__ void __launch_bounds__(kThreads, 1)
-    attention_bwd_dq_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                            const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-                            const __grid_constant__ CUtensorMap tm_kt, const BwdParams p) {
-  extern __shared__ uint8_t smem_raw[];
-  QSmem& s = attn::aligned_shared<QSmem>(smem_raw);
-  const int wg = attn::warpgroup_index(), tid = threadIdx.x % kWarpgroupThreads;
-  const Item w = item_of<false>(p, blockIdx.x);
-  const int n_k = (w.Lk + kTile - 1) / kTile;
-  attn::init_pipeline(&s.q_full, s.full, s.empty, kConsumers);
-  const int64_t o_row = w.o_pad0 + int64_t(w.blk) * kTile;  // padded output row of the Q tile
-
-  if (wg == 0) {  // ---------------------------------------------------------------- producer
-    sm90::setmaxnreg_dec<kProducerRegs>();
-    if (tid != 0 || n_k == 0) return;
-    sm90::mbar_arrive_expect_tx(&s.q_full, 2 * kTileBytes);
-    sm90::tma_load_2d(s.q, &tm_q, &s.q_full, 0, int(w.h * p.Pq + p.cu_q_sf[w.qb] + int64_t(w.blk) * kTile));
-    sm90::tma_load_2d(s.dout, &tm_do, &s.q_full, 0, int(w.h * p.Po + o_row));
-    const int64_t k_pad0 = p.cu_k_sf[w.b];
-    for (int j = 0; j < n_k; ++j) {
-      const int stage = j % kQStages;
-      QStage& st = s.st[stage];
-      sm90::mbar_wait(&s.empty[stage], ((j / kQStages) & 1) ^ 1);
-      sm90::mbar_arrive_expect_tx(&s.full[stage], 3 * kTileBytes);
-      const int64_t kr = k_pad0 + int64_t(j) * kTile;
-      sm90::tma_load_2d(st.k, &tm_k, &s.full[stage], 0, int(w.h * p.Pk + kr));
-      sm90::tma_load_2d(st.v, &tm_v, &s.full[stage], 0, int(w.h * p.Pk + kr));
-      sm90::tma_load_2d(st.kt, &tm_kt, &s.full[stage], int(kr), w.h * kHeadDim);
-    }
-    return;
+// Producer thread of a dQ item: its K/V tiles (K', V', Kᵀ') into the stages; `it` tiles were loaded
+// before (persistent CTAs), which sets the stage and phase of the first one.
+__device__ __forceinline__ void produce_dq_tiles(QStage (&st)[kQStages], uint64_t (&full)[kQStages],
+                                                 uint64_t (&empty)[kQStages], const CUtensorMap* tm_k,
+                                                 const CUtensorMap* tm_v, const CUtensorMap* tm_kt, const BwdParams& p,
+                                                 const Item& w, int n_k, int it) {
+  const int64_t k_pad0 = p.cu_k_sf[w.b];
+  for (int j = 0; j < n_k; ++j) {
+    const int stage = (it + j) % kQStages;
+    QStage& t = st[stage];
+    sm90::mbar_wait(&empty[stage], (((it + j) / kQStages) & 1) ^ 1);
+    sm90::mbar_arrive_expect_tx(&full[stage], 3 * kTileBytes);
+    const int64_t kr = k_pad0 + int64_t(j) * kTile;
+    sm90::tma_load_2d(t.k, tm_k, &full[stage], 0, int(w.h * p.Pk + kr));
+    sm90::tma_load_2d(t.v, tm_v, &full[stage], 0, int(w.h * p.Pk + kr));
+    sm90::tma_load_2d(t.kt, tm_kt, &full[stage], int(kr), w.h * kHeadDim);
   }
+}
 
-  // ---------------------------------------------------------------------------------- consumers
-  sm90::setmaxnreg_inc<kConsumerRegs>();
-  const int cw = wg - 1, warp = tid / 32, lane = tid % 32, quad = lane % 4;
+// A consumer warpgroup (cw) of the dQ kernel on item w: dQ of its 64 rows over the item's K/V tiles,
+// then written. Q and dO from q / dout, complete at phase q_phase of q_full; the rows' constants
+// from info (kPersistent: shared memory, row-indexed within the tile; else the workspace, global
+// rows from o_row); `it` K/V tiles consumed before (persistent CTAs, else 0).
+template <bool kTileScales, bool kPersistent>
+__device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&full_bar)[kQStages],
+                                           uint64_t (&empty)[kQStages], const uint8_t* q, const uint8_t* dout,
+                                           uint64_t* q_full, uint32_t q_phase, const float4* info, const BwdParams& p,
+                                           const Item& w, int cw, int tid, int it) {
+  const int n_k = (w.Lk + kTile - 1) / kTile;
+  const int64_t o_row = w.o_pad0 + int64_t(w.blk) * kTile;  // padded output row of the Q tile
+  const int warp = tid / 32, lane = tid % 32, quad = lane % 4;
   const int row0 = cw * kHalf + warp * 16 + lane / 4;  // rows row0, row0 + 8 of the Q tile
   float dq[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) dq[i] = 0.f;
   if (n_k > 0) {
     float4 in[2];
-    for (int r = 0; r < 2; ++r) in[r] = p.info[w.h * p.Po + o_row + row0 + 8 * r];
     const int64_t tile0 = int64_t(w.h) * (p.Pk / kTile) + p.cu_k_sf[w.b] / kTile;
-    sm90::mbar_wait(&s.q_full, 0);
-    const uint64_t desc_q = sm90::make_desc_k128b(s.q + cw * kHalf * kHeadDim);
-    const uint64_t desc_do = sm90::make_desc_k128b(s.dout + cw * kHalf * kHeadDim);
+    if constexpr (kPersistent) {
+      sm90::mbar_wait(q_full, q_phase);
+      for (int r = 0; r < 2; ++r) in[r] = info[row0 + 8 * r];
+    } else {
+      for (int r = 0; r < 2; ++r) in[r] = info[w.h * p.Po + o_row + row0 + 8 * r];
+      sm90::mbar_wait(q_full, q_phase);
+    }
+    const uint64_t desc_q = sm90::make_desc_k128b(q + cw * kHalf * kHeadDim);
+    const uint64_t desc_do = sm90::make_desc_k128b(dout + cw * kHalf * kHeadDim);
     // S of tile j + 1 is issued right behind dQ's GEMM of tile j, into the registers S(j)'s math
     // has just freed, so that it runs under the wait for that GEMM and the promotion; dP(j + 1)
     // follows the promotion. The two accumulator sets swap roles every tile (the loop unrolled by
     // two). 1-2% faster on every preset than S and dP issued together at the top of each tile (same
     // binary, same run, 2026-11-30; docs/backward.md), the same arithmetic: the same bits.
     {
-      auto full = [&](int j) { sm90::mbar_wait(&s.full[j % kQStages], (j / kQStages) & 1); };
+      auto full = [&](int j) { sm90::mbar_wait(&full_bar[(it + j) % kQStages], ((it + j) / kQStages) & 1); };
       auto issue_s = [&](float (&acc)[64], int j) {
-        const uint64_t desc_k = sm90::make_desc_k128b(s.st[j % kQStages].k);
+        const uint64_t desc_k = sm90::make_desc_k128b(st[(it + j) % kQStages].k);
         sm90::wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n128k32_ss(acc, desc_q + 2 * kk, desc_k + 2 * kk, kk);
         sm90::wgmma_commit();
       };
       auto issue_dp = [&](float (&acc)[64], int j) {
-        const uint64_t desc_v = sm90::make_desc_k128b(s.st[j % kQStages].v);
+        const uint64_t desc_v = sm90::make_desc_k128b(st[(it + j) % kQStages].v);
         sm90::wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n128k32_ss(acc, desc_do + 2 * kk, desc_v + 2 * kk, kk);
@@ -872,7 +871,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Tile j: S(j) is in (or on its way into) sa; dP(j) goes into sb, dS is computed in place in sb
       // and packed, dQ's GEMM of tile j goes into sa and S(j + 1) into sb, then dQ is promoted.
       auto tile = [&](int j, float (&sa)[64], float (&sb)[64]) {
-        const int stage = j % kQStages;
+        const int stage = (it + j) % kQStages;
         const float ks = p.k_scale[tile0 + j], vs = p.v_scale[tile0 + j];
         const float k_tile = kTileScales ? p.kt_tile_scale[tile0 + j] : 1.f;
         issue_dp(sb, j);
@@ -912,7 +911,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         uint32_t da[16];
 #pragma unroll
         for (int cc = 0; cc < 4; ++cc) attn::pack_chunk(sb + 16 * cc, cc, da);
-        const uint64_t desc_kt = sm90::make_desc_k128b(s.st[stage].kt);
+        const uint64_t desc_kt = sm90::make_desc_k128b(st[stage].kt);
         sm90::wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kTile / 32; ++kk) {
@@ -928,7 +927,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           sm90::wgmma_wait<0>();
         }
         attn::fence_all(sa);
-        sm90::mbar_arrive(&s.empty[stage]);
+        sm90::mbar_arrive(&empty[stage]);
 #pragma unroll
         for (int i = 0; i < 64; ++i) dq[i] = fmaf(sa[i], rs[(i % 4) / 2], dq[i]);
       };
@@ -945,10 +944,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   // ------------------------------------------------------------------------------ epilogue
-  // Launched as the dK/dV kernel's programmatic dependent (it may start while that kernel's last
-  // CTAs run): the last CTA waits for that kernel to complete, so that this kernel's completion,
-  // which the stream's next work waits for, implies it (dK, dV written and visible).
-  if (blockIdx.x == gridDim.x - 1) asm volatile("griddepcontrol.wait;" ::: "memory");
+  // The CTA-per-item kernel is launched as the dK/dV kernel's programmatic dependent (it may start
+  // while that kernel's last CTAs run): its last CTA waits for that kernel to complete, so that this
+  // kernel's completion, which the stream's next work waits for, implies it (dK, dV written and
+  // visible). The persistent kernel's last CTA waits after its last item.
+  if (!kPersistent && blockIdx.x == gridDim.x - 1) asm volatile("griddepcontrol.wait;" ::: "memory");
   const float* kts = kTileScales ? nullptr : p.kt_scale + (int64_t(w.b) * p.heads + w.h) * kHeadDim;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -969,6 +969,128 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
+}
+
+// kTileScales: as the dK/dV kernel's (Kᵀ' per K tile in dQ's promotions).
+template <bool kTileScales>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_bwd_dq_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                            const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                            const __grid_constant__ CUtensorMap tm_kt, const BwdParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  QSmem& s = attn::aligned_shared<QSmem>(smem_raw);
+  const int wg = attn::warpgroup_index(), tid = threadIdx.x % kWarpgroupThreads;
+  const Item w = item_of<false>(p, blockIdx.x);
+  const int n_k = (w.Lk + kTile - 1) / kTile;
+  attn::init_pipeline(&s.q_full, s.full, s.empty, kConsumers);
+  const int64_t o_row = w.o_pad0 + int64_t(w.blk) * kTile;  // padded output row of the Q tile
+
+  if (wg == 0) {  // ---------------------------------------------------------------- producer
+    sm90::setmaxnreg_dec<kProducerRegs>();
+    if (tid != 0 || n_k == 0) return;
+    sm90::mbar_arrive_expect_tx(&s.q_full, 2 * kTileBytes);
+    sm90::tma_load_2d(s.q, &tm_q, &s.q_full, 0, int(w.h * p.Pq + p.cu_q_sf[w.qb] + int64_t(w.blk) * kTile));
+    sm90::tma_load_2d(s.dout, &tm_do, &s.q_full, 0, int(w.h * p.Po + o_row));
+    produce_dq_tiles(s.st, s.full, s.empty, &tm_k, &tm_v, &tm_kt, p, w, n_k, 0);
+    return;
+  }
+
+  // ---------------------------------------------------------------------------------- consumers
+  sm90::setmaxnreg_inc<kConsumerRegs>();
+  consume_dq<kTileScales, false>(s.st, s.full, s.empty, s.q, s.dout, &s.q_full, 0, p.info, p, w, wg - 1, tid, 0);
+}
+
+// The persistent dQ kernel (attention_bwd_dq_kernel_p; dq_persistent on the host): one CTA per SM,
+// CTA c item c first, then the first item not yet taken (`next_item`, zeroed with the work list's
+// upload), as the forward's persistent kernels (attention_fwd_sm90.cu): the producer warp publishes
+// each item (its Item, Q, dO and the rows' constants) in one of two buffers an item ahead, and the
+// K/V stages run on across items. Per item the CTA-per-item kernel pays its start, the first loads'
+// latency and an epilogue no other work covers, which weighs where the items have few K/V tiles.
+struct QSmemP {
+  alignas(1024) uint8_t q[2][kTileBytes];
+  alignas(1024) uint8_t dout[2][kTileBytes];
+  QStage st[kQStages];
+  float4 info[2][kTile];  // each buffer's rows' constants
+  Item item[2];           // each buffer's item; h < 0: no more items
+  alignas(8) uint64_t q_full[2];
+  uint64_t q_empty[2];
+  uint64_t full[kQStages];
+  uint64_t empty[kQStages];
+};
+inline constexpr size_t kQSmemBytesP = sizeof(QSmemP) + 1024;
+
+template <bool kTileScales>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_bwd_dq_kernel_p(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                              const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                              const __grid_constant__ CUtensorMap tm_kt, const BwdParams p, unsigned* next_item) {
+  extern __shared__ uint8_t smem_raw[];
+  QSmemP& s = attn::aligned_shared<QSmemP>(smem_raw);
+  const int wg = attn::warpgroup_index(), tid = threadIdx.x % kWarpgroupThreads;
+  constexpr int kQArrivals = 32;  // the producer warp's lanes (lane 0's with Q's and dO's expect_tx)
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(&s.q_full[1], kQArrivals);
+    for (int i = 0; i < 2; ++i) sm90::mbar_init(&s.q_empty[i], kConsumers * kWarpgroupThreads);
+  }
+  attn::init_pipeline(&s.q_full[0], s.full, s.empty, kConsumers, kQArrivals);
+
+  if (wg == 0) {  // ---------------------------------------------------------------- producer
+    sm90::setmaxnreg_dec<kProducerRegs>();
+    if (tid >= 32) return;
+    const int lane = tid;
+    int it = 0;  // K/V tiles loaded before
+    for (unsigned n = 0, index = blockIdx.x;; ++n) {
+      const int qb = int(n & 1u);
+      sm90::mbar_wait(&s.q_empty[qb], ((n >> 1) & 1u) ^ 1u);
+      if (index >= unsigned(p.num_items)) {  // the end
+        if (lane == 0) s.item[qb].h = -1;
+        sm90::mbar_arrive(&s.q_full[qb]);
+        return;
+      }
+      unsigned next = 0;  // the CTA's next item: the first not yet taken
+      if (lane == 0) next = gridDim.x + atomicAdd(next_item, 1u);
+      const Item w = item_of<false>(p, index);
+      const int n_k = (w.Lk + kTile - 1) / kTile;
+      const int64_t o_row = w.o_pad0 + int64_t(w.blk) * kTile;
+      if (n_k > 0)
+        for (int r = lane; r < kTile; r += 32) s.info[qb][r] = p.info[w.h * p.Po + o_row + r];
+      if (lane == 0) {
+        s.item[qb] = w;
+        if (n_k > 0) {
+          sm90::mbar_arrive_expect_tx(&s.q_full[qb], 2 * kTileBytes);
+          sm90::tma_load_2d(s.q[qb], &tm_q, &s.q_full[qb], 0,
+                            int(w.h * p.Pq + p.cu_q_sf[w.qb] + int64_t(w.blk) * kTile));
+          sm90::tma_load_2d(s.dout[qb], &tm_do, &s.q_full[qb], 0, int(w.h * p.Po + o_row));
+        } else {
+          sm90::mbar_arrive(&s.q_full[qb]);
+        }
+      } else {
+        sm90::mbar_arrive(&s.q_full[qb]);
+      }
+      if (lane == 0 && n_k > 0) produce_dq_tiles(s.st, s.full, s.empty, &tm_k, &tm_v, &tm_kt, p, w, n_k, it);
+      it += n_k;
+      index = __shfl_sync(0xFFFFFFFFu, next, 0);
+    }
+  }
+
+  // ---------------------------------------------------------------------------------- consumers
+  sm90::setmaxnreg_inc<kConsumerRegs>();
+  const int cw = wg - 1;
+  int it = 0;
+  for (unsigned n = 0;; ++n) {
+    const int qb = int(n & 1u);
+    const uint32_t phase = (n >> 1) & 1u;
+    sm90::mbar_wait(&s.q_full[qb], phase);
+    const Item w = attn::warp_uniform(s.item[qb]);
+    if (w.h < 0) break;
+    consume_dq<kTileScales, true>(s.st, s.full, s.empty, s.q[qb], s.dout[qb], &s.q_full[qb], phase, s.info[qb], p, w,
+                                  cw, tid, it);
+    it += (w.Lk + kTile - 1) / kTile;
+    sm90::mbar_arrive(&s.q_empty[qb]);
+  }
+  // Launched as the dK/dV kernel's programmatic dependent: the last CTA waits for that kernel to
+  // complete (see consume_dq's epilogue).
+  if (blockIdx.x == gridDim.x - 1) asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
 // dQ in bf16 = scale x the sum over `batch` fp32 parts of n values each: broadcast_q's batch sum of
@@ -1023,6 +1145,30 @@ int bwd_variant() {
 // Experiment builds, MXFLASH_BWD_VARIANT bit 3: dQ in the dK/dV kernel (kFusedDq; not yet run).
 bool fused_dq_variant() { return (bwd_variant() & 8) != 0; }
 
+// How many CTAs of the persistent dQ kernel (attention_bwd_dq_kernel_p) run the dQ items: one per
+// SM, or 0 for one CTA per item (attention_bwd_dq_kernel): persistent where the longest K/V
+// sequence (`lk`: the K/V lengths) has at most kDqPersistentMaxTiles tiles. H200, 2026-11-30, the
+// whole backward on operands, TFLOP/s against a CTA per item (one round, same call): 128-token
+// self-attention (B=512, H=16) 142 against 128, 256 tokens 239 against 218, 512 333 against 316,
+// llm (2048) 484 against 485, llm-long (8192) 555 against 566.
+// MXFLASH_BWD_DQ_PERSISTENT forces it, read at every call: 0 = off, 1 = one CTA per SM, n >= 2 =
+// at most n CTAs (tests: each CTA then walks many items).
+constexpr int kDqPersistentMaxTiles = 8;
+int dq_persistent_ctas(const std::vector<int>& lk) {
+  int sms = 0;
+  if (!sm_count(&sms).ok() || sms <= 0) {
+    cudaGetLastError();
+    return 0;
+  }
+  if (const char* e = std::getenv("MXFLASH_BWD_DQ_PERSISTENT")) {
+    const int n = std::atoi(e);
+    if (n == 0) return 0;
+    return n >= 2 ? std::min(n, sms) : sms;
+  }
+  const int longest = lk.empty() ? 0 : *std::max_element(lk.begin(), lk.end());
+  return (longest + bwd::kTile - 1) / bwd::kTile <= kDqPersistentMaxTiles ? sms : 0;
+}
+
 // BwdParams::heads_inner for a work list whose items read the other side's `len` tokens of
 // `bytes_per_token` each, per head.
 bool heads_inner(int64_t heads, const std::vector<int>& len, int64_t bytes_per_token) {
@@ -1063,7 +1209,7 @@ BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n
   w.kt_scale = take(ops * B * H * D * sizeof(float));
   w.dot_scale = take(H * (Po / bwd::kTile) * D * sizeof(float));
   w.kv_items = take(n_kv_items * sizeof(int2));
-  w.q_items = take(n_q_items * sizeof(int2));
+  w.q_items = take((n_q_items + 1) * sizeof(int2));  // + the persistent dQ kernel's item counter
   w.dq_part = take(p.broadcast_q ? size_t(p.To) * H * D * sizeof(float) : 0);
   const bool mx = p.mxfp8_dkv;  // fp32 dK, dV, then square32 quantization
   w.dk_f32 = take(mx ? size_t(p.Tk) * H * D * sizeof(float) : 0);
@@ -1196,8 +1342,10 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       bwd::prepare_dout_kernel<<<dim3(unsigned(Po / bwd::kTile), unsigned(H)), bwd::kPrepThreads, 0, stream>>>(d);
       MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "backward: prepare dO launch"));
     }
-    for (const auto& [list, off] : {std::pair{&kv_items, w.kv_items}, std::pair{&q_items, w.q_items}})
-      MXFLASH_RETURN_IF_ERROR(upload_to_device(ws + off, list->data(), list->size() * sizeof(int2), stream));
+    MXFLASH_RETURN_IF_ERROR(upload_to_device(ws + w.kv_items, kv_items.data(), kv_items.size() * sizeof(int2), stream));
+    std::vector<int2> q_upload(q_items);
+    q_upload.push_back(int2{0, 0});  // the persistent dQ kernel's item counter, zeroed
+    MXFLASH_RETURN_IF_ERROR(upload_to_device(ws + w.q_items, q_upload.data(), q_upload.size() * sizeof(int2), stream));
     // Maps need at least one tile of rows even when a side is empty (then unused).
     const uint64_t q_rows = uint64_t(std::max<int64_t>(H * p.Pq, bwd::kTile));
     const uint64_t k_rows = uint64_t(std::max<int64_t>(H * p.Pk, bwd::kTile));
@@ -1320,15 +1468,30 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     } else if (!q_items.empty()) {
       bp.items = reinterpret_cast<const int2*>(ws + w.q_items);
       bp.heads_inner = heads_inner(H, plan.lk, 3 * kHeadDim);  // K, V, Kᵀ
-      auto kernel = p.exec ? bwd::attention_bwd_dq_kernel<true> : bwd::attention_bwd_dq_kernel<false>;
-      MXFLASH_RETURN_IF_ERROR(cuda_error(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kQSmemBytes)),
-          "cudaFuncSetAttribute(attention_bwd_dq_kernel)"));
+      const int64_t n_q = int64_t(q_items.size()) * H;
       // Programmatic dependent of the dK/dV kernel (independent work: see the dQ kernel's epilogue).
-      MXFLASH_RETURN_IF_ERROR(cuda_error(
-          launch_programmatic((bwd_variant() & 131072) == 0, kernel, dim3(unsigned(int64_t(q_items.size()) * H)),
-                              dim3(bwd::kThreads), bwd::kQSmemBytes, stream, tm_q, tm_k, tm_v, tm_do, tm_kt, bp),
-          "attention_bwd_dq_kernel launch"));
+      const bool programmatic = (bwd_variant() & 131072) == 0;
+      if (const int ctas = dq_persistent_ctas(plan.lk)) {
+        bp.num_items = int(n_q);
+        unsigned* next_item = reinterpret_cast<unsigned*>(ws + w.q_items + q_items.size() * sizeof(int2));
+        auto kernel = p.exec ? bwd::attention_bwd_dq_kernel_p<true> : bwd::attention_bwd_dq_kernel_p<false>;
+        MXFLASH_RETURN_IF_ERROR(cuda_error(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kQSmemBytesP)),
+            "cudaFuncSetAttribute(attention_bwd_dq_kernel_p)"));
+        MXFLASH_RETURN_IF_ERROR(cuda_error(
+            launch_programmatic(programmatic, kernel, dim3(unsigned(std::min<int64_t>(n_q, ctas))), dim3(bwd::kThreads),
+                                bwd::kQSmemBytesP, stream, tm_q, tm_k, tm_v, tm_do, tm_kt, bp, next_item),
+            "attention_bwd_dq_kernel_p launch"));
+      } else {
+        auto kernel = p.exec ? bwd::attention_bwd_dq_kernel<true> : bwd::attention_bwd_dq_kernel<false>;
+        MXFLASH_RETURN_IF_ERROR(cuda_error(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kQSmemBytes)),
+            "cudaFuncSetAttribute(attention_bwd_dq_kernel)"));
+        MXFLASH_RETURN_IF_ERROR(cuda_error(
+            launch_programmatic(programmatic, kernel, dim3(unsigned(n_q)), dim3(bwd::kThreads), bwd::kQSmemBytes,
+                                stream, tm_q, tm_k, tm_v, tm_do, tm_kt, bp),
+            "attention_bwd_dq_kernel launch"));
+      }
     }
     if (p.broadcast_q && !fused && p.Tq > 0) {
       const int64_t n = p.Tq * H * kHeadDim;

@@ -1056,9 +1056,10 @@ struct SharedStorage2P {
 };
 inline constexpr size_t kSmemBytes2P = sizeof(SharedStorage2P) + 1024;
 
-// An item read from shared memory, made known to the compiler as warp-uniform (lane 0's), so that
-// what derives from it may live in uniform registers.
-__device__ __forceinline__ WorkItem warp_uniform(const WorkItem& x) {
+// An item read from shared memory, made known to the compiler as warp-uniform (lane 0's): as
+// attn::warp_uniform, without the fields a whole item does not use (j0, slot), which kept the
+// persistent kernels' loops as measured.
+__device__ __forceinline__ WorkItem warp_uniform_item(const WorkItem& x) {
   WorkItem w;
   w.h = __shfl_sync(0xFFFFFFFFu, x.h, 0);
   w.b = __shfl_sync(0xFFFFFFFFu, x.b, 0);
@@ -1068,8 +1069,6 @@ __device__ __forceinline__ WorkItem warp_uniform(const WorkItem& x) {
   w.Lk = __shfl_sync(0xFFFFFFFFu, x.Lk, 0);
   w.n_tiles = __shfl_sync(0xFFFFFFFFu, x.n_tiles, 0);
   w.q_row = __shfl_sync(0xFFFFFFFFu, x.q_row, 0);
-  w.j0 = 0;
-  w.slot = -1;
   return w;
 }
 
@@ -1132,7 +1131,7 @@ __device__ __forceinline__ void consume_persistent(Storage& s, const FwdParams& 
   for (unsigned n = 0;; ++n) {
     const int qb = int(n & 1u);
     sm90::mbar_wait(&s.q_full[qb], (n >> 1) & 1u);
-    const WorkItem w = warp_uniform(s.item[qb]);
+    const WorkItem w = warp_uniform_item(s.item[qb]);
     if (w.n_tiles < 0) break;
     if (w.n_tiles == 0) {  // no keys: out = 0, lse = -inf
       const int warp = tid / 32, lane = tid % 32;

@@ -13,6 +13,19 @@ namespace mxflash::cuda::attn {
 // instead of being moved there (R2UR) before every wgmma.
 __device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xFFFFFFFFu, int(threadIdx.x) / 128, 0); }
 
+// A struct of 32-bit words (a work item read from shared memory) as lane 0 holds it, made known to
+// the compiler as warp-uniform, so that what derives from it may live in uniform registers.
+template <typename T>
+__device__ __forceinline__ T warp_uniform(const T& x) {
+  static_assert(sizeof(T) % 4 == 0, "a struct of 32-bit words");
+  T w;
+  const uint32_t* src = reinterpret_cast<const uint32_t*>(&x);
+  uint32_t* dst = reinterpret_cast<uint32_t*>(&w);
+#pragma unroll
+  for (int i = 0; i < int(sizeof(T) / 4); ++i) dst[i] = __shfl_sync(0xFFFFFFFFu, src[i], 0);
+  return w;
+}
+
 // The dynamic shared memory as a T, its start rounded up to 1024 bytes (the 128-byte swizzle's
 // atom; the launches ask for 1024 bytes more than sizeof(T)).
 template <typename T>
