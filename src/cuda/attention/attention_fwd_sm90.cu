@@ -1476,7 +1476,7 @@ struct ExecPlan {
   int64_t items = 0;        // tiles x heads
   int64_t split_first = 0;  // items from here on run in split_parts parts each (= items: none)
   int split_parts = 1;
-  int persistent = 0;  // > 0: the whole items on attention_fwd_kernel3p / 2p, at most `persistent` CTAs
+  int persistent = 0;  // > 0: the items on attention_fwd_kernel3p / 2p, at most `persistent` CTAs (no split)
   int64_t slots() const { return (items - split_first) * (split_parts > 1 ? split_parts : 0); }
 };
 // A part's partial state (FwdParams::part_o, part_rows) per slot.
@@ -1506,7 +1506,10 @@ ExecPlan exec_plan(const std::vector<int32_t>& cu_q, const std::vector<int32_t>&
     max_tiles = std::max(max_tiles, (cu_k[size_t(b) + 1] - cu_k[size_t(b)] + attn::kTile - 1) / attn::kTile);
   }
   e.split_parts = split_parts(r, sms, max_tiles);
-  if (e.split_parts > 1) e.split_first = e.items - r;
+  if (e.split_parts > 1) {
+    e.split_first = e.items - r;
+    e.persistent = 0;  // the split's whole items on a CTA each (the combination is not tested)
+  }
   return e;
 }
 
