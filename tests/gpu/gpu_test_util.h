@@ -206,7 +206,7 @@ inline void expect_same_bytes_with_either_dq_kernel(const std::vector<DeviceBuff
 // 0 = a CTA per item, 1 = a CTA per SM, n >= 2 = at most n CTAs, each walking many items): all do
 // the same arithmetic per row and must give the same bytes (the three-consumer kernel's split tail
 // off).
-inline void expect_same_bytes_with_either_consumer_count(const std::vector<DeviceBuffer*>& outputs,
+inline void expect_same_bytes_with_every_forward_kernel(const std::vector<DeviceBuffer*>& outputs,
                                                          const std::function<Status()>& launch) {
   expect_same_bytes_from("MXFLASH_FWD_CONSUMERS", "2", {"3"}, outputs, launch);
   const ScopedEnv no_split("MXFLASH_FWD_SPLIT", "1");
