@@ -1146,7 +1146,7 @@ int bwd_variant() {
 bool fused_dq_variant() { return (bwd_variant() & 8) != 0; }
 
 // How many CTAs of the persistent dQ kernel (attention_bwd_dq_kernel_p) run the dQ items: one per
-// SM, or 0 for one CTA per item (attention_bwd_dq_kernel): persistent where the longest K/V
+// SM (`sms`, the device's count), or 0 for one CTA per item (attention_bwd_dq_kernel): persistent where the longest K/V
 // sequence (`lk`: the K/V lengths) has at most kDqPersistentMaxTiles tiles. H200, 2026-11-30, the
 // whole backward on operands, TFLOP/s against a CTA per item (one round, same call): 128-token
 // self-attention (B=512, H=16) 142 against 128, 256 tokens 239 against 218, 512 333 against 316,
@@ -1154,12 +1154,7 @@ bool fused_dq_variant() { return (bwd_variant() & 8) != 0; }
 // MXFLASH_BWD_DQ_PERSISTENT forces it, read at every call: 0 = off, 1 = one CTA per SM, n >= 2 =
 // at most n CTAs (tests: each CTA then walks many items).
 constexpr int kDqPersistentMaxTiles = 8;
-int dq_persistent_ctas(const std::vector<int>& lk) {
-  int sms = 0;
-  if (!sm_count(&sms).ok() || sms <= 0) {
-    cudaGetLastError();
-    return 0;
-  }
+int dq_persistent_ctas(int sms, const std::vector<int>& lk) {
   if (const char* e = std::getenv("MXFLASH_BWD_DQ_PERSISTENT")) {
     const int n = std::atoi(e);
     if (n == 0) return 0;
@@ -1209,7 +1204,7 @@ BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n
   w.kt_scale = take(ops * B * H * D * sizeof(float));
   w.dot_scale = take(H * (Po / bwd::kTile) * D * sizeof(float));
   w.kv_items = take(n_kv_items * sizeof(int2));
-  w.q_items = take((n_q_items + 1) * sizeof(int2));  // + the persistent dQ kernel's item counter
+  w.q_items = take(attn::work_list_bytes(n_q_items));  // + the persistent dQ kernel's item counter
   w.dq_part = take(p.broadcast_q ? size_t(p.To) * H * D * sizeof(float) : 0);
   const bool mx = p.mxfp8_dkv;  // fp32 dK, dV, then square32 quantization
   w.dk_f32 = take(mx ? size_t(p.Tk) * H * D * sizeof(float) : 0);
@@ -1343,9 +1338,10 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "backward: prepare dO launch"));
     }
     MXFLASH_RETURN_IF_ERROR(upload_to_device(ws + w.kv_items, kv_items.data(), kv_items.size() * sizeof(int2), stream));
-    std::vector<int2> q_upload(q_items);
-    q_upload.push_back(int2{0, 0});  // the persistent dQ kernel's item counter, zeroed
-    MXFLASH_RETURN_IF_ERROR(upload_to_device(ws + w.q_items, q_upload.data(), q_upload.size() * sizeof(int2), stream));
+    unsigned* next_item = nullptr;  // the persistent dQ kernel's item counter, zeroed with the list
+    MXFLASH_RETURN_IF_ERROR(attn::upload_work_list(ws + w.q_items, q_items, stream, &next_item));
+    int sms = 0;  // one CTA per SM for the persistent kernels: shared memory and registers allow no second
+    MXFLASH_RETURN_IF_ERROR(sm_count(&sms));
     // Maps need at least one tile of rows even when a side is empty (then unused).
     const uint64_t q_rows = uint64_t(std::max<int64_t>(H * p.Pq, bwd::kTile));
     const uint64_t k_rows = uint64_t(std::max<int64_t>(H * p.Pk, bwd::kTile));
@@ -1444,11 +1440,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
           "cudaFuncSetAttribute(attention_bwd_dkdv_kernel)"));
       int64_t grid = n_items;
-      if (persistent) {  // one CTA per SM: shared memory and registers allow no second
-        int sms = 0;
-        MXFLASH_RETURN_IF_ERROR(sm_count(&sms));
-        grid = std::min<int64_t>(n_items, sms);
-      }
+      if (persistent) grid = std::min<int64_t>(n_items, sms);
       kernel<<<unsigned(grid), bwd::kThreads, smem, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_kt, tm_dq, bp);
       MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_bwd_dkdv_kernel launch"));
 #if MXFLASH_FWD_EXPERIMENTS
@@ -1471,9 +1463,8 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       const int64_t n_q = int64_t(q_items.size()) * H;
       // Programmatic dependent of the dK/dV kernel (independent work: see the dQ kernel's epilogue).
       const bool programmatic = (bwd_variant() & 131072) == 0;
-      if (const int ctas = dq_persistent_ctas(plan.lk)) {
+      if (const int ctas = dq_persistent_ctas(sms, plan.lk)) {
         bp.num_items = int(n_q);
-        unsigned* next_item = reinterpret_cast<unsigned*>(ws + w.q_items + q_items.size() * sizeof(int2));
         auto kernel = p.exec ? bwd::attention_bwd_dq_kernel_p<true> : bwd::attention_bwd_dq_kernel_p<false>;
         MXFLASH_RETURN_IF_ERROR(cuda_error(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kQSmemBytesP)),

@@ -1477,6 +1477,7 @@ struct ExecPlan {
   int64_t split_first = 0;  // items from here on run in split_parts parts each (= items: none)
   int split_parts = 1;
   int persistent = 0;  // > 0: the items on attention_fwd_kernel3p / 2p, at most `persistent` CTAs (no split)
+  int64_t longest_lk = 0;  // keys of the longest K/V sequence
   int64_t slots() const { return (items - split_first) * (split_parts > 1 ? split_parts : 0); }
 };
 // A part's partial state (FwdParams::part_o, part_rows) per slot.
@@ -1492,9 +1493,8 @@ ExecPlan exec_plan(const std::vector<int32_t>& cu_q, const std::vector<int32_t>&
   }
   ExecPlan e;
   e.three = three_consumers(cu_q, batch, heads, broadcast_q, sms);
-  int longest = 0;  // K/V tiles of the longest K/V sequence
-  for (int b = 0; b < batch; ++b) longest = std::max(longest, (cu_k[size_t(b) + 1] - cu_k[size_t(b)] + attn::kTile - 1) / attn::kTile);
-  e.persistent = sms > 0 ? persistent_ctas(sms, longest, e.three) : 0;
+  for (int b = 0; b < batch; ++b) e.longest_lk = std::max<int64_t>(e.longest_lk, cu_k[size_t(b) + 1] - cu_k[size_t(b)]);
+  e.persistent = sms > 0 ? persistent_ctas(sms, int((e.longest_lk + attn::kTile - 1) / attn::kTile), e.three) : 0;
   e.tiles = schedule(cu_q, cu_k, batch, broadcast_q, e.three ? attn::kQTile3 : attn::kTile);
   e.items = int64_t(e.tiles.size()) * heads;
   e.split_first = e.items;
@@ -1516,7 +1516,7 @@ ExecPlan exec_plan(const std::vector<int32_t>& cu_q, const std::vector<int32_t>&
 // The work list, then the persistent kernel's item counter (zero at the start of every launch: it is
 // uploaded with the list), then the split tail's partial states.
 size_t exec_workspace_bytes(const ExecPlan& e) {
-  return align256((e.tiles.size() + 1) * sizeof(int2)) + size_t(e.slots()) * kSplitSlotBytes;
+  return align256(attn::work_list_bytes(e.tiles.size())) + size_t(e.slots()) * kSplitSlotBytes;
 }
 
 // The main kernel over operands in the execution layout, run as `plan` says; `ws` receives the
@@ -1528,10 +1528,8 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   const int64_t H = p.heads;
   const bool three = plan.three;
   uint8_t* const tiles_ws = ws;
-  std::vector<int2> upload(tiles);
-  upload.push_back(int2{0, 0});  // the persistent kernel's item counter, zeroed
-  MXFLASH_RETURN_IF_ERROR(upload_to_device(tiles_ws, upload.data(), upload.size() * sizeof(int2), stream));
-  unsigned* const next_item = reinterpret_cast<unsigned*>(tiles_ws + tiles.size() * sizeof(int2));
+  unsigned* next_item = nullptr;  // the persistent kernels' item counter, zeroed with the list
+  MXFLASH_RETURN_IF_ERROR(attn::upload_work_list(tiles_ws, tiles, stream, &next_item));
   CUtensorMap tm_q, tm_k, tm_v;
   MXFLASH_RETURN_IF_ERROR(
       make_tile_map(&tm_q, ops.q, kHeadDim, uint64_t(H * p.Pq), three ? attn::kRowsPerConsumer : attn::kTile));
@@ -1548,9 +1546,7 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   fp.v_scale = ops.v_scale;
   fp.tiles = reinterpret_cast<const int2*>(tiles_ws);
   fp.heads = p.heads;
-  int64_t max_lk = 0;
-  for (int b = 0; b < p.batch; ++b) max_lk = std::max<int64_t>(max_lk, (*p.host_cu_k)[b + 1] - (*p.host_cu_k)[b]);
-  fp.heads_inner = attn::heads_in_turn(H, max_lk * 2 * kHeadDim);  // K and V, e4m3
+  fp.heads_inner = attn::heads_in_turn(H, plan.longest_lk * 2 * kHeadDim);  // K and V, e4m3
   fp.Pq = p.Pq;
   fp.Pk = p.Pk;
   fp.To = p.To;
@@ -1561,7 +1557,7 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   attn::SplitParams sp;
   sp.first = int(plan.split_first);
   sp.parts = plan.split_parts;
-  sp.part_o = reinterpret_cast<float4*>(ws + align256((tiles.size() + 1) * sizeof(int2)));
+  sp.part_o = reinterpret_cast<float4*>(ws + align256(attn::work_list_bytes(tiles.size())));
   sp.part_rows = sp.part_o + plan.slots() * (attn::kConsumers3 * 16 * attn::kWarpgroupThreads);
   // V scales per 128-key tile: folded into every promotion (kVariantVTile).
   auto kernel = ops.v_per_tile ? attn::attention_fwd_kernel<kDefaultVariantVTile>

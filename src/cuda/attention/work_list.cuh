@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "cuda/common/upload.h"
+
 namespace mxflash::cuda::attn {
 
 // tiles_of[b] tiles of each sequence b, the sequences in decreasing work_of[b] (stable).
@@ -29,6 +31,22 @@ inline std::vector<int2> work_list(const std::vector<int>& tiles_of, const std::
     for (int t = 0; t < tiles_of[size_t(b)]; ++t) list.push_back(make_int2(b, first));
   }
   return list;
+}
+
+// A work list in device memory is followed by the persistent kernels' item counter (one int2 slot,
+// its first word the counter): bytes of a list of n entries with it.
+inline size_t work_list_bytes(size_t n) { return (n + 1) * sizeof(int2); }
+
+// Uploads `list` to `dst` (work_list_bytes(list.size()) bytes) with the counter zeroed, in the same
+// upload: every launch on `stream` after it starts from 0 with no memset of its own. Returns the
+// counter (the persistent kernels' `next_item`).
+inline Status upload_work_list(uint8_t* dst, const std::vector<int2>& list, cudaStream_t stream,
+                               unsigned** counter) {
+  std::vector<int2> upload(list);
+  upload.push_back(int2{0, 0});
+  MXFLASH_RETURN_IF_ERROR(upload_to_device(dst, upload.data(), upload.size() * sizeof(int2), stream));
+  *counter = reinterpret_cast<unsigned*>(dst + list.size() * sizeof(int2));
+  return Status::Ok();
 }
 
 // The order within a sequence: its heads in turn per tile (true), or each head's tiles in a row.
