@@ -1041,26 +1041,31 @@ __global__ void __launch_bounds__(kThreads, 1)
     int it = 0;  // K/V tiles loaded before
     for (unsigned n = 0, index = blockIdx.x;; ++n) {
       const int qb = int(n & 1u);
+      // The item's global reads (the work list and the sequence bounds: dependent loads) before
+      // the wait for its buffer; its rows' constants come with Q and dO, by the TMA.
+      const bool more = index < unsigned(p.num_items);
+      unsigned next = 0;  // the CTA's next item: the first not yet taken
+      Item w{};
+      if (more) {
+        if (lane == 0) next = gridDim.x + atomicAdd(next_item, 1u);
+        w = item_of<false>(p, index);
+      }
       sm90::mbar_wait(&s.q_empty[qb], ((n >> 1) & 1u) ^ 1u);
-      if (index >= unsigned(p.num_items)) {  // the end
+      if (!more) {  // the end
         if (lane == 0) s.item[qb].h = -1;
         sm90::mbar_arrive(&s.q_full[qb]);
         return;
       }
-      unsigned next = 0;  // the CTA's next item: the first not yet taken
-      if (lane == 0) next = gridDim.x + atomicAdd(next_item, 1u);
-      const Item w = item_of<false>(p, index);
       const int n_k = (w.Lk + kTile - 1) / kTile;
-      const int64_t o_row = w.o_pad0 + int64_t(w.blk) * kTile;
-      if (n_k > 0)
-        for (int r = lane; r < kTile; r += 32) s.info[qb][r] = p.info[w.h * p.Po + o_row + r];
       if (lane == 0) {
         s.item[qb] = w;
         if (n_k > 0) {
-          sm90::mbar_arrive_expect_tx(&s.q_full[qb], 2 * kTileBytes);
+          const int64_t o_row = w.o_pad0 + int64_t(w.blk) * kTile;
+          sm90::mbar_arrive_expect_tx(&s.q_full[qb], 2 * kTileBytes + kTile * sizeof(float4));
           sm90::tma_load_2d(s.q[qb], &tm_q, &s.q_full[qb], 0,
                             int(w.h * p.Pq + p.cu_q_sf[w.qb] + int64_t(w.blk) * kTile));
           sm90::tma_load_2d(s.dout[qb], &tm_do, &s.q_full[qb], 0, int(w.h * p.Po + o_row));
+          sm90::bulk_load(s.info[qb], p.info + w.h * p.Po + o_row, kTile * sizeof(float4), &s.q_full[qb]);
         } else {
           sm90::mbar_arrive(&s.q_full[qb]);
         }

@@ -331,12 +331,22 @@ __device__ __forceinline__ void produce_q(uint8_t* q, uint64_t* q_full, const CU
   for (int c = 0; c < kQBoxes; ++c) sm90::tma_load_2d(q + c * kQBoxRows * kHeadDim, tm_q, q_full, 0, int(w.q_row) + c * kQBoxRows);
 }
 
+// The scales of the item's K/V tile j (counted from its first, w.j0): K's (x) and, with
+// kVariantVTile, V's (y; else 0).
+template <int kVariant>
+__device__ __forceinline__ float2 kv_tile_scales(const FwdParams& p, const WorkItem& w, int j) {
+  const int64_t t = int64_t(w.h) * (p.Pk / kTile) + (p.cu_k_sf[w.b] + w.j0 * kTile) / kTile + j;
+  return make_float2(p.k_scale[t], (kVariant & kVariantVTile) != 0 ? p.v_scale[t] : 0.f);
+}
+
 // Producer thread: the item's K/V tiles into the stages; `it` K/V tiles were loaded before
-// (persistent CTAs), which sets the stage and phase of the first one. Storage: SharedStorage,
-// SharedStorage3 or SharedStorage3P.
+// (persistent CTAs), which sets the stage and phase of the first one; `first`: the first tile's
+// scales, read already (kv_tile_scales), or null. Storage: SharedStorage, SharedStorage3,
+// SharedStorage3P or SharedStorage2P.
 template <int kVariant, typename Storage>
 __device__ __forceinline__ void produce_kv(Storage& s, const CUtensorMap* tm_k, const CUtensorMap* tm_v,
-                                           const FwdParams& p, const WorkItem& w, int it) {
+                                           const FwdParams& p, const WorkItem& w, int it,
+                                           const float2* first = nullptr) {
   const int h = w.h, b = w.b, n_tiles = w.n_tiles;
   const int k_first = p.cu_k_sf[b] + w.j0 * kTile;  // the first K/V tile's token in K' and V'
   const int k_row = int(int64_t(h) * p.Pk + k_first);
@@ -352,8 +362,9 @@ __device__ __forceinline__ void produce_kv(Storage& s, const CUtensorMap* tm_k, 
     // of it (LDG, then R2UR right behind it) held ~7% of their stall samples in ncu. Loaded before
     // the wait, stored after it (the stage's previous scale is read before the stage is released),
     // visible to the consumers through the release of the arrive below.
-    const float ks = k_scale[j];
-    const float vs = kVTile ? v_scale[j] : 0.f;
+    float ks = k_scale[j];
+    float vs = kVTile ? v_scale[j] : 0.f;
+    if (first != nullptr && j == 0) ks = first->x, vs = first->y;
     sm90::mbar_wait(&s.empty[stage], phase ^ 1);
     s.k_scale[stage] = ks;
     if constexpr (kVTile) s.v_scale[stage] = vs;
@@ -769,7 +780,10 @@ inline constexpr int kConsumers3 = 3;
 inline constexpr int kQTile3 = kRowsPerConsumer * kConsumers3;
 inline constexpr int kThreads3 = kWarpgroupThreads * (1 + kConsumers3);
 inline constexpr int kConsumerRegs3 = 160;
-static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs3 * kWarpgroupThreads * kConsumers3 <= 65536,
+// The producer warpgroup's: what the consumers leave of the file (the two-consumer kernels' 24
+// spilled the persistent producer's item state around every wait).
+inline constexpr int kProducerRegs3 = 32;
+static_assert(kProducerRegs3 * kWarpgroupThreads + kConsumerRegs3 * kWarpgroupThreads * kConsumers3 <= 65536,
               "register budget exceeds the register file");
 // Bit 28 (experiments builds, with kVariantTrace's code): the trace's clock reads and stores with no
 // CTA traced. Measured +3% on llm-long against the kernel without them (the same SASS but for those
@@ -1024,31 +1038,32 @@ __global__ void __launch_bounds__(kThreads3, 1)
 // polling for the buffers and the consumers computing each WorkItem from global memory ran 1-3%
 // slower than a CTA per item on 2048-8192 keys; re-synchronizing the consumers at each item (a
 // named barrier) gained nothing.
+inline constexpr int kQBuffers = 2;  // the persistent kernels' item buffers (3 measured the same or 1% slower)
 struct SharedStorage3P {
-  alignas(1024) uint8_t q[2][kQTile3 * kHeadDim];
+  alignas(1024) uint8_t q[kQBuffers][kQTile3 * kHeadDim];
   alignas(1024) uint8_t k[kStages][kTileBytes];
   alignas(1024) uint8_t v[kStages][kTileBytes];
   float k_scale[kStages];
   float v_scale[kStages];
-  float qs[2][kQTile3];  // each buffer's row scales (rows past the sequence: 0)
-  WorkItem item[2];      // each buffer's item; n_tiles < 0: no more items
-  alignas(8) uint64_t q_full[2];
-  uint64_t q_empty[2];
+  float qs[kQBuffers][kQTile3];  // each buffer's row scales (rows past the sequence: 0)
+  WorkItem item[kQBuffers];      // each buffer's item; n_tiles < 0: no more items
+  alignas(8) uint64_t q_full[kQBuffers];
+  uint64_t q_empty[kQBuffers];
   uint64_t full[kStages];
   uint64_t empty[kStages];
 };
 inline constexpr size_t kSmemBytes3P = sizeof(SharedStorage3P) + 1024;
 // The two-consumer kernel's (attention_fwd_kernel2p): the same, with its exponential turns' words.
 struct SharedStorage2P {
-  alignas(1024) uint8_t q[2][kTileBytes];
+  alignas(1024) uint8_t q[kQBuffers][kTileBytes];
   alignas(1024) uint8_t k[kStages][kTileBytes];
   alignas(1024) uint8_t v[kStages][kTileBytes];
   float k_scale[kStages];
   float v_scale[kStages];
-  float qs[2][kTile];
-  WorkItem item[2];
-  alignas(8) uint64_t q_full[2];
-  uint64_t q_empty[2];
+  float qs[kQBuffers][kTile];
+  WorkItem item[kQBuffers];
+  alignas(8) uint64_t q_full[kQBuffers];
+  uint64_t q_empty[kQBuffers];
   uint64_t full[kStages];
   uint64_t empty[kStages];
   float turn_zero;
@@ -1078,35 +1093,52 @@ template <typename Storage>
 __device__ __forceinline__ void init_persistent(Storage& s, int consumer_warpgroups) {
   constexpr int kQArrivals = 32;  // the producer warp's lanes (lane 0's with Q's expect_tx)
   if (threadIdx.x == 0) {
-    sm90::mbar_init(&s.q_full[1], kQArrivals);
-    for (int i = 0; i < 2; ++i) sm90::mbar_init(&s.q_empty[i], consumer_warpgroups * kWarpgroupThreads);
+    for (int i = 1; i < kQBuffers; ++i) sm90::mbar_init(&s.q_full[i], kQArrivals);
+    for (int i = 0; i < kQBuffers; ++i) sm90::mbar_init(&s.q_empty[i], consumer_warpgroups * kWarpgroupThreads);
   }
   init_pipeline(&s.q_full[0], s.full, s.empty, consumer_warpgroups, kQArrivals);
 }
 
 // The producer warp of a persistent kernel: items of kQRows rows (Q in kQBoxes boxes), CTA c item c
-// first, then the first not yet taken (next_item), each published in Q buffer n % 2 (its WorkItem,
-// Q and its rows' Q scales, rows past the sequence 0) once the consumers have freed it, then its
-// K/V tiles into the stages; an item with n_tiles = -1 at the end.
+// first, then the first not yet taken (next_item), each published in Q buffer n % kQBuffers (its
+// WorkItem, Q and its rows' Q scales, rows past the sequence 0) once the consumers have freed it,
+// then its K/V tiles into the stages; an item with n_tiles = -1 at the end. The item's global reads
+// (the work list, the sequence bounds, the rows' Q scales and its first K/V tile's scales: a chain
+// of dependent loads) are made before the wait for the buffer, so that only stores and TMA issues
+// follow the consumers' release.
 template <int kVariant, int kQRows, int kQBoxes, typename Storage>
 __device__ __forceinline__ void produce_persistent(Storage& s, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                                    const CUtensorMap* tm_v, const FwdParams& p, unsigned items,
                                                    unsigned* next_item, int lane) {
+  constexpr int kRowsPerLane = kQRows / 32;
   int it = 0;  // K/V tiles loaded before
   for (unsigned n = 0, index = blockIdx.x;; ++n) {
-    const int qb = int(n & 1u);
-    sm90::mbar_wait(&s.q_empty[qb], ((n >> 1) & 1u) ^ 1u);
-    if (index >= items) {  // the end
+    const unsigned qb = n % kQBuffers;
+    const bool more = index < items;
+    unsigned next = 0;  // the CTA's next item: the first not yet taken
+    WorkItem w{};
+    float qs[kRowsPerLane];
+    float2 first_scales = make_float2(0.f, 0.f);
+    if (more) {
+      if (lane == 0) next = gridDim.x + atomicAdd(next_item, 1u);
+      w = work_item<kQRows>(p, index);
+      const int row0 = w.m_block * kQRows;
+#pragma unroll
+      for (int i = 0; i < kRowsPerLane; ++i) {
+        const int r = lane + 32 * i;
+        qs[i] = w.n_tiles > 0 && row0 + r < w.Lq ? p.q_scale[w.q_row + r] : 0.f;
+      }
+      if (lane == 0 && w.n_tiles > 0) first_scales = kv_tile_scales<kVariant>(p, w, 0);
+    }
+    sm90::mbar_wait(&s.q_empty[qb], ((n / kQBuffers) & 1u) ^ 1u);
+    if (!more) {  // the end
       if (lane == 0) s.item[qb].n_tiles = -1;
       sm90::mbar_arrive(&s.q_full[qb]);
       return;
     }
-    unsigned next = 0;  // the CTA's next item: the first not yet taken
-    if (lane == 0) next = gridDim.x + atomicAdd(next_item, 1u);
-    const WorkItem w = work_item<kQRows>(p, index);
-    const int row0 = w.m_block * kQRows;
     if (w.n_tiles > 0)
-      for (int r = lane; r < kQRows; r += 32) s.qs[qb][r] = row0 + r < w.Lq ? p.q_scale[w.q_row + r] : 0.f;
+#pragma unroll
+      for (int i = 0; i < kRowsPerLane; ++i) s.qs[qb][lane + 32 * i] = qs[i];
     if (lane == 0) {
       s.item[qb] = w;
       if (w.n_tiles > 0) {
@@ -1117,7 +1149,7 @@ __device__ __forceinline__ void produce_persistent(Storage& s, const CUtensorMap
     } else {
       sm90::mbar_arrive(&s.q_full[qb]);
     }
-    if (lane == 0 && w.n_tiles > 0) produce_kv<kVariant>(s, tm_k, tm_v, p, w, it);
+    if (lane == 0 && w.n_tiles > 0) produce_kv<kVariant>(s, tm_k, tm_v, p, w, it, &first_scales);
     it += max(w.n_tiles, 0);
     index = __shfl_sync(0xFFFFFFFFu, next, 0);
   }
@@ -1129,8 +1161,9 @@ template <int kQRows, typename Storage, typename Consume>
 __device__ __forceinline__ void consume_persistent(Storage& s, const FwdParams& p, int cw, int tid, Consume&& consume) {
   int it = 0;
   for (unsigned n = 0;; ++n) {
-    const int qb = int(n & 1u);
-    sm90::mbar_wait(&s.q_full[qb], (n >> 1) & 1u);
+    const int qb = int(n % kQBuffers);
+    const uint32_t phase = (n / kQBuffers) & 1u;
+    sm90::mbar_wait(&s.q_full[qb], phase);
     const WorkItem w = warp_uniform_item(s.item[qb]);
     if (w.n_tiles < 0) break;
     if (w.n_tiles == 0) {  // no keys: out = 0, lse = -inf
@@ -1140,7 +1173,7 @@ __device__ __forceinline__ void consume_persistent(Storage& s, const FwdParams& 
       const int64_t tok_base = p.broadcast_q ? int64_t(w.b) * w.Lq : p.cu_q[w.qb];
       write_keyless_rows(p, w.h, tok_base, w.m_block * kQRows, w.Lq, rows, lane % 4);
     } else {
-      consume(w, qb, (n >> 1) & 1u, it);
+      consume(w, qb, phase, it);
       it += w.n_tiles;
     }
     sm90::mbar_arrive(&s.q_empty[qb]);
@@ -1159,7 +1192,7 @@ __global__ void __launch_bounds__(kThreads3, 1)
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   init_persistent(s, kConsumers3);
   if (wg == 0) {  // ------------------------------------------------------------ producer
-    sm90::setmaxnreg_dec<kProducerRegs>();
+    sm90::setmaxnreg_dec<kProducerRegs3>();
     if (tid < 32)
       produce_persistent<kVariant, kQTile3, kConsumers3>(s, &tm_q, &tm_k, &tm_v, p, unsigned(sp.first), next_item, tid);
     return;
