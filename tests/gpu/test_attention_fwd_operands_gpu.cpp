@@ -256,6 +256,12 @@ TEST_F(AttentionFwdOperandsGpu, ForwardJaggedHostileLengths) {
   run_case({{1, 17, 127, 128, 129, 0, 300}, {1, 17, 127, 128, 129, 5, 1000}, 3}, 21, true);
 }
 
+// Every K/V sequence of at most two tiles: the persistent two-consumer kernel without exponential
+// turns (the launcher's rule), whose bytes the comparison across kernels checks.
+TEST_F(AttentionFwdOperandsGpu, ForwardShortKeys) {
+  run_case({{1, 17, 127, 128, 129, 0, 300}, {1, 17, 127, 128, 129, 5, 256}, 3}, 27, true);
+}
+
 TEST_F(AttentionFwdOperandsGpu, ForwardCrossLengthsEmptyKeysFp32) {
   Case c{{200, 64, 33}, {1000, 0, 129}, 3};
   c.bf16 = false;
