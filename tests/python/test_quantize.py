@@ -520,6 +520,9 @@ def test_cuda_runs_on_current_stream(torch_cuda):
     xg = to_torch(x, torch)
     p = torch.full(mxflash.payload_shape(meta, 3), 0xAB, dtype=torch.uint8, device="cuda")
     s = torch.full(mxflash.scale_shape(meta, 3, "hdim"), 0xAB, dtype=torch.uint8, device="cuda")
+    # Load the kernels first: under CUDA's lazy loading a kernel's first load may synchronize the
+    # context (test_attention.launch_behind_sleep).
+    mxflash.quantize(xg, meta, out=(torch.empty_like(p), torch.empty_like(s)))
     torch.cuda.synchronize()
     stream, other = torch.cuda.Stream(), torch.cuda.Stream()
     with torch.cuda.stream(stream):
