@@ -149,6 +149,7 @@ __device__ __forceinline__ uint32_t phase_of(int n) { return (unsigned(n) / kSta
 
 inline constexpr int kTurnBarrier0 = 1;  // named barriers 1, 2: the consumers' GEMM turns (0 is __syncthreads)
 inline constexpr int kExpBarrier0 = 3;   // named barriers 3, 4: their exponential turns (kVariantExpTurn)
+inline constexpr int kStageBarrier0 = 5;  // named barriers 5, 6: each one's epilogue staging tile (kernel2p)
 
 // S(64x128) = Q(64 rows of this warpgroup) . K(tile)^T, 4 k32 steps over the head dim.
 __device__ __forceinline__ void issue_s(float (&sc)[64], uint64_t desc_q, uint64_t desc_k) {
@@ -487,6 +488,67 @@ __device__ __forceinline__ void write_rows(const FwdParams& p, const float (&o)[
   }
 }
 
+// The persistent two-consumer kernel's epilogue: write_rows' values, the warpgroup's 64 rows of out
+// through its staging tile (two boxes of 64 rows x 64 channels, 128-byte swizzle, written with
+// stmatrix) and two TMA stores by its thread 0, instead of 32 4-byte stores per thread (ncu,
+// 128-token sequences: they held 35% of the consumers' stall samples). Where some of the 64 rows lie
+// past the sequence's end (rows of the next sequence: a box cannot skip them), write_rows. The tile
+// is rewritten only once the previous item's stores have read it (bulk_wait_read by the thread that
+// issued them, then the warpgroup's barrier).
+template <bool kVTile>
+__device__ __forceinline__ void write_rows_staged(const FwdParams& p, const CUtensorMap* tm_o, uint8_t* stage,
+                                                  int cw, int warp, int lane, const float (&o)[64],
+                                                  const float (&l)[2], const float (&m)[2], const VTileUnit& vunit,
+                                                  int b, int h, int64_t tok_base, int row0, int Lq,
+                                                  const int (&rows)[2], int quad) {
+  const int first = row0 + cw * kRowsPerConsumer;  // the warpgroup's first row of the sequence
+  if (first + kRowsPerConsumer > Lq) {
+    write_rows<kVTile>(p, o, l, m, vunit, b, h, tok_base, row0, Lq, rows, quad);
+    return;
+  }
+  const bool issuer = warp == 0 && lane == 0;
+  const int barrier = kStageBarrier0 + cw;
+  if (issuer) sm90::bulk_wait_read<0>();
+  sm90::named_barrier_sync(barrier, kWarpgroupThreads);
+  const float* v_scale = p.v_scale + (int64_t(b) * p.heads + h) * kHeadDim;
+  const float unit = kVTile ? ldexpf(1.f, vunit.e_ref) : 1.f;
+  uint32_t packed[2][16];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float lsum = quad_sum(l[r]);
+    const float inv = 1.f / lsum;  // the row sum carries the P scale 256
+#pragma unroll
+    for (int jn = 0; jn < 16; ++jn) {
+      const int col = 8 * jn + 2 * quad;
+      const float a = o[4 * jn + 2 * r] * inv * (kVTile ? unit : v_scale[col]);
+      const float c = o[4 * jn + 2 * r + 1] * inv * (kVTile ? unit : v_scale[col + 1]);
+      const __nv_bfloat162 pair = __floats2bfloat162_rn(a, c);
+      packed[r][jn] = *reinterpret_cast<const uint32_t*>(&pair);
+    }
+    const float log2_l = log2f(lsum) - kPScaleLog2;
+    if (quad == 0) p.lse[h * p.To + tok_base + row0 + rows[r]] = (m[r] + log2_l) * kLn2;
+  }
+  // stmatrix j of four: matrices (row half r = j % 2, 8-channel group jn + j / 2); this lane's
+  // address: row lane % 8 of matrix lane / 8.
+  const uint32_t base = sm90::smem_u32(stage);
+  const int mi = lane / 8, i = lane % 8, rr = warp * 16 + 8 * (mi % 2) + i;
+#pragma unroll
+  for (int jn = 0; jn < 16; jn += 2) {
+    const int g = jn + mi / 2;  // this lane's matrix's 8-channel group
+    const uint32_t at = base + (g / 8) * (kRowsPerConsumer * 128) + rr * 128 + ((uint32_t(g % 8) ^ uint32_t(i)) << 4);
+    sm90::stmatrix_x4(at, packed[0][jn], packed[1][jn], packed[0][jn + 1], packed[1][jn + 1]);
+  }
+  sm90::fence_proxy_async_smem();
+  sm90::named_barrier_sync(barrier, kWarpgroupThreads);
+  if (issuer) {
+    const int tok = int(tok_base + first);
+#pragma unroll
+    for (int box = 0; box < 2; ++box)
+      sm90::tma_store_3d(tm_o, stage + box * (kRowsPerConsumer * 128), box * 64, h, tok);
+    sm90::bulk_commit();
+  }
+}
+
 // A consumer warpgroup on one item: S, softmax, P.V over its K/V tiles, then O and LSE. Q from
 // q_tile, complete at phase q_phase of q_full; `it`: K/V tiles this CTA consumed before (persistent
 // CTAs; 0 otherwise). kPersistent: the rows' Q scales from qs (shared memory, written with Q).
@@ -494,7 +556,8 @@ __device__ __forceinline__ void write_rows(const FwdParams& p, const float (&o)[
 template <int kVariant, bool kPersistent, typename Storage>
 __device__ __forceinline__ void consume_item(Storage& s, const uint8_t* q_tile, uint64_t* q_full, uint32_t q_phase,
                                              const float* qs, const FwdParams& p, const WorkItem& w, int cw, int warp,
-                                             int lane, int quad, const int (&rows)[2], int it) {
+                                             int lane, int quad, const int (&rows)[2], int it,
+                                             const CUtensorMap* tm_o = nullptr, uint8_t* o_stage = nullptr) {
   static_assert((kVariant & kVariantVTile) == 0 || (kVariant & kVariantOverlap) != 0,
                 "per-tile V scales are applied by the overlapped schedule's promotion only");
   const int h = w.h, b = w.b, m_block = w.m_block, qb = w.qb, Lq = w.Lq, Lk = w.Lk, n_tiles = w.n_tiles;
@@ -734,7 +797,11 @@ __device__ __forceinline__ void consume_item(Storage& s, const uint8_t* q_tile, 
   promote(last);
 
   // ---------------------------------------------------------------------------- epilogue
-  write_rows<(kVariant & kVariantVTile) != 0>(p, o, l, m, vunit, b, h, tok_base, m_block * kTile, Lq, rows, quad);
+  if (kPersistent && tm_o != nullptr)  // (kernel2p: out staged for TMA stores)
+    write_rows_staged<(kVariant & kVariantVTile) != 0>(p, tm_o, o_stage, cw, warp, lane, o, l, m, vunit, b, h,
+                                                       tok_base, m_block * kTile, Lq, rows, quad);
+  else
+    write_rows<(kVariant & kVariantVTile) != 0>(p, o, l, m, vunit, b, h, tok_base, m_block * kTile, Lq, rows, quad);
 }
 
 // The mbarriers and the exponential turns' zero, then a CTA barrier (init_pipeline).
@@ -1068,6 +1135,7 @@ struct SharedStorage2P {
   uint64_t empty[kStages];
   float turn_zero;
   float turn_sink[kConsumerWarpgroups * kWarpgroupThreads];
+  alignas(1024) uint8_t o_stage[kConsumerWarpgroups][2 * kRowsPerConsumer * 128];  // write_rows_staged
 };
 inline constexpr size_t kSmemBytes2P = sizeof(SharedStorage2P) + 1024;
 
@@ -1211,7 +1279,8 @@ __global__ void __launch_bounds__(kThreads3, 1)
 template <int kVariant>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_fwd_kernel2p(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                           const __grid_constant__ CUtensorMap tm_v, const FwdParams p, unsigned* next_item) {
+                           const __grid_constant__ CUtensorMap tm_v, const FwdParams p, unsigned* next_item,
+                           const __grid_constant__ CUtensorMap tm_o, bool staged) {
   extern __shared__ uint8_t smem_raw[];
   SharedStorage2P& s = aligned_shared<SharedStorage2P>(smem_raw);
   const int wg = warpgroup_index();
@@ -1230,9 +1299,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = tid / 32, lane = tid % 32, quad = lane % 4;
   const int r0 = cw * kRowsPerConsumer + warp * 16 + lane / 4;  // rows r0 and r0 + 8 of the Q tile
   const int rows[2] = {r0, r0 + 8};
+  const CUtensorMap* out_map = staged ? &tm_o : nullptr;  // staged: out 16-byte aligned (TMA)
   consume_persistent<kTile>(s, p, cw, tid, [&](const WorkItem& w, int qb, uint32_t phase, int it) {
-    consume_item<kVariant, true>(s, s.q[qb], &s.q_full[qb], phase, s.qs[qb], p, w, cw, warp, lane, quad, rows, it);
+    consume_item<kVariant, true>(s, s.q[qb], &s.q_full[qb], phase, s.qs[qb], p, w, cw, warp, lane, quad, rows, it,
+                                 out_map, s.o_stage[cw]);
   });
+  if (staged && tid == 0) sm90::bulk_wait<0>();  // the last stores done before the shared memory goes
 }
 
 // The split items' out and lse: one CTA of 128 threads per (split item, consumer warpgroup), each
@@ -1397,17 +1469,32 @@ Status make_tile_map(CUtensorMap* map, void* base, uint64_t inner, uint64_t rows
   return encode_result(r);
 }
 
-Status make_f32_rows_map(CUtensorMap* map, float* base, uint64_t rows, uint64_t heads, uint32_t box_rows) {
+namespace {
+// A 3-D map of a (rows, heads, 128) tensor of `elem_bytes`-byte elements (`type`), boxes of
+// box_channels x 1 head x box_rows with the 128-byte swizzle (box_channels x elem_bytes = 128).
+Status make_rows_map(CUtensorMap* map, void* base, CUtensorMapDataType type, uint64_t elem_bytes, uint64_t rows,
+                     uint64_t heads, uint32_t box_channels, uint32_t box_rows) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   MXFLASH_RETURN_IF_ERROR(tensor_map_encoder(&encode));
   const cuuint64_t dims[3] = {kHeadDim, heads, rows};
-  const cuuint64_t strides[2] = {kHeadDim * sizeof(float), heads * kHeadDim * sizeof(float)};
-  const cuuint32_t box[3] = {32, 1, box_rows};
+  const cuuint64_t strides[2] = {kHeadDim * elem_bytes, heads * kHeadDim * elem_bytes};
+  const cuuint32_t box[3] = {box_channels, 1, box_rows};
   const cuuint32_t elem[3] = {1, 1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, base, dims, strides, box, elem,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = encode(map, type, 3, base, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return encode_result(r);
+}
+
+// The forward's out (To, H, 128) bf16 for write_rows_staged: boxes of 64 channels x 64 tokens.
+Status make_out_map(CUtensorMap* map, void* out, uint64_t To, uint64_t heads) {
+  return make_rows_map(map, out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, std::max<uint64_t>(To, 1), heads, 64,
+                       attn::kRowsPerConsumer);
+}
+}  // namespace
+
+Status make_f32_rows_map(CUtensorMap* map, float* base, uint64_t rows, uint64_t heads, uint32_t box_rows) {
+  return make_rows_map(map, base, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, sizeof(float), rows, heads, 32, box_rows);
 }
 
 namespace {
@@ -1687,8 +1774,13 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
     MXFLASH_RETURN_IF_ERROR(cuda_error(
         cudaFuncSetAttribute(kernel2p, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes2P)),
         "cudaFuncSetAttribute(smem)"));
+    // out through shared memory and TMA stores where it is 16-byte aligned (the API asks 4).
+    const bool staged = reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
+    CUtensorMap tm_o{};
+    if (staged) MXFLASH_RETURN_IF_ERROR(make_out_map(&tm_o, p.out, uint64_t(p.To), uint64_t(H)));
     const unsigned grid = unsigned(std::min<int64_t>(plan.items, persistent));
-    kernel2p<<<grid, unsigned(attn::kThreads), attn::kSmemBytes2P, stream>>>(tm_q, tm_k, tm_v, fp, next_item);
+    kernel2p<<<grid, unsigned(attn::kThreads), attn::kSmemBytes2P, stream>>>(tm_q, tm_k, tm_v, fp, next_item, tm_o,
+                                                                             staged);
     MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_fwd_kernel2p launch"));
   } else {
     MXFLASH_RETURN_IF_ERROR(cuda_error(

@@ -85,6 +85,21 @@ __device__ __forceinline__ void tma_reduce_add_3d(const CUtensorMap* map, const 
       "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
 }
+// Bulk store shared -> global through a 3-D tensor map: the box at `src` written to the tensor at
+// coordinates {c0, c1, c2} (out-of-bounds parts skipped). Asynchronous, as tma_reduce_add_3d.
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void* src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(map),
+               "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+// Four 8 x 8 b16 matrices into shared memory: register j of every lane holds its pair of matrix j
+// (row lane / 4, columns 2 (lane % 4) and + 1: the mma / wgmma accumulator layout); lane l gives
+// the address of row l % 8 of matrix l / 8 (16-byte aligned).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 // The calling thread's bulk groups but the newest kPending have read their shared-memory source.
 template <int kPending>
