@@ -107,6 +107,14 @@ def r2ur_before_gemm(loop, window=40):
     return n
 
 
+# Spill instructions allowed in a main loop, by kernel, because they lie in a block the common path
+# branches around: the staged three-consumer kernel (TMA-store epilogue) keeps one register in local
+# memory around pow2i_exact's subnormal case in promote_vtile_apply's slow path (V's tile scale more
+# than 64 binades under an earlier tile's, or no power of two; read from its SASS, 2026-11-30). The
+# count is pinned: any other count is a problem.
+COLD_SPILLS = {"persistent 565329ELb1": 2}
+
+
 def loop_problems(name, loop):
     """A main loop's R2UR before a wgmma, spills (STL/LDL) and global loads (LDG), one problem per kind."""
     counts = [("R2UR before a wgmma", r2ur_before_gemm(loop))]
@@ -229,12 +237,15 @@ def main():
     three = kernels(sass, r"Function : \S*attention_fwd_kernel3ILi(\d+ELb[01])E")
     if not three:
         problems.append("attention_fwd_kernel3: not found")
-    persistent = kernels(sass, r"Function : \S*attention_fwd_kernel3pILi(\d+)E")
+    # attention_fwd_kernel3p<variant, staged>: keyed "<variant>ELb<0|1>" (direct / TMA-store epilogue)
+    persistent = kernels(sass, r"Function : \S*attention_fwd_kernel3pILi(\d+ELb[01])E")
     if not persistent:
         problems.append("attention_fwd_kernel3p: not found")
     three.update({f"persistent {v}": ins for v, ins in persistent.items()})
     for v, ins in sorted(three.items()):
-        problems += check_three(v, ins)
+        allowed = COLD_SPILLS.get(v, 0)
+        problems += [p for p in check_three(v, ins)
+                     if not (allowed and p.startswith(f"attention_fwd_kernel3<{v}>: {allowed} local memory"))]
     dq = kernels(sass, r"Function : (\S*attention_bwd_dq_kernel\S*)")
     if not dq:
         problems.append("attention_bwd_dq_kernel: not found")

@@ -149,7 +149,7 @@ __device__ __forceinline__ uint32_t phase_of(int n) { return (unsigned(n) / kSta
 
 inline constexpr int kTurnBarrier0 = 1;  // named barriers 1, 2: the consumers' GEMM turns (0 is __syncthreads)
 inline constexpr int kExpBarrier0 = 3;   // named barriers 3, 4: their exponential turns (kVariantExpTurn)
-inline constexpr int kStageBarrier0 = 5;  // named barriers 5, 6: each one's epilogue staging tile (kernel2p)
+inline constexpr int kStageBarrier0 = 5;  // named barriers 5..7: each one's epilogue staging tile (persistent)
 
 // S(64x128) = Q(64 rows of this warpgroup) . K(tile)^T, 4 k32 steps over the head dim.
 __device__ __forceinline__ void issue_s(float (&sc)[64], uint64_t desc_q, uint64_t desc_k) {
@@ -923,7 +923,8 @@ __device__ __forceinline__ void write_partial3(const SplitParams& sp, int slot, 
 template <int kVariant, bool kParts, bool kPersistent, typename Storage>
 __device__ __forceinline__ void consume_item3(Storage& s, const uint8_t* q_tile, uint64_t* q_full, uint32_t q_phase,
                                               const float* qs, const FwdParams& p, const SplitParams& sp,
-                                              const WorkItem& w, int cw, int tid, int it) {
+                                              const WorkItem& w, int cw, int tid, int it,
+                                              const CUtensorMap* tm_o = nullptr) {
   // kVTile: V' with one scale per 128-key tile (the operands), folded into every promotion; else
   // V's per-(sequence, channel) scales (the MX tensors' prepare pass), applied in the epilogue.
   constexpr bool kVTile = (kVariant & kVariantVTile) != 0;
@@ -1056,10 +1057,17 @@ __device__ __forceinline__ void consume_item3(Storage& s, const uint8_t* q_tile,
   }
 
   // ---------------------------------------------------------------------------- epilogue
-  if constexpr (kParts)
+  if constexpr (kParts) {
     write_partial3(sp, w.slot, cw, tid, o, l, m, vunit);
-  else
+  } else if constexpr (kPersistent) {  // out staged for TMA stores (kernel3p, out 16-byte aligned)
+    if (tm_o != nullptr)
+      write_rows_staged<kVTile>(p, tm_o, s.o_stage[cw], cw, warp, lane, o, l, m, vunit, b, h, tok_base, row0, Lq,
+                                rows, quad);
+    else
+      write_rows<kVTile>(p, o, l, m, vunit, b, h, tok_base, row0, Lq, rows, quad);
+  } else {
     write_rows<kVTile>(p, o, l, m, vunit, b, h, tok_base, row0, Lq, rows, quad);
+  }
 }
 
 
@@ -1118,8 +1126,10 @@ struct SharedStorage3P {
   uint64_t q_empty[kQBuffers];
   uint64_t full[kStages];
   uint64_t empty[kStages];
+  alignas(1024) uint8_t o_stage[kConsumers3][2 * kRowsPerConsumer * 128];  // write_rows_staged
 };
 inline constexpr size_t kSmemBytes3P = sizeof(SharedStorage3P) + 1024;
+static_assert(kSmemBytes3P <= 227 * 1024, "the persistent three-consumer kernel's shared memory (sm_90: 227 KB)");
 // The two-consumer kernel's (attention_fwd_kernel2p): the same, with its exponential turns' words.
 struct SharedStorage2P {
   alignas(1024) uint8_t q[kQBuffers][kTileBytes];
@@ -1248,11 +1258,11 @@ __device__ __forceinline__ void consume_persistent(Storage& s, const FwdParams& 
   }
 }
 
-template <int kVariant>
+template <int kVariant, bool kStaged>
 __global__ void __launch_bounds__(kThreads3, 1)
     attention_fwd_kernel3p(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                            const __grid_constant__ CUtensorMap tm_v, const FwdParams p, const SplitParams sp,
-                           unsigned* next_item) {
+                           unsigned* next_item, const __grid_constant__ CUtensorMap tm_o) {
   extern __shared__ uint8_t smem_raw[];
   SharedStorage3P& s = aligned_shared<SharedStorage3P>(smem_raw);
   const int wg = warpgroup_index();
@@ -1269,8 +1279,10 @@ __global__ void __launch_bounds__(kThreads3, 1)
   sm90::setmaxnreg_inc<kConsumerRegs3>();
   const int cw = wg - 1;
   consume_persistent<kQTile3>(s, p, cw, tid, [&](const WorkItem& w, int qb, uint32_t phase, int it) {
-    consume_item3<kVariant, false, true>(s, s.q[qb], &s.q_full[qb], phase, s.qs[qb], p, sp, w, cw, tid, it);
+    consume_item3<kVariant, false, true>(s, s.q[qb], &s.q_full[qb], phase, s.qs[qb], p, sp, w, cw, tid, it,
+                                         kStaged ? &tm_o : nullptr);
   });
+  if (kStaged && tid == 0) sm90::bulk_wait<0>();  // the last stores done before the shared memory goes
 }
 
 // The persistent two-consumer kernel (persistent_ctas on the host): attention_fwd_kernel3p's scheme
@@ -1685,7 +1697,7 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   // The three-consumer kernel takes only the tree reductions and the V-tile bits of a variant.
   constexpr int kV3 = kDefaultVariantVTile, kM3 = kDefaultVariantVTile & ~attn::kVariantVTile;
   auto kernel3 = !three ? nullptr : ops.v_per_tile ? attn::attention_fwd_kernel3<kV3> : attn::attention_fwd_kernel3<kM3>;
-  auto kernel3p = ops.v_per_tile ? attn::attention_fwd_kernel3p<kV3> : attn::attention_fwd_kernel3p<kM3>;
+  auto kernel3p = ops.v_per_tile ? attn::attention_fwd_kernel3p<kV3, true> : attn::attention_fwd_kernel3p<kM3, true>;
   auto parts3 = ops.v_per_tile ? attn::attention_fwd_kernel3<kV3, true> : attn::attention_fwd_kernel3<kM3, true>;
   auto merge3 = ops.v_per_tile ? attn::attention_fwd_merge3<true> : attn::attention_fwd_merge3<false>;
   // Without the exponential turns where every K/V sequence has at most kNoTurnMaxTiles tiles: an
@@ -1698,6 +1710,11 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
                       ? attn::attention_fwd_kernel2p<kDefaultVariantVTile & ~attn::kVariantExpTurn>
                       : attn::attention_fwd_kernel2p<kDefaultVariantVTile>;
   int64_t persistent = plan.persistent;
+  // The persistent kernels write out through shared memory and TMA stores (write_rows_staged)
+  // where it is 16-byte aligned (the API asks 4).
+  const bool staged = persistent > 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
+  CUtensorMap tm_o{};
+  if (staged) MXFLASH_RETURN_IF_ERROR(make_out_map(&tm_o, p.out, uint64_t(p.To), uint64_t(H)));
 #if MXFLASH_FWD_EXPERIMENTS
   if (three && ops.v_per_tile) {
     constexpr int kV = kDefaultVariantVTile;
@@ -1741,11 +1758,14 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   fp.num_items = int(plan.items);
   if (kernel3) {
     if (plan.split_first > 0 && persistent > 0) {  // the whole items, on a CTA per SM
+      if (!staged)  // out not 16-byte aligned: the direct stores
+        kernel3p = ops.v_per_tile ? attn::attention_fwd_kernel3p<kV3, false> : attn::attention_fwd_kernel3p<kM3, false>;
       MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(kernel3p, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes3P)),
           "cudaFuncSetAttribute(smem)"));
       const unsigned grid = unsigned(std::min<int64_t>(plan.split_first, persistent));
-      kernel3p<<<grid, unsigned(attn::kThreads3), attn::kSmemBytes3P, stream>>>(tm_q, tm_k, tm_v, fp, sp, next_item);
+      kernel3p<<<grid, unsigned(attn::kThreads3), attn::kSmemBytes3P, stream>>>(tm_q, tm_k, tm_v, fp, sp, next_item,
+                                                                                 tm_o);
       MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_fwd_kernel3p launch"));
     } else if (plan.split_first > 0) {  // the whole items, a CTA each
       MXFLASH_RETURN_IF_ERROR(cuda_error(
@@ -1774,10 +1794,6 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
     MXFLASH_RETURN_IF_ERROR(cuda_error(
         cudaFuncSetAttribute(kernel2p, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes2P)),
         "cudaFuncSetAttribute(smem)"));
-    // out through shared memory and TMA stores where it is 16-byte aligned (the API asks 4).
-    const bool staged = reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
-    CUtensorMap tm_o{};
-    if (staged) MXFLASH_RETURN_IF_ERROR(make_out_map(&tm_o, p.out, uint64_t(p.To), uint64_t(H)));
     const unsigned grid = unsigned(std::min<int64_t>(plan.items, persistent));
     kernel2p<<<grid, unsigned(attn::kThreads), attn::kSmemBytes2P, stream>>>(tm_q, tm_k, tm_v, fp, next_item, tm_o,
                                                                              staged);
