@@ -149,7 +149,7 @@ __device__ __forceinline__ uint32_t phase_of(int n) { return (unsigned(n) / kSta
 
 inline constexpr int kTurnBarrier0 = 1;  // named barriers 1, 2: the consumers' GEMM turns (0 is __syncthreads)
 inline constexpr int kExpBarrier0 = 3;   // named barriers 3, 4: their exponential turns (kVariantExpTurn)
-inline constexpr int kStageBarrier0 = 5;  // named barriers 5..7: each one's epilogue staging tile (persistent)
+inline constexpr int kStageBarrier0 = 5;  // named barriers 5..7: each consumer warpgroup's staging tile (persistent kernels)
 
 // S(64x128) = Q(64 rows of this warpgroup) . K(tile)^T, 4 k32 steps over the head dim.
 __device__ __forceinline__ void issue_s(float (&sc)[64], uint64_t desc_q, uint64_t desc_k) {
@@ -488,7 +488,7 @@ __device__ __forceinline__ void write_rows(const FwdParams& p, const float (&o)[
   }
 }
 
-// The persistent two-consumer kernel's epilogue: write_rows' values, the warpgroup's 64 rows of out
+// The persistent kernels' epilogue: write_rows' values, the consumer warpgroup's 64 rows of out
 // through its staging tile (two boxes of 64 rows x 64 channels, 128-byte swizzle, written with
 // stmatrix) and two TMA stores by its thread 0, instead of 32 4-byte stores per thread (ncu,
 // 128-token sequences: they held 35% of the consumers' stall samples). Where some of the 64 rows lie
