@@ -847,8 +847,9 @@ inline constexpr int kConsumers3 = 3;
 inline constexpr int kQTile3 = kRowsPerConsumer * kConsumers3;
 inline constexpr int kThreads3 = kWarpgroupThreads * (1 + kConsumers3);
 inline constexpr int kConsumerRegs3 = 160;
-// The producer warpgroup's: what the consumers leave of the file (the two-consumer kernels' 24
-// spilled the persistent producer's item state around every wait).
+// The three-consumer kernels' producer warpgroup: what the consumers leave of the register file
+// (32 x 128 + 3 x 160 x 128 = 65536); at 24 the persistent producer spilled its item state around
+// every wait. (The two-consumer kernels leave nothing over 24.)
 inline constexpr int kProducerRegs3 = 32;
 static_assert(kProducerRegs3 * kWarpgroupThreads + kConsumerRegs3 * kWarpgroupThreads * kConsumers3 <= 65536,
               "register budget exceeds the register file");
