@@ -508,8 +508,7 @@ __device__ __forceinline__ void write_rows_staged(const FwdParams& p, const CUte
   }
   const bool issuer = warp == 0 && lane == 0;
   const int barrier = kStageBarrier0 + cw;
-  if (issuer) sm90::bulk_wait_read<0>();
-  sm90::named_barrier_sync(barrier, kWarpgroupThreads);
+  attn::staging_acquire(issuer, barrier);
   const float* v_scale = p.v_scale + (int64_t(b) * p.heads + h) * kHeadDim;
   const float unit = kVTile ? ldexpf(1.f, vunit.e_ref) : 1.f;
   uint32_t packed[2][16];
@@ -522,31 +521,12 @@ __device__ __forceinline__ void write_rows_staged(const FwdParams& p, const CUte
       const int col = 8 * jn + 2 * quad;
       const float a = o[4 * jn + 2 * r] * inv * (kVTile ? unit : v_scale[col]);
       const float c = o[4 * jn + 2 * r + 1] * inv * (kVTile ? unit : v_scale[col + 1]);
-      const __nv_bfloat162 pair = __floats2bfloat162_rn(a, c);
-      packed[r][jn] = *reinterpret_cast<const uint32_t*>(&pair);
+      packed[r][jn] = attn::bf16x2_bits(a, c);
     }
     const float log2_l = log2f(lsum) - kPScaleLog2;
     if (quad == 0) p.lse[h * p.To + tok_base + row0 + rows[r]] = (m[r] + log2_l) * kLn2;
   }
-  // stmatrix j of four: matrices (row half r = j % 2, 8-channel group jn + j / 2); this lane's
-  // address: row lane % 8 of matrix lane / 8.
-  const uint32_t base = sm90::smem_u32(stage);
-  const int mi = lane / 8, i = lane % 8, rr = warp * 16 + 8 * (mi % 2) + i;
-#pragma unroll
-  for (int jn = 0; jn < 16; jn += 2) {
-    const int g = jn + mi / 2;  // this lane's matrix's 8-channel group
-    const uint32_t at = base + (g / 8) * (kRowsPerConsumer * 128) + rr * 128 + ((uint32_t(g % 8) ^ uint32_t(i)) << 4);
-    sm90::stmatrix_x4(at, packed[0][jn], packed[1][jn], packed[0][jn + 1], packed[1][jn + 1]);
-  }
-  sm90::fence_proxy_async_smem();
-  sm90::named_barrier_sync(barrier, kWarpgroupThreads);
-  if (issuer) {
-    const int tok = int(tok_base + first);
-#pragma unroll
-    for (int box = 0; box < 2; ++box)
-      sm90::tma_store_3d(tm_o, stage + box * (kRowsPerConsumer * 128), box * 64, h, tok);
-    sm90::bulk_commit();
-  }
+  attn::stage_and_store(tm_o, stage, issuer, barrier, warp, lane, packed, h, int(tok_base + first));
 }
 
 // A consumer warpgroup on one item: S, softmax, P.V over its K/V tiles, then O and LSE. Q from
@@ -1127,7 +1107,7 @@ struct SharedStorage3P {
   uint64_t q_empty[kQBuffers];
   uint64_t full[kStages];
   uint64_t empty[kStages];
-  alignas(1024) uint8_t o_stage[kConsumers3][2 * kRowsPerConsumer * 128];  // write_rows_staged
+  alignas(1024) uint8_t o_stage[kConsumers3][kStageBytes];  // write_rows_staged
 };
 inline constexpr size_t kSmemBytes3P = sizeof(SharedStorage3P) + 1024;
 static_assert(kSmemBytes3P <= 227 * 1024, "the persistent three-consumer kernel's shared memory (sm_90: 227 KB)");
@@ -1146,7 +1126,7 @@ struct SharedStorage2P {
   uint64_t empty[kStages];
   float turn_zero;
   float turn_sink[kConsumerWarpgroups * kWarpgroupThreads];
-  alignas(1024) uint8_t o_stage[kConsumerWarpgroups][2 * kRowsPerConsumer * 128];  // write_rows_staged
+  alignas(1024) uint8_t o_stage[kConsumerWarpgroups][kStageBytes];  // write_rows_staged
 };
 inline constexpr size_t kSmemBytes2P = sizeof(SharedStorage2P) + 1024;
 
@@ -1499,12 +1479,12 @@ Status make_rows_map(CUtensorMap* map, void* base, CUtensorMapDataType type, uin
   return encode_result(r);
 }
 
-// The forward's out (To, H, 128) bf16 for write_rows_staged: boxes of 64 channels x 64 tokens.
-Status make_out_map(CUtensorMap* map, void* out, uint64_t To, uint64_t heads) {
-  return make_rows_map(map, out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, std::max<uint64_t>(To, 1), heads, 64,
-                       attn::kRowsPerConsumer);
-}
 }  // namespace
+
+Status make_bf16_rows_map(CUtensorMap* map, void* base, uint64_t rows, uint64_t heads) {
+  return make_rows_map(map, base, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, std::max<uint64_t>(rows, 1), heads, 64,
+                       attn::kStagedRows);
+}
 
 Status make_f32_rows_map(CUtensorMap* map, float* base, uint64_t rows, uint64_t heads, uint32_t box_rows) {
   return make_rows_map(map, base, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, sizeof(float), rows, heads, 32, box_rows);
@@ -1692,6 +1672,12 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   sp.parts = plan.split_parts;
   sp.part_o = reinterpret_cast<float4*>(ws + align256(attn::work_list_bytes(tiles.size())));
   sp.part_rows = sp.part_o + plan.slots() * (attn::kConsumers3 * 16 * attn::kWarpgroupThreads);
+  int64_t persistent = plan.persistent;
+  // The persistent kernels write out through shared memory and TMA stores (write_rows_staged)
+  // where it is 16-byte aligned (the API asks 4).
+  const bool staged = persistent > 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
+  CUtensorMap tm_o{};
+  if (staged) MXFLASH_RETURN_IF_ERROR(make_bf16_rows_map(&tm_o, p.out, uint64_t(p.To), uint64_t(H)));
   // V scales per 128-key tile: folded into every promotion (kVariantVTile).
   auto kernel = ops.v_per_tile ? attn::attention_fwd_kernel<kDefaultVariantVTile>
                                : attn::attention_fwd_kernel<kDefaultVariant>;
@@ -1699,6 +1685,8 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   constexpr int kV3 = kDefaultVariantVTile, kM3 = kDefaultVariantVTile & ~attn::kVariantVTile;
   auto kernel3 = !three ? nullptr : ops.v_per_tile ? attn::attention_fwd_kernel3<kV3> : attn::attention_fwd_kernel3<kM3>;
   auto kernel3p = ops.v_per_tile ? attn::attention_fwd_kernel3p<kV3, true> : attn::attention_fwd_kernel3p<kM3, true>;
+  if (!staged)  // out not 16-byte aligned: the persistent kernel's direct stores
+    kernel3p = ops.v_per_tile ? attn::attention_fwd_kernel3p<kV3, false> : attn::attention_fwd_kernel3p<kM3, false>;
   auto parts3 = ops.v_per_tile ? attn::attention_fwd_kernel3<kV3, true> : attn::attention_fwd_kernel3<kM3, true>;
   auto merge3 = ops.v_per_tile ? attn::attention_fwd_merge3<true> : attn::attention_fwd_merge3<false>;
   // Without the exponential turns where every K/V sequence has at most kNoTurnMaxTiles tiles: an
@@ -1710,12 +1698,6 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
                   : plan.longest_lk <= kNoTurnMaxTiles * attn::kTile
                       ? attn::attention_fwd_kernel2p<kDefaultVariantVTile & ~attn::kVariantExpTurn>
                       : attn::attention_fwd_kernel2p<kDefaultVariantVTile>;
-  int64_t persistent = plan.persistent;
-  // The persistent kernels write out through shared memory and TMA stores (write_rows_staged)
-  // where it is 16-byte aligned (the API asks 4).
-  const bool staged = persistent > 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
-  CUtensorMap tm_o{};
-  if (staged) MXFLASH_RETURN_IF_ERROR(make_out_map(&tm_o, p.out, uint64_t(p.To), uint64_t(H)));
 #if MXFLASH_FWD_EXPERIMENTS
   if (three && ops.v_per_tile) {
     constexpr int kV = kDefaultVariantVTile;
@@ -1759,8 +1741,6 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   fp.num_items = int(plan.items);
   if (kernel3) {
     if (plan.split_first > 0 && persistent > 0) {  // the whole items, on a CTA per SM
-      if (!staged)  // out not 16-byte aligned: the direct stores
-        kernel3p = ops.v_per_tile ? attn::attention_fwd_kernel3p<kV3, false> : attn::attention_fwd_kernel3p<kM3, false>;
       MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(kernel3p, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes3P)),
           "cudaFuncSetAttribute(smem)"));

@@ -2,6 +2,9 @@
 // packing of wgmma A fragments, exp2 on the MUFU unit, quad reductions over the 4 threads that hold
 // one accumulator row, compiler fences on accumulator arrays.
 #pragma once
+#include <cuda.h>
+#include <cuda_bf16.h>
+
 #include <cstdint>
 
 #include "cuda/common/sm90_primitives.cuh"
@@ -88,6 +91,52 @@ __device__ __forceinline__ float quad_max(float x) {
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xFFFFFFFFu, x, 1);
   return x + __shfl_xor_sync(0xFFFFFFFFu, x, 2);
+}
+
+// Staged epilogues (the forward's persistent kernels, the backward's dK/dV kernel): a consumer
+// warpgroup writes its 64 rows x 128 channels of bf16 into its own staging tile in shared memory,
+// two boxes of 64 rows x 64 channels with the 128-byte swizzle (kStageBytes), and its issuer thread
+// (warp 0, lane 0) writes the tile out with two TMA stores (a map from make_bf16_rows_map, boxes of
+// 64 channels x 1 head x 64 rows), instead of 32 4-byte stores per thread and tensor.
+inline constexpr int kStagedRows = 64;
+inline constexpr int kStageBytes = 2 * kStagedRows * 128;
+
+// Before the warpgroup rewrites its tile: the issuer's earlier stores have read it, then the
+// warpgroup meets at its named barrier.
+__device__ __forceinline__ void staging_acquire(bool issuer, int barrier) {
+  if (issuer) sm90::bulk_wait_read<0>();
+  sm90::named_barrier_sync(barrier, 128);
+}
+
+// The rows into the tile and out: packed[r][jn] is the bf16 pair of this thread's row
+// warp * 16 + lane / 4 + 8 r, channels 8 jn + 2 (lane % 4) and + 1 (the m64n128 accumulator
+// layout), written with 8 stmatrix.x4 (stmatrix j of four: row half j % 2, 8-channel group jn + j / 2;
+// this lane's address: row lane % 8 of matrix lane / 8); then a proxy fence, the barrier, and the
+// issuer's two stores to rows tok.. of head h, committed as one bulk group. The caller waits for
+// them (bulk_wait<0>) before the CTA's shared memory goes.
+__device__ __forceinline__ void stage_and_store(const CUtensorMap* map, uint8_t* stage, bool issuer, int barrier,
+                                                int warp, int lane, const uint32_t (&packed)[2][16], int h, int tok) {
+  const uint32_t base = sm90::smem_u32(stage);
+  const int mi = lane / 8, i = lane % 8, rr = warp * 16 + 8 * (mi % 2) + i;
+#pragma unroll
+  for (int jn = 0; jn < 16; jn += 2) {
+    const int g = jn + mi / 2;  // this lane's matrix's 8-channel group
+    const uint32_t at = base + (g / 8) * (kStagedRows * 128) + rr * 128 + ((uint32_t(g % 8) ^ uint32_t(i)) << 4);
+    sm90::stmatrix_x4(at, packed[0][jn], packed[1][jn], packed[0][jn + 1], packed[1][jn + 1]);
+  }
+  sm90::fence_proxy_async_smem();
+  sm90::named_barrier_sync(barrier, 128);
+  if (issuer) {
+#pragma unroll
+    for (int box = 0; box < 2; ++box) sm90::tma_store_3d(map, stage + box * (kStagedRows * 128), box * 64, h, tok);
+    sm90::bulk_commit();
+  }
+}
+
+// Two floats as a bf16 pair (round to nearest even), as a 32-bit word (low half: a).
+__device__ __forceinline__ uint32_t bf16x2_bits(float a, float b) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&pair);
 }
 
 template <int N>

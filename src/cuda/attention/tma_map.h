@@ -12,6 +12,11 @@ namespace mxflash::cuda {
 // the 128-byte swizzle the wgmma descriptors expect (sm90::make_desc_k128b).
 Status make_tile_map(CUtensorMap* map, void* base, uint64_t inner, uint64_t rows, uint32_t box_rows = 128);
 
+// A 3-D bf16 tensor map over (rows, heads, 128) at `base` (at least one row), in boxes of 64 channels
+// x 1 head x 64 rows with the 128-byte swizzle: the staged epilogues' stores
+// (attn::stage_and_store).
+Status make_bf16_rows_map(CUtensorMap* map, void* base, uint64_t rows, uint64_t heads);
+
 // A 3-D fp32 tensor map over (rows, heads, 128) at `base` (rows of heads x 128 floats), in boxes of
 // 32 channels x 1 head x `box_rows` rows with the 128-byte swizzle (for bulk reductions from
 // shared memory).
