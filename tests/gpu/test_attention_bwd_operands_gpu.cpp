@@ -10,6 +10,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "attention_device_mx.h"
@@ -226,6 +227,26 @@ void run_case(const Case& c, uint64_t seed) {
       for (int i = 0; i < 3; ++i) first[i] = got[i];
     } else {
       for (int i = 0; i < 3; ++i) EXPECT_TRUE(got[i] == first[i]) << "fast backward output " << i << " not deterministic";
+    }
+  }
+  {  // dK, dV 4 bytes past a 16-byte boundary (the API asks 4): the dK/dV kernel's staged epilogue
+     // (TMA stores) needs 16, so its direct stores run for every key: the same bytes.
+    DeviceBuffer s_dk(dk.size() * 2 + 16), s_dv(dv.size() * 2 + 16);
+    for (DeviceBuffer* b : {&s_dk, &s_dv}) b->fill(gputest::kDevicePoison);
+    auto shifted = [&](DeviceBuffer& b) {
+      return make_view(static_cast<uint8_t*>(b.get()) + 4, DType::kBFloat16, Device::kCUDA, {Tk, H, kHeadDim});
+    };
+    st = attention_backward(ops, dev_bf16(d_out, To), dev_bf16(d_dout, To), d_lse_view, qm, km, bo, dev_bf16(d_dq, Tq),
+                            shifted(s_dk), shifted(s_dv));
+    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_TRUE(gputest::device_ok());
+    for (const auto& [b, want, name] : {std::tuple{&s_dk, &first[1], "dK"}, std::tuple{&s_dv, &first[2], "dV"}}) {
+      const std::vector<uint8_t> x = b->download();
+      EXPECT_TRUE(std::equal(want->begin(), want->end(), x.begin() + 4))
+          << name << " written 4 bytes past a 16-byte boundary differs";
+      EXPECT_TRUE(std::all_of(x.begin(), x.begin() + 4, [](uint8_t y) { return y == gputest::kDevicePoison; }) &&
+                  std::all_of(x.begin() + 4 + want->size(), x.end(), [](uint8_t y) { return y == gputest::kDevicePoison; }))
+          << name << ": bytes written outside the tensor";
     }
   }
   gputest::expect_same_bytes_in_every_work_order({&d_dq, &d_dk, &d_dv}, [&] { return run(ops, nullptr, 0); });

@@ -235,6 +235,7 @@ struct BwdParams {
   __nv_bfloat16* dv;
   float* dk_f32;  // non-null (output_mxfp8_dkv): dK, dV written in fp32 here instead, quantized after
   float* dv_f32;
+  bool staged_dkdv;  // dK, dV (bf16, 16-byte aligned) through the persistent kernel's staging tiles
   float* dq_acc;  // kFusedDq: (Tq, H, 128) fp32, 256 dQ times the K channel scales, reduced into
 };
 
@@ -306,6 +307,16 @@ struct FusedDqSmem {
 inline constexpr size_t kKvSmemOffsetFused = (sizeof(KvSmem) + 1023) / 1024 * 1024;
 inline constexpr size_t kKvSmemBytesFused = kKvSmemOffsetFused + sizeof(FusedDqSmem) + 1024;
 inline constexpr int kBarDsMax = 1, kBarDsReady = 2;  // named barriers of the two consumer warpgroups
+
+// The staged epilogue of the persistent dK/dV kernel (not the fused form, whose FusedDqSmem takes the
+// same place after KvSmem): one staging tile per consumer warpgroup (64 keys x 128 channels of bf16),
+// dV then dK through it (attn::stage_and_store); named barriers kBarStage0 + the warpgroup.
+struct DkdvStageSmem {
+  alignas(1024) uint8_t t[kConsumers][attn::kStageBytes];
+};
+inline constexpr size_t kKvSmemBytesStaged = kKvSmemOffsetFused + sizeof(DkdvStageSmem) + 1024;
+static_assert(kKvSmemBytesStaged <= 227 * 1024, "dK/dV kernel with staging tiles: shared memory");
+inline constexpr int kBarStage0 = 3;
 static_assert(kKvSmemBytesFused <= 227 * 1024, "fused dK/dV/dQ shared memory");
 
 __device__ __forceinline__ void sts_u8(uint32_t addr, uint32_t v) {
@@ -365,6 +376,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                               const __grid_constant__ CUtensorMap tm_qt, const __grid_constant__ CUtensorMap tm_dot,
                               const __grid_constant__ CUtensorMap tm_kt, const __grid_constant__ CUtensorMap tm_dq,
+                              const __grid_constant__ CUtensorMap tm_dk, const __grid_constant__ CUtensorMap tm_dv,
                               const BwdParams p) {
   static_assert(!kBulkDq || kFusedDq, "the bulk reduction is of the fused form's dQ");
   static_assert(!kFusedDq || kPersistent, "the fused form is built on the persistent schedule");
@@ -375,6 +387,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   KvSmem& s = attn::aligned_shared<KvSmem>(smem_raw);
   uint8_t* const smem_base = reinterpret_cast<uint8_t*>(&s);
   FusedDqSmem& f = *reinterpret_cast<FusedDqSmem*>(smem_base + kKvSmemOffsetFused);  // kFusedDq only
+  // The staged epilogue: persistent, not fused, and p.staged_dkdv (launched with kKvSmemBytesStaged).
+  constexpr bool kStageable = kPersistent && !kFusedDq;
+  DkdvStageSmem& stg = *reinterpret_cast<DkdvStageSmem*>(smem_base + kKvSmemOffsetFused);
   const int wg = attn::warpgroup_index(), tid = threadIdx.x % kWarpgroupThreads;
   attn::init_pipeline(&s.kv_full, s.full, s.empty, kConsumers);
   if (kPersistent) {
@@ -740,6 +755,37 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     // ------------------------------------------------------------------------------ epilogue
     const float* qts = kTileScales ? nullptr : p.qt_scale + (int64_t(w.qb) * p.heads + w.h) * kHeadDim;
+    // Q's channel scale times softmax_scale (kTileScales: in the promotions already), 0 without Q.
+    auto dk_factor = [&](int col) {
+      return n_q > 0 ? (kTileScales ? p.softmax_scale : qts[col] * p.softmax_scale) : 0.f;
+    };
+    const int first_key = w.blk * kTile + cw * kHalf;  // the warpgroup's first key of the sequence
+    // Staged: dV, then dK, through the warpgroup's tile, where all its 64 keys are the sequence's (a
+    // box cannot skip the next sequence's rows); the same values as the direct stores below.
+    if (kStageable && p.staged_dkdv && first_key + kHalf <= w.Lk) {
+      const bool issuer = warp == 0 && lane == 0;
+      const int barrier = kBarStage0 + cw, tok = p.cu_k[w.b] + first_key;
+      uint32_t packed[2][16];
+      attn::staging_acquire(issuer, barrier);
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int jn = 0; jn < 16; ++jn)
+          packed[r][jn] = attn::bf16x2_bits(dv[4 * jn + 2 * r] * (1.f / kPScale), dv[4 * jn + 2 * r + 1] * (1.f / kPScale));
+      attn::stage_and_store(&tm_dv, stg.t[cw], issuer, barrier, warp, lane, packed, w.h, tok);
+      attn::staging_acquire(issuer, barrier);
+#pragma unroll
+      for (int jn = 0; jn < 16; ++jn) {
+        const int col = 8 * jn + 2 * quad;
+        const float q0 = dk_factor(col), q1 = dk_factor(col + 1);
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          packed[r][jn] = attn::bf16x2_bits(dk[4 * jn + 2 * r] * q0 * (1.f / kPScale),
+                                            dk[4 * jn + 2 * r + 1] * q1 * (1.f / kPScale));
+      }
+      attn::stage_and_store(&tm_dk, stg.t[cw], issuer, barrier, warp, lane, packed, w.h, tok);
+      return;
+    }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int key = w.blk * kTile + cw * kHalf + warp * 16 + lane / 4 + 8 * r;
@@ -748,8 +794,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int jn = 0; jn < 16; ++jn) {
         const int col = 8 * jn + 2 * quad;
-        const float q0 = n_q > 0 ? (kTileScales ? p.softmax_scale : qts[col] * p.softmax_scale) : 0.f,
-                    q1 = n_q > 0 ? (kTileScales ? p.softmax_scale : qts[col + 1] * p.softmax_scale) : 0.f;
+        const float q0 = dk_factor(col), q1 = dk_factor(col + 1);
         const float2 gv = make_float2(dv[4 * jn + 2 * r] * (1.f / kPScale), dv[4 * jn + 2 * r + 1] * (1.f / kPScale));
         const float2 gk =
             make_float2(dk[4 * jn + 2 * r] * q0 * (1.f / kPScale), dk[4 * jn + 2 * r + 1] * q1 * (1.f / kPScale));
@@ -781,6 +826,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kBulkDq) {
     if (lane == 0) sm90::bulk_wait<0>();  // the reductions done before the shared memory goes
   }
+  if (kStageable && p.staged_dkdv && tid == 0) sm90::bulk_wait<0>();  // the last stores, likewise
 }
 
 // ---------------------------------------------------------------- dQ
@@ -1351,7 +1397,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     const uint64_t q_rows = uint64_t(std::max<int64_t>(H * p.Pq, bwd::kTile));
     const uint64_t k_rows = uint64_t(std::max<int64_t>(H * p.Pk, bwd::kTile));
     const uint64_t o_rows = uint64_t(std::max<int64_t>(H * Po, bwd::kTile));
-    CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_qt, tm_kt, tm_dot, tm_dq{};
+    CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_qt, tm_kt, tm_dot, tm_dq{}, tm_dk{}, tm_dv{};
     // The operands: the caller's exec operands, or the workspace the prepare passes wrote (whose Qᵀ',
     // Kᵀ' scales are per (sequence, channel), not per tile: BwdParams::qt_scale, kt_scale below).
     const BwdExecOperands in = p.exec ? *p.exec
@@ -1410,7 +1456,14 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       const int variant = bwd_variant();
       const bool persistent = (variant & 1) == 0 || p.exec != nullptr;  // (exec: the persistent kernel, below)
       auto kernel = persistent ? bwd::attention_bwd_dkdv_kernel<true> : bwd::attention_bwd_dkdv_kernel<false>;
-      size_t smem = bwd::kKvSmemBytes;
+      // dK, dV through the staging tiles (bf16 output, TMA's 16-byte alignment; the API asks 4).
+      bp.staged_dkdv = persistent && !fused && !mx && p.Tk > 0 && reinterpret_cast<uintptr_t>(p.dk) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(p.dv) % 16 == 0;
+      size_t smem = bp.staged_dkdv ? bwd::kKvSmemBytesStaged : bwd::kKvSmemBytes;
+      if (bp.staged_dkdv) {
+        MXFLASH_RETURN_IF_ERROR(make_bf16_rows_map(&tm_dk, p.dk, uint64_t(p.Tk), uint64_t(H)));
+        MXFLASH_RETURN_IF_ERROR(make_bf16_rows_map(&tm_dv, p.dv, uint64_t(p.Tk), uint64_t(H)));
+      }
 #if MXFLASH_FWD_EXPERIMENTS
       if ((variant & 2) != 0)
         kernel = persistent ? bwd::attention_bwd_dkdv_kernel<true, true> : bwd::attention_bwd_dkdv_kernel<false, true>;
@@ -1446,7 +1499,8 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
           "cudaFuncSetAttribute(attention_bwd_dkdv_kernel)"));
       int64_t grid = n_items;
       if (persistent) grid = std::min<int64_t>(n_items, sms);
-      kernel<<<unsigned(grid), bwd::kThreads, smem, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_kt, tm_dq, bp);
+      kernel<<<unsigned(grid), bwd::kThreads, smem, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_kt, tm_dq, tm_dk,
+                                                                tm_dv, bp);
       MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_bwd_dkdv_kernel launch"));
 #if MXFLASH_FWD_EXPERIMENTS
       if ((variant & 1024) != 0) {
