@@ -229,18 +229,19 @@ void run_case(const Case& c, uint64_t seed) {
       for (int i = 0; i < 3; ++i) EXPECT_TRUE(got[i] == first[i]) << "fast backward output " << i << " not deterministic";
     }
   }
-  {  // dK, dV 4 bytes past a 16-byte boundary (the API asks 4): the dK/dV kernel's staged epilogue
-     // (TMA stores) needs 16, so its direct stores run for every key: the same bytes.
-    DeviceBuffer s_dk(dk.size() * 2 + 16), s_dv(dv.size() * 2 + 16);
-    for (DeviceBuffer* b : {&s_dk, &s_dv}) b->fill(gputest::kDevicePoison);
-    auto shifted = [&](DeviceBuffer& b) {
-      return make_view(static_cast<uint8_t*>(b.get()) + 4, DType::kBFloat16, Device::kCUDA, {Tk, H, kHeadDim});
+  {  // dQ, dK, dV 4 bytes past a 16-byte boundary (the API asks 4): the staged epilogues (TMA stores)
+     // need 16, so the kernels' direct stores run for every row: the same bytes.
+    DeviceBuffer s_dq(dq.size() * 2 + 16), s_dk(dk.size() * 2 + 16), s_dv(dv.size() * 2 + 16);
+    for (DeviceBuffer* b : {&s_dq, &s_dk, &s_dv}) b->fill(gputest::kDevicePoison);
+    auto shifted = [&](DeviceBuffer& b, int64_t T) {
+      return make_view(static_cast<uint8_t*>(b.get()) + 4, DType::kBFloat16, Device::kCUDA, {T, H, kHeadDim});
     };
-    st = attention_backward(ops, dev_bf16(d_out, To), dev_bf16(d_dout, To), d_lse_view, qm, km, bo, dev_bf16(d_dq, Tq),
-                            shifted(s_dk), shifted(s_dv));
+    st = attention_backward(ops, dev_bf16(d_out, To), dev_bf16(d_dout, To), d_lse_view, qm, km, bo, shifted(s_dq, Tq),
+                            shifted(s_dk, Tk), shifted(s_dv, Tk));
     ASSERT_TRUE(st.ok()) << st.message();
     ASSERT_TRUE(gputest::device_ok());
-    for (const auto& [b, want, name] : {std::tuple{&s_dk, &first[1], "dK"}, std::tuple{&s_dv, &first[2], "dV"}}) {
+    for (const auto& [b, want, name] : {std::tuple{&s_dq, &first[0], "dQ"}, std::tuple{&s_dk, &first[1], "dK"},
+                                        std::tuple{&s_dv, &first[2], "dV"}}) {
       const std::vector<uint8_t> x = b->download();
       EXPECT_TRUE(std::equal(want->begin(), want->end(), x.begin() + 4))
           << name << " written 4 bytes past a 16-byte boundary differs";

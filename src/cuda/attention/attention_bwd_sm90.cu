@@ -236,6 +236,7 @@ struct BwdParams {
   float* dk_f32;  // non-null (output_mxfp8_dkv): dK, dV written in fp32 here instead, quantized after
   float* dv_f32;
   bool staged_dkdv;  // dK, dV (bf16, 16-byte aligned) through the persistent kernel's staging tiles
+  bool staged_dq;    // dQ (bf16, 16-byte aligned) staged by the persistent dQ kernel (consume_dq)
   float* dq_acc;  // kFusedDq: (Tq, H, 128) fp32, 256 dQ times the K channel scales, reduced into
 };
 
@@ -317,6 +318,22 @@ struct DkdvStageSmem {
 inline constexpr size_t kKvSmemBytesStaged = kKvSmemOffsetFused + sizeof(DkdvStageSmem) + 1024;
 static_assert(kKvSmemBytesStaged <= 227 * 1024, "dK/dV kernel with staging tiles: shared memory");
 inline constexpr int kBarStage0 = 3;
+
+// A warpgroup's 64 x 128 fp32 accumulator (the m64n128 layout, this thread's `quad`) as the bf16
+// pairs attn::stage_and_store takes, each value times factor(channel) / kPScale.
+template <typename Factor>
+__device__ __forceinline__ void pack_bf16_rows(const float (&acc)[64], int quad, Factor factor,
+                                               uint32_t (&packed)[2][16]) {
+#pragma unroll
+  for (int jn = 0; jn < 16; ++jn) {
+    const int col = 8 * jn + 2 * quad;
+    const float f0 = factor(col), f1 = factor(col + 1);
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      packed[r][jn] =
+          attn::bf16x2_bits(acc[4 * jn + 2 * r] * f0 * (1.f / kPScale), acc[4 * jn + 2 * r + 1] * f1 * (1.f / kPScale));
+  }
+}
 static_assert(kKvSmemBytesFused <= 227 * 1024, "fused dK/dV/dQ shared memory");
 
 __device__ __forceinline__ void sts_u8(uint32_t addr, uint32_t v) {
@@ -767,22 +784,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int barrier = kBarStage0 + cw, tok = p.cu_k[w.b] + first_key;
       uint32_t packed[2][16];
       attn::staging_acquire(issuer, barrier);
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int jn = 0; jn < 16; ++jn)
-          packed[r][jn] = attn::bf16x2_bits(dv[4 * jn + 2 * r] * (1.f / kPScale), dv[4 * jn + 2 * r + 1] * (1.f / kPScale));
+      pack_bf16_rows(dv, quad, [](int) { return 1.f; }, packed);
       attn::stage_and_store(&tm_dv, stg.t[cw], issuer, barrier, warp, lane, packed, w.h, tok);
       attn::staging_acquire(issuer, barrier);
-#pragma unroll
-      for (int jn = 0; jn < 16; ++jn) {
-        const int col = 8 * jn + 2 * quad;
-        const float q0 = dk_factor(col), q1 = dk_factor(col + 1);
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-          packed[r][jn] = attn::bf16x2_bits(dk[4 * jn + 2 * r] * q0 * (1.f / kPScale),
-                                            dk[4 * jn + 2 * r + 1] * q1 * (1.f / kPScale));
-      }
+      pack_bf16_rows(dk, quad, dk_factor, packed);
       attn::stage_and_store(&tm_dk, stg.t[cw], issuer, barrier, warp, lane, packed, w.h, tok);
       return;
     }
@@ -869,11 +874,16 @@ __device__ __forceinline__ void produce_dq_tiles(QStage (&st)[kQStages], uint64_
 // then written. Q and dO from q / dout, complete at phase q_phase of q_full; the rows' constants
 // from info (kPersistent: shared memory, row-indexed within the tile; else the workspace, global
 // rows from o_row); `it` K/V tiles consumed before (persistent CTAs, else 0).
+// kPersistent with p.staged_dq (tm_dq: make_bf16_rows_map of dq): where the warpgroup's 64 rows are
+// all in the sequence, they go out through the item buffer's Q and dO halves that only this
+// warpgroup read (its S and dP GEMMs are complete by then): one 64 x 64 box of bf16 in each (8 KB,
+// the 128-byte swizzle), then two TMA stores; the issuer waits for them to have read the boxes before
+// the warpgroup releases the buffer (q_empty) to the producer.
 template <bool kTileScales, bool kPersistent>
 __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&full_bar)[kQStages],
-                                           uint64_t (&empty)[kQStages], const uint8_t* q, const uint8_t* dout,
+                                           uint64_t (&empty)[kQStages], uint8_t* q, uint8_t* dout,
                                            uint64_t* q_full, uint32_t q_phase, const float4* info, const BwdParams& p,
-                                           const Item& w, int cw, int tid, int it) {
+                                           const Item& w, int cw, int tid, int it, const CUtensorMap* tm_dq = nullptr) {
   const int n_k = (w.Lk + kTile - 1) / kTile;
   const int64_t o_row = w.o_pad0 + int64_t(w.blk) * kTile;  // padded output row of the Q tile
   const int warp = tid / 32, lane = tid % 32, quad = lane % 4;
@@ -996,6 +1006,33 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
   // visible). The persistent kernel's last CTA waits after its last item.
   if (!kPersistent && blockIdx.x == gridDim.x - 1) asm volatile("griddepcontrol.wait;" ::: "memory");
   const float* kts = kTileScales ? nullptr : p.kt_scale + (int64_t(w.b) * p.heads + w.h) * kHeadDim;
+  // K's channel scale times softmax_scale (kTileScales: in the promotions already), 0 without keys.
+  auto dq_factor = [&](int col) {
+    return n_k > 0 ? (kTileScales ? p.softmax_scale : kts[col] * p.softmax_scale) : 0.f;
+  };
+  const int first_row = w.blk * kTile + cw * kHalf;  // the warpgroup's first row of the sequence
+  if (kPersistent && p.staged_dq && first_row + kHalf <= w.Lq) {
+    const bool issuer = warp == 0 && lane == 0;
+    const int barrier = kBarStage0 + cw;
+    // (pack_bf16_rows' loop written out: through the helper ptxas rescheduled this kernel's main
+    // loop, 33 more instructions and one more wgmma wait in it.)
+    uint32_t packed[2][16];
+#pragma unroll
+    for (int jn = 0; jn < 16; ++jn) {
+      const int col = 8 * jn + 2 * quad;
+      const float k0 = dq_factor(col), k1 = dq_factor(col + 1);
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        packed[r][jn] = attn::bf16x2_bits(dq[4 * jn + 2 * r] * k0 * (1.f / kPScale),
+                                          dq[4 * jn + 2 * r + 1] * k1 * (1.f / kPScale));
+    }
+    uint8_t* const box0 = q + cw * kHalf * kHeadDim;  // then dout + cw * kHalf * kHeadDim
+    sm90::fence_proxy_async_smem();  // (the boxes were written by TMA loads and read by wgmma)
+    attn::stage_and_store(tm_dq, box0, issuer, barrier, warp, lane, packed, w.h, int(p.cu_q[w.qb] + first_row),
+                          uint32_t(dout - q));
+    if (issuer) sm90::bulk_wait_read<0>();  // before the buffer is released
+    return;
+  }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int i = w.blk * kTile + row0 + 8 * r;
@@ -1003,8 +1040,7 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
 #pragma unroll
     for (int jn = 0; jn < 16; ++jn) {
       const int col = 8 * jn + 2 * quad;
-      const float k0 = n_k > 0 ? (kTileScales ? p.softmax_scale : kts[col] * p.softmax_scale) : 0.f,
-                  k1 = n_k > 0 ? (kTileScales ? p.softmax_scale : kts[col + 1] * p.softmax_scale) : 0.f;
+      const float k0 = dq_factor(col), k1 = dq_factor(col + 1);
       const float x0 = dq[4 * jn + 2 * r] * k0 * (1.f / kPScale), x1 = dq[4 * jn + 2 * r + 1] * k1 * (1.f / kPScale);
       if (p.broadcast_q) {
         const int64_t at = ((int64_t(w.b) * w.Lq + i) * p.heads + w.h) * kHeadDim + col;
@@ -1069,7 +1105,8 @@ template <bool kTileScales>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_bwd_dq_kernel_p(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-                              const __grid_constant__ CUtensorMap tm_kt, const BwdParams p, unsigned* next_item) {
+                              const __grid_constant__ CUtensorMap tm_kt, const BwdParams p, unsigned* next_item,
+                              const __grid_constant__ CUtensorMap tm_dq) {
   extern __shared__ uint8_t smem_raw[];
   QSmemP& s = attn::aligned_shared<QSmemP>(smem_raw);
   const int wg = attn::warpgroup_index(), tid = threadIdx.x % kWarpgroupThreads;
@@ -1135,13 +1172,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     const Item w = attn::warp_uniform(s.item[qb]);
     if (w.h < 0) break;
     consume_dq<kTileScales, true>(s.st, s.full, s.empty, s.q[qb], s.dout[qb], &s.q_full[qb], phase, s.info[qb], p, w,
-                                  cw, tid, it);
+                                  cw, tid, it, &tm_dq);
     it += (w.Lk + kTile - 1) / kTile;
     sm90::mbar_arrive(&s.q_empty[qb]);
   }
   // Launched as the dK/dV kernel's programmatic dependent: the last CTA waits for that kernel to
   // complete (see consume_dq's epilogue).
   if (blockIdx.x == gridDim.x - 1) asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (p.staged_dq && tid == 0) sm90::bulk_wait<0>();  // the last stores done before the shared memory goes
 }
 
 // dQ in bf16 = scale x the sum over `batch` fp32 parts of n values each: broadcast_q's batch sum of
@@ -1193,7 +1231,8 @@ int bwd_variant() {
 #endif
 }
 
-// Experiment builds, MXFLASH_BWD_VARIANT bit 3: dQ in the dK/dV kernel (kFusedDq; not yet run).
+// Experiment builds, MXFLASH_BWD_VARIANT bit 3: dQ in the dK/dV kernel (kFusedDq; measured slower than
+// the two kernels, docs/backward.md).
 bool fused_dq_variant() { return (bwd_variant() & 8) != 0; }
 
 // How many CTAs of the persistent dQ kernel (attention_bwd_dq_kernel_p) run the dQ items: one per
@@ -1201,10 +1240,13 @@ bool fused_dq_variant() { return (bwd_variant() & 8) != 0; }
 // sequence (`lk`: the K/V lengths) has at most kDqPersistentMaxTiles tiles. H200, 2026-11-30, the
 // whole backward on operands, TFLOP/s against a CTA per item (one round, same call): 128-token
 // self-attention (B=512, H=16) 142 against 128, 256 tokens 239 against 218, 512 333 against 316,
-// llm (2048) 484 against 485, llm-long (8192) 555 against 566.
+// llm (2048) 484 against 485, llm-long (8192) 555 against 566. Since dQ is staged for TMA stores
+// (consume_dq; same run, the previous commit's binary as base): B=512 L=128 190 against 172, 256
+// tokens 300 against 270, 512 394 against 363, 1024 471 against 447, and llm persistent 509 against
+// 496 for a CTA per item: persistent up to 16 tiles since.
 // MXFLASH_BWD_DQ_PERSISTENT forces it, read at every call: 0 = off, 1 = one CTA per SM, n >= 2 =
 // at most n CTAs (tests: each CTA then walks many items).
-constexpr int kDqPersistentMaxTiles = 8;
+constexpr int kDqPersistentMaxTiles = 16;
 int dq_persistent_ctas(int sms, const std::vector<int>& lk) {
   if (const char* e = std::getenv("MXFLASH_BWD_DQ_PERSISTENT")) {
     const int n = std::atoi(e);
@@ -1411,7 +1453,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_qt, in.qt, uint64_t(std::max<int64_t>(p.Pq, bwd::kTile)), H * kHeadDim));
     MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_kt, in.kt, uint64_t(std::max<int64_t>(p.Pk, bwd::kTile)), H * kHeadDim));
     MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_dot, ws + w.dot, uint64_t(std::max<int64_t>(Po, bwd::kTile)), H * kHeadDim));
-    bwd::BwdParams bp;
+    bwd::BwdParams bp{};
     bp.cu_q = p.cu_q;
     bp.cu_q_sf = p.cu_q_sf;
     bp.cu_k = p.cu_k;
@@ -1524,13 +1566,17 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       const bool programmatic = (bwd_variant() & 131072) == 0;
       if (const int ctas = dq_persistent_ctas(sms, plan.lk)) {
         bp.num_items = int(n_q);
+        // dQ (bf16, 16-byte aligned: TMA) staged in the item buffers (consume_dq).
+        bp.staged_dq = !p.broadcast_q && p.Tq > 0 && reinterpret_cast<uintptr_t>(p.dq) % 16 == 0;
+        CUtensorMap tm_dq_out{};
+        if (bp.staged_dq) MXFLASH_RETURN_IF_ERROR(make_bf16_rows_map(&tm_dq_out, p.dq, uint64_t(p.Tq), uint64_t(H)));
         auto kernel = p.exec ? bwd::attention_bwd_dq_kernel_p<true> : bwd::attention_bwd_dq_kernel_p<false>;
         MXFLASH_RETURN_IF_ERROR(cuda_error(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kQSmemBytesP)),
             "cudaFuncSetAttribute(attention_bwd_dq_kernel_p)"));
         MXFLASH_RETURN_IF_ERROR(cuda_error(
             launch_programmatic(programmatic, kernel, dim3(unsigned(std::min<int64_t>(n_q, ctas))), dim3(bwd::kThreads),
-                                bwd::kQSmemBytesP, stream, tm_q, tm_k, tm_v, tm_do, tm_kt, bp, next_item),
+                                bwd::kQSmemBytesP, stream, tm_q, tm_k, tm_v, tm_do, tm_kt, bp, next_item, tm_dq_out),
             "attention_bwd_dq_kernel_p launch"));
       } else {
         auto kernel = p.exec ? bwd::attention_bwd_dq_kernel<true> : bwd::attention_bwd_dq_kernel<false>;

@@ -113,22 +113,24 @@ __device__ __forceinline__ void staging_acquire(bool issuer, int barrier) {
 // layout), written with 8 stmatrix.x4 (stmatrix j of four: row half j % 2, 8-channel group jn + j / 2;
 // this lane's address: row lane % 8 of matrix lane / 8); then a proxy fence, the barrier, and the
 // issuer's two stores to rows tok.. of head h, committed as one bulk group. The caller waits for
-// them (bulk_wait<0>) before the CTA's shared memory goes.
+// them (bulk_wait<0>) before the CTA's shared memory goes. `box_stride`: bytes from the first box
+// to the second (by default they are adjacent; each box 1024-byte aligned).
 __device__ __forceinline__ void stage_and_store(const CUtensorMap* map, uint8_t* stage, bool issuer, int barrier,
-                                                int warp, int lane, const uint32_t (&packed)[2][16], int h, int tok) {
+                                                int warp, int lane, const uint32_t (&packed)[2][16], int h, int tok,
+                                                uint32_t box_stride = kStagedRows * 128) {
   const uint32_t base = sm90::smem_u32(stage);
   const int mi = lane / 8, i = lane % 8, rr = warp * 16 + 8 * (mi % 2) + i;
 #pragma unroll
   for (int jn = 0; jn < 16; jn += 2) {
     const int g = jn + mi / 2;  // this lane's matrix's 8-channel group
-    const uint32_t at = base + (g / 8) * (kStagedRows * 128) + rr * 128 + ((uint32_t(g % 8) ^ uint32_t(i)) << 4);
+    const uint32_t at = base + (g / 8) * box_stride + rr * 128 + ((uint32_t(g % 8) ^ uint32_t(i)) << 4);
     sm90::stmatrix_x4(at, packed[0][jn], packed[1][jn], packed[0][jn + 1], packed[1][jn + 1]);
   }
   sm90::fence_proxy_async_smem();
   sm90::named_barrier_sync(barrier, 128);
   if (issuer) {
 #pragma unroll
-    for (int box = 0; box < 2; ++box) sm90::tma_store_3d(map, stage + box * (kStagedRows * 128), box * 64, h, tok);
+    for (int box = 0; box < 2; ++box) sm90::tma_store_3d(map, stage + box * box_stride, box * 64, h, tok);
     sm90::bulk_commit();
   }
 }
