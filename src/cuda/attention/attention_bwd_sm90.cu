@@ -671,11 +671,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The wgmmas of dV += Pᵀ dO or dK += dSᵀ Q over the half's 64 queries (into t, fresh when
       // `first`), uncommitted.
       auto grad_steps = [&](float (&t)[64], uint64_t db, const uint32_t (&frag)[8], int hh, bool first) {
-#pragma unroll
-        for (int kk = 0; kk < kHalf / 32; ++kk) {
-          const uint32_t a[4] = {frag[4 * kk], frag[4 * kk + 1], frag[4 * kk + 2], frag[4 * kk + 3]};
-          sm90::wgmma_m64n128k32_rs(t, a, db + 2 * (2 * hh + kk), first && kk == 0 ? 0 : 1);
-        }
+        sm90::wgmma_rs_steps<kHalf / 32>(t, frag, db, first, 2 * hh);
       };
       // One half's gradient into fresh accumulators t.
       auto issue_grad = [&](float (&t)[64], const uint8_t* bt, const uint32_t (&frag)[8], int hh) {
@@ -969,11 +965,7 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
         for (int cc = 0; cc < 4; ++cc) attn::pack_chunk(sb + 16 * cc, cc, da);
         const uint64_t desc_kt = sm90::make_desc_k128b(st[stage].kt);
         sm90::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kTile / 32; ++kk) {
-          const uint32_t av[4] = {da[4 * kk], da[4 * kk + 1], da[4 * kk + 2], da[4 * kk + 3]};
-          sm90::wgmma_m64n128k32_rs(sa, av, desc_kt + 2 * kk, kk);
-        }
+        sm90::wgmma_rs_steps<kTile / 32>(sa, da, desc_kt, true);
         sm90::wgmma_commit();
         if (j + 1 < n_k) {
           full(j + 1);

@@ -162,11 +162,7 @@ __device__ __forceinline__ void issue_s(float (&sc)[64], uint64_t desc_q, uint64
 // O_tile(64x128) = P(64x128 keys, registers) . V'(tile), fresh accumulators (promoted by the caller).
 __device__ __forceinline__ void issue_pv(float (&ot)[64], const uint32_t (&pa)[16], uint64_t desc_v) {
   sm90::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < kTile / 32; ++kk) {
-    const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
-    sm90::wgmma_m64n128k32_rs(ot, a, desc_v + 2 * kk, kk);
-  }
+  sm90::wgmma_rs_steps<kTile / 32>(ot, pa, desc_v, true);
   sm90::wgmma_commit();
 }
 
@@ -1001,17 +997,9 @@ __device__ __forceinline__ void consume_item3(Storage& s, const uint8_t* q_tile,
     // second runs.
     float ot_lo[32], ot_hi[32];  // channels 0..63 and 64..127 (O's accumulators 0..31, 32..63)
     sm90::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kTile / 32; ++kk) {
-      const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
-      sm90::wgmma_m64n64k32_rs(ot_lo, a, desc_v + 2 * kk, kk);
-    }
+    sm90::wgmma_rs_steps<kTile / 32>(ot_lo, pa, desc_v, true);
     sm90::wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < kTile / 32; ++kk) {
-      const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
-      sm90::wgmma_m64n64k32_rs(ot_hi, a, desc_v + kHalfDesc + 2 * kk, kk);
-    }
+    sm90::wgmma_rs_steps<kTile / 32>(ot_hi, pa, desc_v + kHalfDesc, true);
     sm90::wgmma_commit();
     stamp(j, 4);
     const VTilePromotion pr = kVTile ? promote_vtile_prepare(alpha, vs, vunit) : plain_promotion(alpha);

@@ -229,4 +229,24 @@ __device__ __forceinline__ void wgmma_m64n128k32_rs(float (&d)[64], const uint32
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 }
 
+// kSteps register-A wgmmas along K: step kk multiplies A = frag[4 kk .. 4 kk + 3] (one 32-wide k
+// slice's fragment, as wgmma_m64n128k32_rs describes) by B at desc_b + 2 (k0 + kk) (32-byte k steps
+// of a K-major 128B-swizzled operand), into d: m64n128 for 64 accumulators, m64n64 for 32. `fresh`:
+// the first step overwrites d instead of adding to it. Uncommitted; the caller fences and commits.
+template <int kSteps, int kAcc, int kFrag>
+__device__ __forceinline__ void wgmma_rs_steps(float (&d)[kAcc], const uint32_t (&frag)[kFrag], uint64_t desc_b,
+                                               bool fresh, int k0 = 0) {
+  static_assert(kFrag >= 4 * kSteps, "a 4-register fragment per k step");
+  static_assert(kAcc == 32 || kAcc == 64, "m64n64 or m64n128 accumulators");
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    const uint32_t a[4] = {frag[4 * kk], frag[4 * kk + 1], frag[4 * kk + 2], frag[4 * kk + 3]};
+    const int scale_d = fresh && kk == 0 ? 0 : 1;
+    if constexpr (kAcc == 64)
+      wgmma_m64n128k32_rs(d, a, desc_b + 2 * (k0 + kk), scale_d);
+    else
+      wgmma_m64n64k32_rs(d, a, desc_b + 2 * (k0 + kk), scale_d);
+  }
+}
+
 }  // namespace mxflash::sm90
