@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -181,21 +180,15 @@ void run_case(const Case& c, uint64_t seed) {
       EXPECT_GT(sqnr_of("dV", dv, bits_of(got[2])), kFastMinDb);
       for (int i = 0; i < 3; ++i) first[i] = got[i];
     } else {
-      // dK, dV always; dQ unless an experiments build runs the fused dQ (MXFLASH_BWD_VARIANT bit 3:
-      // fp32 reductions in whatever order the CTAs reach them).
-      const char* v = std::getenv("MXFLASH_BWD_VARIANT");
-      const bool dq_atomic = v != nullptr && (std::atoi(v) & 8) != 0;
-      for (int i = dq_atomic ? 1 : 0; i < 3; ++i)
+      for (int i = 0; i < 3; ++i)
         EXPECT_TRUE(got[i] == first[i]) << "fast backward output " << i << " not deterministic";
       auto rerun = [&] {
         return attention_backward(dq_op.view, dqs_op.view, dk_op.view, dks_op.view, dv_op.view, dev_view(d_out, To),
                                   dev_view(d_dout, To), make_view(d_lse.get(), DType::kFloat32, Device::kCUDA, {H, To}),
                                   qm, km, bo, dev_view(d_dq, Tq), dev_view(d_dk, Tk), dev_view(d_dv, Tk));
       };
-      if (!dq_atomic) {
-        gputest::expect_same_bytes_in_every_work_order({&d_dq, &d_dk, &d_dv}, rerun);
-        gputest::expect_same_bytes_with_either_dq_kernel({&d_dq, &d_dk, &d_dv}, rerun);
-      }
+      gputest::expect_same_bytes_in_every_work_order({&d_dq, &d_dk, &d_dv}, rerun);
+      gputest::expect_same_bytes_with_either_dq_kernel({&d_dq, &d_dk, &d_dv}, rerun);
     }
   }
   if (!c.mxfp8_dkv) return;

@@ -237,7 +237,6 @@ struct BwdParams {
   float* dv_f32;
   bool staged_dkdv;  // dK, dV (bf16, 16-byte aligned) through the persistent kernel's staging tiles
   bool staged_dq;    // dQ (bf16, 16-byte aligned) staged by the persistent dQ kernel (consume_dq)
-  float* dq_acc;  // kFusedDq: (Tq, H, 128) fp32, 256 dQ times the K channel scales, reduced into
 };
 
 struct Item {
@@ -295,27 +294,15 @@ struct KvSmem {
 };
 inline constexpr size_t kKvSmemBytes = sizeof(KvSmem) + 1024;
 
-// kFusedDq: what the dK/dV kernel adds to compute dQ too (placed after KvSmem).
-struct FusedDqSmem {
-  alignas(1024) uint8_t kt[kTileBytes];  // Kᵀ' of the item's 128 keys (128 channels x 128 keys)
-  alignas(1024) uint8_t ds[kHalf * kTile];  // dS of one query half, 64 queries x 128 keys, 128B-swizzled rows
-  alignas(16) float kts[kHeadDim];        // the item's K channel scales (K along tokens)
-  alignas(16) float bmax[2][kConsumers * 4];  // |dS| maxima of the 8 consumer warps, per half parity
-  // kBulkDq: each consumer warp's dQ of one half (16 queries x 64 channels) in two boxes of 16 x 32
-  // fp32 (128-byte swizzled rows), reduced into dq_acc by the tensor memory accelerator.
-  alignas(1024) float dqs[kConsumers][4][2][16 * 32];
-};
-inline constexpr size_t kKvSmemOffsetFused = (sizeof(KvSmem) + 1023) / 1024 * 1024;
-inline constexpr size_t kKvSmemBytesFused = kKvSmemOffsetFused + sizeof(FusedDqSmem) + 1024;
-inline constexpr int kBarDsMax = 1, kBarDsReady = 2;  // named barriers of the two consumer warpgroups
+inline constexpr size_t kKvSmemOffsetStage = (sizeof(KvSmem) + 1023) / 1024 * 1024;
 
-// The staged epilogue of the persistent dK/dV kernel (not the fused form, whose FusedDqSmem takes the
-// same place after KvSmem): one staging tile per consumer warpgroup (64 keys x 128 channels of bf16),
-// dV then dK through it (attn::stage_and_store); named barriers kBarStage0 + the warpgroup.
+// The staged epilogue of the persistent dK/dV kernel (placed after KvSmem): one staging tile per
+// consumer warpgroup (64 keys x 128 channels of bf16), dV then dK through it
+// (attn::stage_and_store); named barriers kBarStage0 + the warpgroup.
 struct DkdvStageSmem {
   alignas(1024) uint8_t t[kConsumers][attn::kStageBytes];
 };
-inline constexpr size_t kKvSmemBytesStaged = kKvSmemOffsetFused + sizeof(DkdvStageSmem) + 1024;
+inline constexpr size_t kKvSmemBytesStaged = kKvSmemOffsetStage + sizeof(DkdvStageSmem) + 1024;
 static_assert(kKvSmemBytesStaged <= 227 * 1024, "dK/dV kernel with staging tiles: shared memory");
 inline constexpr int kBarStage0 = 3;
 
@@ -334,25 +321,6 @@ __device__ __forceinline__ void pack_bf16_rows(const float (&acc)[64], int quad,
           attn::bf16x2_bits(acc[4 * jn + 2 * r] * f0 * (1.f / kPScale), acc[4 * jn + 2 * r + 1] * f1 * (1.f / kPScale));
   }
 }
-static_assert(kKvSmemBytesFused <= 227 * 1024, "fused dK/dV/dQ shared memory");
-
-__device__ __forceinline__ void sts_u8(uint32_t addr, uint32_t v) {
-  asm volatile("st.shared.u8 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-}
-// A consumer thread's place, from %tid.x read afresh: addresses derived from it are computed where
-// they are used instead of being hoisted out of the loop by the compiler and held in registers
-// across it (ptxas: the fused form's spills went from 204 to 72 bytes, and from 52 to 0 with bit 4).
-struct ConsumerLane {
-  int lane, quad, warp, cw;  // lane, lane % 4, warp of the warpgroup, consumer warpgroup
-};
-__device__ __forceinline__ ConsumerLane consumer_lane() {
-  uint32_t t;
-  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
-  return {int(t % 32), int(t % 4), int(t / 32) % 4, int(t / kWarpgroupThreads) - 1};
-}
-__device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
-}
 
 // kPersistent (the default; MXFLASH_BWD_VARIANT bit 0 of experiment builds runs the other form):
 // one CTA per SM walks the work list with a stride of gridDim.x; the Q-tile stages run on across
@@ -365,48 +333,29 @@ __device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
 // half, as dK, instead of once per Q tile (the default: both halves' Pᵀ go into one fresh
 // accumulator after the second half's dK, one promotion with the tile's dO channel scales, which
 // the two halves share).
-//
-// kFusedDq (experiment, MXFLASH_BWD_VARIANT bit 3; persistent only; NOT YET RUN ON A GPU): dQ is
-// computed here too and the dQ kernel does not run (5 GEMMs instead of 7). Per 64-query half, after
-// the math: the largest |dS| of the CTA's 128 keys x 64 queries (named barrier kBarDsMax over both
-// consumer warpgroups) gives one power-of-two scale B; dS / B goes as e4m3 into the shared tile
-// `ds` transposed (queries as rows, keys along the 128-byte swizzled row: the K-major A operand);
-// after kBarDsReady each warpgroup computes its 64 channels of dQ = dS Kᵀ' (4 m64n64k32 SS), times
-// B and the K channel scales, reduced into p.dq_acc with red.global.add.v2.f32 (not deterministic:
-// the order of the additions varies). Keys past the sequence's end get dS = 0 first. The
-// workspace's dQ accumulator is zeroed before and turned into bf16 after (sum_dq_kernel).
-// kDiag (diagnostics of the fused form, experiment builds; dQ is wrong under them): bit 0 no
-// reduction into dq_acc, bit 1 no dQ GEMM either, bit 2 no dS tile (no named barriers) either;
-// with kBulkDq: bit 3 no wait for the previous reductions to have read the staging boxes (racy),
-// bit 4 no stores into the boxes, bit 5 no reductions issued, bit 6 no proxy fence after the
-// stores (racy), bit 7 the raw accumulator stored (no scale loads, multiplies or selects).
-// kBulkDq (experiment, with kFusedDq; MXFLASH_BWD_VARIANT bit 8): dQ reduced into dq_acc from
-// shared memory by bulk tensor reductions (cp.reduce.async.bulk.tensor, one per warp and 16 x 32
-// box) instead of red.global.add.v2.f32 from registers.
+// kTrace (experiments builds, MXFLASH_BWD_VARIANT bit 10): the consumers' clock trace (trace.cuh).
+// The fused 5-GEMM form (dQ from dS in this kernel, reduced in fp32 into a workspace: MXFLASH_BWD_VARIANT
+// bits 3-8 and its diagnostics) measured slower than the two kernels and was removed on 2026-11-30
+// (docs/backward.md; commit f68e8a5 has the code).
 // kTileScales: operands in the execution layout (BwdParams::qt_tile_scale): Qᵀ' scales per Q tile in
 // dK's promotions instead of per channel in the epilogue. (A template flag: testing the pointers in
 // the kernels instead measured 1-5% slower on the MX-tensor path.)
-template <bool kPersistent, bool kDvPerHalf = false, bool kFusedDq = false, int kDiag = 0, bool kBulkDq = false,
-          bool kTileScales = false>
+template <bool kPersistent, bool kDvPerHalf = false, bool kTrace = false, bool kTileScales = false>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_bwd_dkdv_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                               const __grid_constant__ CUtensorMap tm_qt, const __grid_constant__ CUtensorMap tm_dot,
-                              const __grid_constant__ CUtensorMap tm_kt, const __grid_constant__ CUtensorMap tm_dq,
                               const __grid_constant__ CUtensorMap tm_dk, const __grid_constant__ CUtensorMap tm_dv,
                               const BwdParams p) {
-  static_assert(!kBulkDq || kFusedDq, "the bulk reduction is of the fused form's dQ");
-  static_assert(!kFusedDq || kPersistent, "the fused form is built on the persistent schedule");
   // The dQ kernel, launched next with programmatic stream serialization, reads nothing this kernel
   // writes: its CTAs may take the SMs this kernel's CTAs leave in its last round.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   extern __shared__ uint8_t smem_raw[];
   KvSmem& s = attn::aligned_shared<KvSmem>(smem_raw);
   uint8_t* const smem_base = reinterpret_cast<uint8_t*>(&s);
-  FusedDqSmem& f = *reinterpret_cast<FusedDqSmem*>(smem_base + kKvSmemOffsetFused);  // kFusedDq only
-  // The staged epilogue: persistent, not fused, and p.staged_dkdv (launched with kKvSmemBytesStaged).
-  constexpr bool kStageable = kPersistent && !kFusedDq;
-  DkdvStageSmem& stg = *reinterpret_cast<DkdvStageSmem*>(smem_base + kKvSmemOffsetFused);
+  // The staged epilogue: persistent and p.staged_dkdv (launched with kKvSmemBytesStaged).
+  constexpr bool kStageable = kPersistent;
+  DkdvStageSmem& stg = *reinterpret_cast<DkdvStageSmem*>(smem_base + kKvSmemOffsetStage);
   const int wg = attn::warpgroup_index(), tid = threadIdx.x % kWarpgroupThreads;
   attn::init_pipeline(&s.kv_full, s.full, s.empty, kConsumers);
   if (kPersistent) {
@@ -417,10 +366,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
   }
 
-  // kBulkDq: the Q tile of step j, rotated by the key block so that the CTAs of one sequence and
-  // head reduce into different dQ rows at a time (the same rows at once contend at L2).
-  auto q_tile_at = [](const Item& w, int j, int n_q) { return kBulkDq ? (j + w.blk) % n_q : j; };
-
   if (wg == 0) {  // ---------------------------------------------------------------- producer
     sm90::setmaxnreg_dec<kProducerRegs>();
     if (tid != 0) return;
@@ -428,22 +373,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto produce = [&](const Item& w, int n_q, int it, int kv_i) {
       const int64_t k_row = int64_t(w.h) * p.Pk + p.cu_k_sf[w.b] + int64_t(w.blk) * kTile;
       if (kPersistent) sm90::mbar_wait(&s.kv_empty, (kv_i & 1) ^ 1);
-      sm90::mbar_arrive_expect_tx(&s.kv_full, kFusedDq ? 3 * kTileBytes + kHeadDim * sizeof(float) : 2 * kTileBytes);
+      sm90::mbar_arrive_expect_tx(&s.kv_full, 2 * kTileBytes);
       sm90::tma_load_2d(s.k, &tm_k, &s.kv_full, 0, int(k_row));
       sm90::tma_load_2d(s.v, &tm_v, &s.kv_full, 0, int(k_row));
-      if constexpr (kFusedDq) {
-        sm90::tma_load_2d(f.kt, &tm_kt, &s.kv_full, int(p.cu_k_sf[w.b] + int64_t(w.blk) * kTile), w.h * kHeadDim);
-        sm90::bulk_load(f.kts, p.kt_scale + (int64_t(w.b) * p.heads + w.h) * kHeadDim, kHeadDim * sizeof(float),
-                        &s.kv_full);
-      }
       const int64_t q_pad0 = p.cu_q_sf[w.qb];
       for (int j = 0; j < n_q; ++j) {
         const int stage = (it + j) % kKvStages;
         KvStage& st = s.st[stage];
         sm90::mbar_wait(&s.empty[stage], (((it + j) / kKvStages) & 1) ^ 1);
         sm90::mbar_arrive_expect_tx(&s.full[stage], kKvStageTx);
-        const int jq = q_tile_at(w, j, n_q);
-        const int64_t qr = q_pad0 + int64_t(jq) * kTile, orow = w.o_pad0 + int64_t(jq) * kTile;
+        const int64_t qr = q_pad0 + int64_t(j) * kTile, orow = w.o_pad0 + int64_t(j) * kTile;
         sm90::tma_load_2d(st.q, &tm_q, &s.full[stage], 0, int(w.h * p.Pq + qr));
         sm90::tma_load_2d(st.dout, &tm_do, &s.full[stage], 0, int(w.h * p.Po + orow));
         sm90::tma_load_2d(st.qt, &tm_qt, &s.full[stage], int(qr), w.h * kHeadDim);
@@ -476,18 +415,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int cw = wg - 1, warp = tid / 32, lane = tid % 32, quad = lane % 4;
   // One item: dK, dV of its 128 keys over the Q tiles, then the epilogue.
   auto consume = [&](const Item& w, int n_q, int it, int kv_i) {
-    // kDiag bit 8 (256; experiments builds, MXFLASH_BWD_VARIANT 1024, without the fused form): the
+    // kTrace (experiments builds, MXFLASH_BWD_VARIANT 1024): the
     // SM clock of the first warp of each consumer warpgroup at seven points of each 64-query half of
     // the first item of CTAs 0, 40, 80, 120 (trace.cuh): slot 2 j + hh, events 0 before S and dP, 1
     // S, dP done, 2 P and dS computed, 3 dK GEMM done, 4 dK promoted, 5 dV GEMM done, 6 dV promoted
     // (5, 6 on the second half only).
-    const int trace_row = (kDiag & 256) != 0 && !kFusedDq && kv_i == 0 && warp == 0 && lane == 0
+    const int trace_row = kTrace && kv_i == 0 && warp == 0 && lane == 0
                               ? attn::trace_cta_slot(blockIdx.x, 0, 40, 80, 120)
                               : -1;
     auto stamp = [&](int slot, int event) {
-      if constexpr ((kDiag & 256) != 0) attn::trace_stamp(trace_row, cw, slot, event);
+      if constexpr (kTrace) attn::trace_stamp(trace_row, cw, slot, event);
     };
-    // kDiag bit 9 (math turns: the two consumer warpgroups alternating their P / dS math per half,
+    // MXFLASH_BWD_VARIANT bit 11 (math turns: the two consumer warpgroups alternating their P / dS math per half,
     // pinned by data, MXFLASH_BWD_VARIANT 2048): measured +-1% on 2026-11-29 night, removed
     // (docs/backward.md; commit ed1004c has the code).
     float dv[64], dk[64];
@@ -513,116 +452,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n64k32_ss(dp, desc_v + 2 * kk, desc_do + 2 * kk, kk);
         sm90::wgmma_commit();
-      };
-      // kFusedDq: the half's dS scale for dQ, from the 8 warps' maxima (computed where needed rather
-      // than held across the GEMMs: registers are what the fused form is short of).
-      auto ds_scale_byte = [&](int hh) {
-        const float4 m0 = sm90::ld_shared_f32x4(&f.bmax[hh][0]), m1 = sm90::ld_shared_f32x4(&f.bmax[hh][4]);
-        return scale_byte(fmaxf(fmaxf(fmaxf(m0.x, m0.y), fmaxf(m0.z, m0.w)), fmaxf(fmaxf(m1.x, m1.y), fmaxf(m1.z, m1.w))));
-      };
-      // kFusedDq: dSᵀ (256 dS, fp32) of the half into the shared dS tile, as e4m3 over one
-      // power-of-two scale of the CTA's 128 keys x 64 queries, transposed: row = query q, byte =
-      // the key's position in Kᵀ' (whose 32-token groups are in permuted_token order: key t of a
-      // group sits at 16 (t / 16) + 4 ((t % 8) / 2) + 2 ((t % 16) / 8) + t % 2), 16-byte chunks
-      // swizzled by q mod 8 (the 128B swizzle of a K-major wgmma operand). Keys past the sequence's
-      // end get dS = 0 (amax too). Ends with the tile complete for both warpgroups.
-      auto fused_ds = [&](float (&dp)[32], float (&amax)[2], int hh) {
-        const ConsumerLane me = consumer_lane();
-        if ((w.blk + 1) * kTile > w.Lk) {  // the item holds keys past the sequence's end
-          const int key0 = w.blk * kTile + me.cw * kHalf + me.warp * 16 + me.lane / 4;  // this thread's keys: key0, key0 + 8
-#pragma unroll
-          for (int i = 0; i < 32; ++i) dp[i] = key0 + 8 * ((i % 4) / 2) < w.Lk ? dp[i] : 0.f;
-#pragma unroll
-          for (int r = 0; r < 2; ++r) amax[r] = key0 + 8 * r < w.Lk ? amax[r] : 0.f;
-        }
-        float m = fmaxf(amax[0], amax[1]);
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-        if (me.lane == 0)
-          asm volatile("st.shared.f32 [%0], %1;" ::"r"(sm90::smem_u32(&f.bmax[hh][me.cw * 4 + me.warp])), "f"(m) : "memory");
-        sm90::named_barrier_sync(kBarDsMax, kConsumers * kWarpgroupThreads);
-        const float inv = inv_scale_of(ds_scale_byte(hh));
-        const uint32_t base = sm90::smem_u32(f.ds) + 4 * (me.lane >> 3) + ((me.lane >> 2) & 1);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          uint32_t at[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int q7 = 2 * me.quad + e;  // query mod 8 (the query is 8 jn + q7)
-            at[e] = base + q7 * 128 + ((uint32_t(4 * me.cw + me.warp) ^ uint32_t(q7)) << 4) + 2 * r;
-          }
-#pragma unroll
-          for (int jn = 0; jn < 8; ++jn) {
-            const uint32_t pair = e4m3x2_satfinite(dp[4 * jn + 2 * r] * inv, dp[4 * jn + 2 * r + 1] * inv);
-            sts_u8(at[0] + 1024 * jn, pair & 0xFFu);
-            sts_u8(at[1] + 1024 * jn, pair >> 8);
-          }
-        }
-        sm90::fence_proxy_async_smem();  // st.shared before wgmma reads
-        sm90::named_barrier_sync(kBarDsReady, kConsumers * kWarpgroupThreads);
-      };
-      // kFusedDq: dQ of the half's 64 queries, this warpgroup's 64 channels: dS Kᵀ' (SS), times the
-      // dS scale and the K channel scales, reduced into p.dq_acc.
-      auto fused_dq = [&](float (&g)[32], int j, int hh) {
-        const ConsumerLane me = consumer_lane();
-        const uint64_t desc_ds = sm90::make_desc_k128b(f.ds);
-        const uint64_t desc_kt = sm90::make_desc_k128b(f.kt + me.cw * kHalf * kTile);
-        sm90::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kTile / 32; ++kk) sm90::wgmma_m64n64k32_ss(g, desc_ds + 2 * kk, desc_kt + 2 * kk, kk);
-        sm90::wgmma_commit();
-        // The other warpgroup may be writing the next half's maxima by now: they go to bmax[hh ^ 1],
-        // and it cannot reach the half after (kBarDsMax) before this warpgroup is done here.
-        const float scale_b = scale_of(ds_scale_byte(hh));
-        sm90::wgmma_wait<0>();
-        attn::fence_all(g);
-        if constexpr (kBulkDq) {
-          // This warp's 16 queries x 64 channels into its two boxes (zero past the sequence's end:
-          // those rows are the next sequence's, and adding +0 leaves them unchanged), then lane 0
-          // reduces them into dq_acc. The boxes are free again once the previous half's reductions
-          // have read them.
-          if ((kDiag & 8) == 0 && me.lane == 0) sm90::bulk_wait_read<0>();
-          __syncwarp();
-          const uint32_t box0 = sm90::smem_u32(&f.dqs[me.cw][me.warp][0][0]);
-          const int q0 = j * kTile + hh * kHalf + me.warp * 16;  // the warp's first query
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int lr = me.lane / 4 + 8 * r;
-            const bool valid = q0 + lr < w.Lq;
-#pragma unroll
-            for (int jn = 0; jn < 8; ++jn) {
-              const int col = 8 * jn + 2 * me.quad, chunk = 2 * (jn % 4) + me.quad / 2;
-              const float2 k2 = sm90::ld_shared_f32x2(&f.kts[me.cw * kHalf + col]);
-              const float a = (kDiag & 128) ? g[4 * jn + 2 * r] : valid ? g[4 * jn + 2 * r] * (scale_b * k2.x) : 0.f;
-              const float c = (kDiag & 128) ? g[4 * jn + 2 * r + 1] : valid ? g[4 * jn + 2 * r + 1] * (scale_b * k2.y) : 0.f;
-              const uint32_t at = box0 + (jn / 4) * 2048 + lr * 128 + ((chunk ^ (lr % 8)) << 4) + 8 * (me.quad % 2);
-              if constexpr ((kDiag & 16) == 0)
-                asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(at), "f"(a), "f"(c) : "memory");
-            }
-          }
-          if constexpr ((kDiag & 64) == 0) sm90::fence_proxy_async_smem();
-          __syncwarp();
-          if ((kDiag & 32) == 0 && me.lane == 0 && q0 < w.Lq) {
-            const int tok0 = int(p.cu_q[w.qb]) + q0;
-#pragma unroll
-            for (int bx = 0; bx < 2; ++bx)
-              sm90::tma_reduce_add_3d(&tm_dq, &f.dqs[me.cw][me.warp][bx][0], me.cw * kHalf + 32 * bx, w.h, tok0);
-            sm90::bulk_commit();
-          }
-        } else if constexpr ((kDiag & 1) == 0) {
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int qi = j * kTile + hh * kHalf + me.warp * 16 + me.lane / 4 + 8 * r;  // query of the sequence
-            if (qi >= w.Lq) continue;
-            float* row = p.dq_acc + ((int64_t(p.cu_q[w.qb]) + qi) * p.heads + w.h) * kHeadDim + me.cw * kHalf;
-#pragma unroll
-            for (int jn = 0; jn < 8; ++jn) {
-              const int col = 8 * jn + 2 * me.quad;
-              const float2 k2 = sm90::ld_shared_f32x2(&f.kts[me.cw * kHalf + col]);
-              red_add_f32x2(row + col, g[4 * jn + 2 * r] * (scale_b * k2.x), g[4 * jn + 2 * r + 1] * (scale_b * k2.y));
-            }
-          }
-        }
       };
       // Pᵀ and dSᵀ: column c = query 64 hh + 8 (i / 4) + 2 quad + i % 2 of the tile. Fills pa (e4m3 of
       // 256 p), da (e4m3 of 256 dS over its row scale) and rs (that scale). first: the two query
@@ -653,18 +482,13 @@ __global__ void __launch_bounds__(kThreads, 1)
             amax[r] = fmaxf(amax[r], fmaxf(fabsf(d0), fabsf(d1)));
           }
         }
-        if constexpr (kFusedDq) {  // Pᵀ packed first: its fp32 registers are free for the dS tile's work
-#pragma unroll
-          for (int c = 0; c < 2; ++c) attn::pack_chunk(sc + 16 * c, c, pa);
-          if constexpr ((kDiag & 4) == 0) fused_ds(dp, amax, hh);
-        }
         float inv[2];
         row_scales(amax, inv, rs);  // of 256 dS: rs carries the factor 256
 #pragma unroll
         for (int i = 0; i < 32; ++i) dp[i] *= inv[(i % 4) / 2];
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          if constexpr (!kFusedDq) attn::pack_chunk(sc + 16 * c, c, pa);
+          attn::pack_chunk(sc + 16 * c, c, pa);
           attn::pack_chunk(dp + 16 * c, c, da);
         }
       };
@@ -728,7 +552,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             attn::fence_all(sc);
             attn::fence_all(dp);
             stamp(2 * j + hh, 1);
-            if (kPersistent && !kFusedDq && j == n_q - 1 && hh == 1) sm90::mbar_arrive(&s.kv_empty);  // K, V read for the last time
+            if (kPersistent && j == n_q - 1 && hh == 1) sm90::mbar_arrive(&s.kv_empty);  // K, V read for the last time
             math(sc, dp, st, hh, first);
             stamp(2 * j + hh, 2);
             float t[64];
@@ -740,11 +564,6 @@ __global__ void __launch_bounds__(kThreads, 1)
             } else if (hh == 0) {
 #pragma unroll
               for (int i = 0; i < 8; ++i) pa0[i] = pa[i];
-            }
-            if constexpr (kFusedDq) {  // dQ before dK: fewer registers live than after (ptxas spills)
-              float g[32];
-              if constexpr ((kDiag & 2) == 0) fused_dq(g, q_tile_at(w, j, n_q), hh);
-              if (j == n_q - 1 && hh == 1) sm90::mbar_arrive(&s.kv_empty);  // K, V, Kᵀ' read for the last time
             }
             issue_grad(t, st.qt, da, hh);
             sm90::wgmma_wait<0>();
@@ -823,9 +642,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     const Item w = item_of<true>(p, blockIdx.x);
     consume(w, (w.Lq + kTile - 1) / kTile, 0, 0);
-  }
-  if constexpr (kBulkDq) {
-    if (lane == 0) sm90::bulk_wait<0>();  // the reductions done before the shared memory goes
   }
   if (kStageable && p.staged_dkdv && tid == 0) sm90::bulk_wait<0>();  // the last stores, likewise
 }
@@ -1175,7 +991,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // dQ in bf16 = scale x the sum over `batch` fp32 parts of n values each: broadcast_q's batch sum of
-// each output sequence's dQ (scale 1), or kFusedDq's accumulator (one part, times softmax_scale / 256).
+// each output sequence's dQ.
 __global__ void sum_dq_kernel(const float* __restrict__ part, int batch, int64_t n, float scale,
                               __nv_bfloat16* __restrict__ dq) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
@@ -1223,10 +1039,6 @@ int bwd_variant() {
 #endif
 }
 
-// Experiment builds, MXFLASH_BWD_VARIANT bit 3: dQ in the dK/dV kernel (kFusedDq; measured slower than
-// the two kernels, docs/backward.md).
-bool fused_dq_variant() { return (bwd_variant() & 8) != 0; }
-
 // How many CTAs of the persistent dQ kernel (attention_bwd_dq_kernel_p) run the dQ items: one per
 // SM (`sms`, the device's count), or 0 for one CTA per item (attention_bwd_dq_kernel): persistent where the longest K/V
 // sequence (`lk`: the K/V lengths) has at most kDqPersistentMaxTiles tiles. H200, 2026-11-30, the
@@ -1258,7 +1070,7 @@ bool heads_inner(int64_t heads, const std::vector<int>& len, int64_t bytes_per_t
 
 struct BwdWorkspace {
   size_t q, k, v, qt, kt, dout, dot, info, q_scale, k_scale, v_scale, qt_byte, qt_scale, kt_byte, kt_scale, dot_scale,
-      kv_items, q_items, dq_part, dk_f32, dv_f32, dk_sq, dv_sq, dq_acc, total;
+      kv_items, q_items, dq_part, dk_f32, dv_f32, dk_sq, dv_sq, total;
 };
 
 BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n_kv_items, size_t n_q_items) {
@@ -1296,7 +1108,6 @@ BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n
   w.dv_f32 = take(mx ? size_t(p.Tk) * H * D * sizeof(float) : 0);
   w.dk_sq = take(mx ? size_t(p.Pk / kBlockSize) * H * 4 : 0);
   w.dv_sq = take(mx ? size_t(p.Pk / kBlockSize) * H * 4 : 0);
-  w.dq_acc = take(fused_dq_variant() ? size_t(p.Tq) * H * D * sizeof(float) : 0);
   w.total = off;
   return w;
 }
@@ -1431,7 +1242,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     const uint64_t q_rows = uint64_t(std::max<int64_t>(H * p.Pq, bwd::kTile));
     const uint64_t k_rows = uint64_t(std::max<int64_t>(H * p.Pk, bwd::kTile));
     const uint64_t o_rows = uint64_t(std::max<int64_t>(H * Po, bwd::kTile));
-    CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_qt, tm_kt, tm_dot, tm_dq{}, tm_dk{}, tm_dv{};
+    CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_qt, tm_kt, tm_dot, tm_dk{}, tm_dv{};
     // The operands: the caller's exec operands, or the workspace the prepare passes wrote (whose Qᵀ',
     // Kᵀ' scales are per (sequence, channel), not per tile: BwdParams::qt_scale, kt_scale below).
     const BwdExecOperands in = p.exec ? *p.exec
@@ -1474,14 +1285,6 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     const bool mx = p.mxfp8_dkv;
     bp.dk_f32 = mx ? f32(w.dk_f32) : nullptr;
     bp.dv_f32 = mx ? f32(w.dv_f32) : nullptr;
-    const bool fused = fused_dq_variant();
-    if (fused && p.exec) return Status::Unsupported("MXFLASH_BWD_VARIANT bit 3 (fused dQ) takes MX tensors only");
-    bp.dq_acc = f32(w.dq_acc);
-    if (fused && p.Tq > 0) {
-      MXFLASH_RETURN_IF_ERROR(cuda_error(
-          cudaMemsetAsync(bp.dq_acc, 0, size_t(p.Tq) * H * kHeadDim * sizeof(float), stream), "cudaMemsetAsync(dQ accumulator)"));
-      MXFLASH_RETURN_IF_ERROR(make_f32_rows_map(&tm_dq, bp.dq_acc, uint64_t(p.Tq), uint64_t(H), 16));
-    }
     if (!kv_items.empty()) {
       bp.items = reinterpret_cast<const int2*>(ws + w.kv_items);
       bp.heads_inner = heads_inner(H, plan.lq, 4 * kHeadDim + sizeof(float4));  // Q, Qᵀ, dO, dOᵀ, info
@@ -1491,7 +1294,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       const bool persistent = (variant & 1) == 0 || p.exec != nullptr;  // (exec: the persistent kernel, below)
       auto kernel = persistent ? bwd::attention_bwd_dkdv_kernel<true> : bwd::attention_bwd_dkdv_kernel<false>;
       // dK, dV through the staging tiles (bf16 output, TMA's 16-byte alignment; the API asks 4).
-      bp.staged_dkdv = persistent && !fused && !mx && p.Tk > 0 && reinterpret_cast<uintptr_t>(p.dk) % 16 == 0 &&
+      bp.staged_dkdv = persistent && !mx && p.Tk > 0 && reinterpret_cast<uintptr_t>(p.dk) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(p.dv) % 16 == 0;
       size_t smem = bp.staged_dkdv ? bwd::kKvSmemBytesStaged : bwd::kKvSmemBytes;
       if (bp.staged_dkdv) {
@@ -1501,40 +1304,17 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
 #if MXFLASH_FWD_EXPERIMENTS
       if ((variant & 2) != 0)
         kernel = persistent ? bwd::attention_bwd_dkdv_kernel<true, true> : bwd::attention_bwd_dkdv_kernel<false, true>;
-      // Bit 10: the default kernel with the consumers' clock trace (kDiag bit 8, trace.cuh).
-      if ((variant & 1024) != 0 && (variant & 3) == 0 && !fused) kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, 256>;
-      if (fused) {
-        if ((variant & 3) != 0) return Status::Unsupported("MXFLASH_BWD_VARIANT: bit 3 (fused dQ) with bit 4 only");
-        // Bit 8: dQ by bulk tensor reductions (kBulkDq).
-        if ((variant & 256) != 0)
-          kernel = (variant & 16) != 0 ? bwd::attention_bwd_dkdv_kernel<true, true, true, 0, true>
-                                       : bwd::attention_bwd_dkdv_kernel<true, false, true, 0, true>;
-        else if ((variant & 16) != 0)
-          kernel = bwd::attention_bwd_dkdv_kernel<true, true, true>;
-        else
-          kernel = bwd::attention_bwd_dkdv_kernel<true, false, true>;
-        // Diagnostics (bits 5..7 over bit 4; dQ wrong): no reduction / no dQ GEMM / no dS tile.
-        if ((variant & (16 | 32)) == (16 | 32)) kernel = bwd::attention_bwd_dkdv_kernel<true, true, true, 1>;
-        if ((variant & (16 | 64)) == (16 | 64)) kernel = bwd::attention_bwd_dkdv_kernel<true, true, true, 3>;
-        if ((variant & (16 | 128)) == (16 | 128)) kernel = bwd::attention_bwd_dkdv_kernel<true, true, true, 7>;
-        // Diagnostics of the bulk reduction (bits 12..16 over bit 8, without bit 4).
-        if ((variant & (256 | 4096)) == (256 | 4096)) kernel = bwd::attention_bwd_dkdv_kernel<true, false, true, 8, true>;
-        if ((variant & (256 | 8192)) == (256 | 8192)) kernel = bwd::attention_bwd_dkdv_kernel<true, false, true, 16, true>;
-        if ((variant & (256 | 16384)) == (256 | 16384)) kernel = bwd::attention_bwd_dkdv_kernel<true, false, true, 32, true>;
-        if ((variant & (256 | 32768)) == (256 | 32768)) kernel = bwd::attention_bwd_dkdv_kernel<true, false, true, 64, true>;
-        if ((variant & (256 | 65536)) == (256 | 65536)) kernel = bwd::attention_bwd_dkdv_kernel<true, false, true, 128, true>;
-        smem = bwd::kKvSmemBytesFused;
-      }
+      // Bit 10: the default kernel with the consumers' clock trace (kTrace, trace.cuh).
+      if ((variant & 1024) != 0 && (variant & 3) == 0) kernel = bwd::attention_bwd_dkdv_kernel<true, false, true>;
 #endif
       // Exec operands: the default (persistent) kernel's kTileScales form, whatever the variant.
-      if (p.exec) kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, 0, false, true>;
+      if (p.exec) kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true>;
       MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
           "cudaFuncSetAttribute(attention_bwd_dkdv_kernel)"));
       int64_t grid = n_items;
       if (persistent) grid = std::min<int64_t>(n_items, sms);
-      kernel<<<unsigned(grid), bwd::kThreads, smem, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_kt, tm_dq, tm_dk,
-                                                                tm_dv, bp);
+      kernel<<<unsigned(grid), bwd::kThreads, smem, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_dk, tm_dv, bp);
       MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_bwd_dkdv_kernel launch"));
 #if MXFLASH_FWD_EXPERIMENTS
       if ((variant & 1024) != 0) {
@@ -1543,14 +1323,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       }
 #endif
     }
-    if (fused) {
-      if (p.Tq > 0) {
-        const int64_t n = p.Tq * H * kHeadDim;
-        const unsigned grid = unsigned(std::min<int64_t>((n + 255) / 256, 8192));
-        bwd::sum_dq_kernel<<<grid, 256, 0, stream>>>(bp.dq_acc, 1, n, p.softmax_scale / bwd::kPScale, bp.dq);
-        MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "backward: dQ from its accumulator launch"));
-      }
-    } else if (!q_items.empty()) {
+    if (!q_items.empty()) {
       bp.items = reinterpret_cast<const int2*>(ws + w.q_items);
       bp.heads_inner = heads_inner(H, plan.lk, 3 * kHeadDim);  // K, V, Kᵀ
       const int64_t n_q = int64_t(q_items.size()) * H;
@@ -1560,15 +1333,15 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
         bp.num_items = int(n_q);
         // dQ (bf16, 16-byte aligned: TMA) staged in the item buffers (consume_dq).
         bp.staged_dq = !p.broadcast_q && p.Tq > 0 && reinterpret_cast<uintptr_t>(p.dq) % 16 == 0;
-        CUtensorMap tm_dq_out{};
-        if (bp.staged_dq) MXFLASH_RETURN_IF_ERROR(make_bf16_rows_map(&tm_dq_out, p.dq, uint64_t(p.Tq), uint64_t(H)));
+        CUtensorMap tm_dq{};
+        if (bp.staged_dq) MXFLASH_RETURN_IF_ERROR(make_bf16_rows_map(&tm_dq, p.dq, uint64_t(p.Tq), uint64_t(H)));
         auto kernel = p.exec ? bwd::attention_bwd_dq_kernel_p<true> : bwd::attention_bwd_dq_kernel_p<false>;
         MXFLASH_RETURN_IF_ERROR(cuda_error(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kQSmemBytesP)),
             "cudaFuncSetAttribute(attention_bwd_dq_kernel_p)"));
         MXFLASH_RETURN_IF_ERROR(cuda_error(
             launch_programmatic(programmatic, kernel, dim3(unsigned(std::min<int64_t>(n_q, ctas))), dim3(bwd::kThreads),
-                                bwd::kQSmemBytesP, stream, tm_q, tm_k, tm_v, tm_do, tm_kt, bp, next_item, tm_dq_out),
+                                bwd::kQSmemBytesP, stream, tm_q, tm_k, tm_v, tm_do, tm_kt, bp, next_item, tm_dq),
             "attention_bwd_dq_kernel_p launch"));
       } else {
         auto kernel = p.exec ? bwd::attention_bwd_dq_kernel<true> : bwd::attention_bwd_dq_kernel<false>;
@@ -1581,7 +1354,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
             "attention_bwd_dq_kernel launch"));
       }
     }
-    if (p.broadcast_q && !fused && p.Tq > 0) {
+    if (p.broadcast_q && p.Tq > 0) {
       const int64_t n = p.Tq * H * kHeadDim;
       const unsigned grid = unsigned(std::min<int64_t>((n + 255) / 256, 8192));
       bwd::sum_dq_kernel<<<grid, 256, 0, stream>>>(bp.dq_part, p.batch, n, 1.f, bp.dq);

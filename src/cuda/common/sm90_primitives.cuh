@@ -75,18 +75,9 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
       : "memory");
 }
 
-// Bulk reduction shared -> global through a 3-D tensor map: the box at `src` added element-wise
-// (f32 add, done at L2) into the tensor at coordinates {c0, c1, c2}; out-of-bounds parts are
-// skipped. Asynchronous: `src` may be rewritten only after bulk_wait_read, and the result is
-// complete after bulk_wait.
-__device__ __forceinline__ void tma_reduce_add_3d(const CUtensorMap* map, const void* src, int c0, int c1, int c2) {
-  asm volatile(
-      "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(map),
-      "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2)
-      : "memory");
-}
 // Bulk store shared -> global through a 3-D tensor map: the box at `src` written to the tensor at
-// coordinates {c0, c1, c2} (out-of-bounds parts skipped). Asynchronous, as tma_reduce_add_3d.
+// coordinates {c0, c1, c2} (out-of-bounds parts skipped). Asynchronous: `src` may be rewritten only
+// after bulk_wait_read, and the result is complete after bulk_wait.
 __device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void* src, int c0, int c1, int c2) {
   asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(map),
                "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2)
