@@ -106,8 +106,8 @@ struct AttnOptions {
   // 64-row Q tile (dK) and per row over a 128-key tile (dQ), 64-row Q blocks.
   bool hopper_exec = false;
   // hopper_exec only: query rows per dS block of dQ's operand (one scale per rows x 128 keys): 1 =
-  // per row (the default kernel); 64 = the fused-dQ experiment (removed from the kernels; commit f68e8a5), one scale
-  // per 64-query half and the CTA's 128 keys.
+  // per row (the default kernel); 64 = the fused-dQ experiment (removed from the kernels; commit
+  // f68e8a5), one scale per 64-query half and the CTA's 128 keys.
   int hopper_dq_rows = 1;
   // MX forward only: its operands in the Hopper execution form (Q per row, K per 128-key tile, V
   // per (sequence, channel) as the fast kernel's prepare pass writes them, or V per (128-key tile,
