@@ -1548,22 +1548,24 @@ int split_parts(int64_t r, int sms, int max_tiles) {
 // attention_fwd_kernel). A CTA per item pays per item what the persistent kernels hide (the CTA's
 // start, the first loads' latency, an epilogue no other warpgroup's work covers): ~2.6 K/V tiles'
 // time on the H200 (2026-11-30, the time's intercept against the K/V length at a fixed item count).
-// Persistent where the longest K/V sequence has at most kPersistentMaxTiles3 (three consumers) or
-// kPersistentMaxTiles2 (two) tiles. H200, same calls, TFLOP/s on operands against a CTA per item:
+// Persistent where the longest K/V sequence has at most kPersistentMaxTiles tiles (either consumer
+// count). H200, same calls, TFLOP/s on operands against a CTA per item:
 // three consumers: 512-token sequences 587 against 479, 1024 698 against 639, llm (2048) 777
 // against 752, 4096 keys +1.3%, 8192 (llm-long) -0.4 to 0%, jagged (up to 16384) equal; two
 // consumers: 128-token sequences 198 against 160, 256 374 against 290, 1024 keys +4%, 16384 keys
-// (cross) -4.5%.
+// (cross) -4.5%; since the staged epilogue (2026-11-30 05:38 UTC, broadcast Lq=512, H=3, two rounds)
+// 4096 keys (B=256) 748 against 739, 8192 (B=128) 761-765 against 782, 2048 (B=512) equal: two
+// consumers up to 32 tiles too.
 // MXFLASH_FWD_PERSISTENT forces it, read at every call: 0 = off, 1 = one CTA per SM, n >= 2 = at
 // most n CTAs (tests: each CTA then walks many items).
-constexpr int kPersistentMaxTiles3 = 32, kPersistentMaxTiles2 = 16;
-int persistent_ctas(int sms, int max_tiles, bool three) {
+constexpr int kPersistentMaxTiles = 32;
+int persistent_ctas(int sms, int max_tiles) {
   if (const char* e = std::getenv("MXFLASH_FWD_PERSISTENT")) {
     const int n = std::atoi(e);
     if (n == 0) return 0;
     return n >= 2 ? std::min(n, sms) : sms;
   }
-  return max_tiles <= (three ? kPersistentMaxTiles3 : kPersistentMaxTiles2) ? sms : 0;
+  return max_tiles <= kPersistentMaxTiles ? sms : 0;
 }
 
 // How the forward (on operands or MX tensors alike) runs a problem: the consumer count, the work
@@ -1592,7 +1594,7 @@ ExecPlan exec_plan(const std::vector<int32_t>& cu_q, const std::vector<int32_t>&
   ExecPlan e;
   e.three = three_consumers(cu_q, batch, heads, broadcast_q, sms);
   for (int b = 0; b < batch; ++b) e.longest_lk = std::max<int64_t>(e.longest_lk, cu_k[size_t(b) + 1] - cu_k[size_t(b)]);
-  e.persistent = sms > 0 ? persistent_ctas(sms, int((e.longest_lk + attn::kTile - 1) / attn::kTile), e.three) : 0;
+  e.persistent = sms > 0 ? persistent_ctas(sms, int((e.longest_lk + attn::kTile - 1) / attn::kTile)) : 0;
   e.tiles = schedule(cu_q, cu_k, batch, broadcast_q, e.three ? attn::kQTile3 : attn::kTile);
   e.items = int64_t(e.tiles.size()) * heads;
   e.split_first = e.items;
