@@ -113,18 +113,18 @@ if want probe && [ -x "$BIN/mxflash-overlap-probe" ]; then
   fi
 fi
 if want ab && [ -x "$BIN/exp/mxflash_tests_gpu" ]; then
-  # Attention forward variants (docs/attention.md): on MX tensors 17 the default (tree reductions,
-  # softmax under the same warpgroup's P.V), 49 = 17 as a persistent kernel, 33 = 1 persistent, 1
-  # tree reductions only, 0 plain, 3 / 5 / 7 diagnostics (no softmax / no K,V reloads / no wgmma:
-  # garbage out, speed floors only); on the operands (mxfp8-exec) 32881 the default as a persistent
-  # kernel, 41041 without ping-pong turns. Other variants run the default kernel of each path.
-  for v in ${AB_TEST_VARIANTS:-49 33 17 1 0 32881 41041}; do
+  # Attention forward variants (docs/attention.md; the cases of launch_main's experiments switch):
+  # on MX tensors 17 the default (tree reductions, softmax under the same warpgroup's P.V), 1 tree
+  # reductions only, 0 plain, 3 / 5 / 7 diagnostics (no softmax / no K,V reloads / no wgmma: garbage
+  # out, speed floors only); on the operands (mxfp8-exec) 81 the per-tile V scales without the
+  # later schedule bits. Other values run the default kernel of each path.
+  for v in ${AB_TEST_VARIANTS:-17 1 0 81}; do
     note "forward variant $v: attention GPU tests"
     MXFLASH_FWD_VARIANT=$v "$BIN/exp/mxflash_tests_gpu" --gtest_brief=1 --gtest_filter='AttentionFwd*' \
       > "$OUT/ab_tests_v$v.log" 2>&1 || { status=1; note "FORWARD VARIANT $v TESTS FAILED"; }
     tail -n 2 "$OUT/ab_tests_v$v.log"
   done
-  for v in ${AB_SPEED_VARIANTS:-49 33 17 1 0 3 5 7 32881 41041}; do
+  for v in ${AB_SPEED_VARIANTS:-17 1 0 3 5 7 81}; do
     note "forward variant $v: speed"
     MXFLASH_FWD_VARIANT=$v "$BIN/exp/mxflash-bench" --preset all --workload fwd --impl mxfp8,mxfp8-exec \
       --warmup-s 0.3 --window-s 1 2>/dev/null | grep -E "^(llm|cross|jagged)"
