@@ -334,9 +334,9 @@ __device__ __forceinline__ void pack_bf16_rows(const float (&acc)[64], int quad,
 // accumulator after the second half's dK, one promotion with the tile's dO channel scales, which
 // the two halves share).
 // kTrace (experiments builds, MXFLASH_BWD_VARIANT bit 10): the consumers' clock trace (trace.cuh).
-// The fused 5-GEMM form (dQ from dS in this kernel, reduced in fp32 into a workspace: MXFLASH_BWD_VARIANT
-// bits 3-8 and its diagnostics) measured slower than the two kernels and was removed on 2026-11-30
-// (docs/backward.md; commit f68e8a5 has the code).
+// The fused 5-GEMM form (dQ from dS in this kernel, reduced in fp32 into a workspace:
+// MXFLASH_BWD_VARIANT bits 3-8 and its diagnostics) measured slower than the two kernels and was
+// removed on 2026-11-30 (docs/backward.md; commit f68e8a5 has the code).
 // kTileScales: operands in the execution layout (BwdParams::qt_tile_scale): Qᵀ' scales per Q tile in
 // dK's promotions instead of per channel in the epilogue. (A template flag: testing the pointers in
 // the kernels instead measured 1-5% slower on the MX-tensor path.)
@@ -353,8 +353,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   KvSmem& s = attn::aligned_shared<KvSmem>(smem_raw);
   uint8_t* const smem_base = reinterpret_cast<uint8_t*>(&s);
-  // The staged epilogue: persistent and p.staged_dkdv (launched with kKvSmemBytesStaged).
-  constexpr bool kStageable = kPersistent;
+  // The staged epilogue (persistent and p.staged_dkdv; launched with kKvSmemBytesStaged).
   DkdvStageSmem& stg = *reinterpret_cast<DkdvStageSmem*>(smem_base + kKvSmemOffsetStage);
   const int wg = attn::warpgroup_index(), tid = threadIdx.x % kWarpgroupThreads;
   attn::init_pipeline(&s.kv_full, s.full, s.empty, kConsumers);
@@ -415,8 +414,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int cw = wg - 1, warp = tid / 32, lane = tid % 32, quad = lane % 4;
   // One item: dK, dV of its 128 keys over the Q tiles, then the epilogue.
   auto consume = [&](const Item& w, int n_q, int it, int kv_i) {
-    // kTrace (experiments builds, MXFLASH_BWD_VARIANT 1024): the
-    // SM clock of the first warp of each consumer warpgroup at seven points of each 64-query half of
+    // kTrace (experiments builds, MXFLASH_BWD_VARIANT 1024): the SM clock of the first warp of each
+    // consumer warpgroup at seven points of each 64-query half of
     // the first item of CTAs 0, 40, 80, 120 (trace.cuh): slot 2 j + hh, events 0 before S and dP, 1
     // S, dP done, 2 P and dS computed, 3 dK GEMM done, 4 dK promoted, 5 dV GEMM done, 6 dV promoted
     // (5, 6 on the second half only).
@@ -426,8 +425,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto stamp = [&](int slot, int event) {
       if constexpr (kTrace) attn::trace_stamp(trace_row, cw, slot, event);
     };
-    // MXFLASH_BWD_VARIANT bit 11 (math turns: the two consumer warpgroups alternating their P / dS math per half,
-    // pinned by data, MXFLASH_BWD_VARIANT 2048): measured +-1% on 2026-11-29 night, removed
+    // Math turns (MXFLASH_BWD_VARIANT 2048: the two consumer warpgroups alternating their P / dS math
+    // per half, pinned by data): measured +-1% on 2026-11-29 night, removed
     // (docs/backward.md; commit ed1004c has the code).
     float dv[64], dk[64];
 #pragma unroll
@@ -594,7 +593,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int first_key = w.blk * kTile + cw * kHalf;  // the warpgroup's first key of the sequence
     // Staged: dV, then dK, through the warpgroup's tile, where all its 64 keys are the sequence's (a
     // box cannot skip the next sequence's rows); the same values as the direct stores below.
-    if (kStageable && p.staged_dkdv && first_key + kHalf <= w.Lk) {
+    if (kPersistent && p.staged_dkdv && first_key + kHalf <= w.Lk) {
       const bool issuer = warp == 0 && lane == 0;
       const int barrier = kBarStage0 + cw, tok = p.cu_k[w.b] + first_key;
       uint32_t packed[2][16];
@@ -643,7 +642,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const Item w = item_of<true>(p, blockIdx.x);
     consume(w, (w.Lq + kTile - 1) / kTile, 0, 0);
   }
-  if (kStageable && p.staged_dkdv && tid == 0) sm90::bulk_wait<0>();  // the last stores, likewise
+  if (kPersistent && p.staged_dkdv && tid == 0) sm90::bulk_wait<0>();  // the last stores, likewise
 }
 
 // ---------------------------------------------------------------- dQ
@@ -1294,8 +1293,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       const bool persistent = (variant & 1) == 0 || p.exec != nullptr;  // (exec: the persistent kernel, below)
       auto kernel = persistent ? bwd::attention_bwd_dkdv_kernel<true> : bwd::attention_bwd_dkdv_kernel<false>;
       // dK, dV through the staging tiles (bf16 output, TMA's 16-byte alignment; the API asks 4).
-      bp.staged_dkdv = persistent && !mx && p.Tk > 0 && reinterpret_cast<uintptr_t>(p.dk) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(p.dv) % 16 == 0;
+      bp.staged_dkdv = persistent && !mx && p.Tk > 0 && is_aligned(p.dk, 16) && is_aligned(p.dv, 16);
       size_t smem = bp.staged_dkdv ? bwd::kKvSmemBytesStaged : bwd::kKvSmemBytes;
       if (bp.staged_dkdv) {
         MXFLASH_RETURN_IF_ERROR(make_bf16_rows_map(&tm_dk, p.dk, uint64_t(p.Tk), uint64_t(H)));
@@ -1332,7 +1330,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       if (const int ctas = dq_persistent_ctas(sms, plan.lk)) {
         bp.num_items = int(n_q);
         // dQ (bf16, 16-byte aligned: TMA) staged in the item buffers (consume_dq).
-        bp.staged_dq = !p.broadcast_q && p.Tq > 0 && reinterpret_cast<uintptr_t>(p.dq) % 16 == 0;
+        bp.staged_dq = !p.broadcast_q && p.Tq > 0 && is_aligned(p.dq, 16);
         CUtensorMap tm_dq{};
         if (bp.staged_dq) MXFLASH_RETURN_IF_ERROR(make_bf16_rows_map(&tm_dq, p.dq, uint64_t(p.Tq), uint64_t(H)));
         auto kernel = p.exec ? bwd::attention_bwd_dq_kernel_p<true> : bwd::attention_bwd_dq_kernel_p<false>;

@@ -1662,7 +1662,7 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   int64_t persistent = plan.persistent;
   // The persistent kernels write out through shared memory and TMA stores (write_rows_staged)
   // where it is 16-byte aligned (the API asks 4).
-  const bool staged = persistent > 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
+  const bool staged = persistent > 0 && is_aligned(p.out, 16);
   CUtensorMap tm_o{};
   if (staged) MXFLASH_RETURN_IF_ERROR(make_bf16_rows_map(&tm_o, p.out, uint64_t(p.To), uint64_t(H)));
   // V scales per 128-key tile: folded into every promotion (kVariantVTile).

@@ -22,8 +22,9 @@ inline Status check_launch(const char* kernel) { return cuda_error(cudaGetLastEr
 // The kernels move 4-, 8- or 16-byte vectors; a view whose data pointer is offset inside its
 // allocation can break that (the launcher checks only contiguity). Rejected before any launch, so
 // nothing is written.
+inline bool is_aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % uintptr_t(bytes) == 0; }
 inline Status check_aligned(const void* p, int bytes, const char* name) {
-  if (reinterpret_cast<uintptr_t>(p) % uintptr_t(bytes) == 0) return Status::Ok();
+  if (is_aligned(p, bytes)) return Status::Ok();
   return Status::Invalid(std::string(name) + ": the CUDA kernels need a " + std::to_string(bytes) +
                          "-byte aligned data pointer");
 }

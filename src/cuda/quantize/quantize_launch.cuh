@@ -111,9 +111,8 @@ template <typename In>
 Status launch_quantize(const QuantizeParams& params, const detail::QuantizeProblem& p, cudaStream_t stream) {
   const bool hdim = p.hdim_payload != nullptr;
   const bool contiguous = p.tok_payload_layout == PayloadLayout::kTokenContiguous;
-  const auto aligned16 = [](const void* q) { return q == nullptr || reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   const bool stage = (quant_variant() & kVariantStageScales) != 0 && params.blocked &&
-                     aligned16(p.hdim_scales) && aligned16(p.tok_scales);
+                     is_aligned(p.hdim_scales, 16) && is_aligned(p.tok_scales, 16);  // (null: aligned)
   if (p.tok_payload == nullptr) return run_quantize_staged<In, true, TokOut::kNone, false>(params, stage, stream);
   if (p.tok_orientation == Orientation::kSquare32)
     return hdim ? run_quantize_layout<In, true, TokOut::kSquare32>(params, contiguous, stage, stream)
