@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Development runs on the GPU machine, every step under a timeout (a hung kernel costs one step,
-# not the session): STEPS="tests bwdmem bwdbench fwdab bwdab quantab python" (default all of them). Binaries from
-# .gpu-bin (scripts/stage_gpu_bin.sh, EXPERIMENTS=1 for fwdab). Logs in ${OUT:-gpu-logs}.
+# not the session): STEPS from "tests bwdmem bwdbench fwdab bwdab bwddiag quantab python" (default
+# "tests bwdmem bwdbench fwdab python"). Binaries from .gpu-bin (scripts/stage_gpu_bin.sh,
+# EXPERIMENTS=1 for fwdab, bwdab and bwddiag). Logs in ${OUT:-gpu-logs}.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"; B=${BIN:-.gpu-bin}
@@ -39,6 +40,20 @@ if want bwdab; then
     MXFLASH_BWD_VARIANT=$v T 200 "$B/exp/mxflash_tests_gpu" --gtest_brief=1 --gtest_filter='AttentionBwdGpu.*' > "$OUT/bwdab_$v.log" 2>&1
     echo "== bwd variant $v tests rc=$?"; tail -n 1 "$OUT/bwdab_$v.log"
     MXFLASH_BWD_VARIANT=$v T 120 "$B/exp/mxflash-bench" --preset ${PRESETS:-all} --workload bwd --impl mxfp8 --warmup-s 0.3 --window-s 1 2>/dev/null | grep -E "^(llm|cross|jagged)"
+  done
+fi
+if want bwddiag; then
+  # The dK/dV kernel with parts of its consumers' work left out (kDiag, MXFLASH_BWD_VARIANT bits
+  # 20-23 of experiments builds; dK, dV garbage): the whole backward's time, then both kernels'
+  # durations and instruction counts at the benchmark's clocks (ncu --clock-control none).
+  for d in ${DIAGS:-0 1 2 4 8 12 5 10}; do
+    echo "== bwd diag $d"
+    MXFLASH_BWD_VARIANT=$((d << 20)) T 60 "$B/exp/mxflash-bench" --preset ${PRESETS:-llm-long,cross} --workload bwd --impl mxfp8-exec \
+      --warmup-s 0.3 --window-s 0.8 2>/dev/null | grep -E "^(llm|cross|jagged)"
+    MXFLASH_BWD_VARIANT=$((d << 20)) T 90 ncu --clock-control none --kernel-name regex:"attention_bwd_dkdv|attention_bwd_dq" \
+      --launch-skip 2 --launch-count 2 --metrics gpu__time_duration.sum,smsp__inst_executed.sum \
+      "$B/exp/mxflash-bench" --preset llm-long --workload bwd --impl mxfp8-exec --warmup-s 0 --window-s 0.001 --launches 3 2>&1 |
+      grep -E "attention_bwd|duration|inst_executed" | sed 's/(CUtensorMap.*//'
   done
 fi
 if want quantab; then

@@ -340,7 +340,21 @@ __device__ __forceinline__ void pack_bf16_rows(const float (&acc)[64], int quad,
 // kTileScales: operands in the execution layout (BwdParams::qt_tile_scale): Qᵀ' scales per Q tile in
 // dK's promotions instead of per channel in the epilogue. (A template flag: testing the pointers in
 // the kernels instead measured 1-5% slower on the MX-tensor path.)
-template <bool kPersistent, bool kDvPerHalf = false, bool kTrace = false, bool kTileScales = false>
+// kDiag (experiments builds, MXFLASH_BWD_VARIANT bits 20-23; dK, dV garbage): parts of the
+// consumers' work left out to measure what each costs: 1 the S and dP GEMMs (their accumulators
+// undefined), 2 the P and dS math (the accumulators packed as they are), 4 the dK and dV GEMMs
+// (their fragments consumed, the fresh accumulators undefined), 8 the promotions.
+inline constexpr int kDiagNoSdp = 1, kDiagNoMath = 2, kDiagNoGrad = 4, kDiagNoPromote = 8;
+// kDiag: keeps values whose consumer a diagnostic removed (ptxas drops dead wgmmas and arithmetic):
+// stores them behind a branch that is never taken.
+template <typename T, int N>
+__device__ __forceinline__ void diag_sink(const BwdParams& p, const T (&x)[N]) {
+  if (p.num_items < 0) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) reinterpret_cast<T*>(p.dk)[threadIdx.x * N + i] = x[i];
+  }
+}
+template <bool kPersistent, bool kDvPerHalf = false, bool kTrace = false, bool kTileScales = false, int kDiag = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_bwd_dkdv_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -445,6 +459,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       auto issue_sdp = [&](float (&sc)[32], float (&dp)[32], const KvStage& st, int hh) {
         const uint64_t desc_q = sm90::make_desc_k128b(st.q + hh * kHalf * kHeadDim);
         const uint64_t desc_do = sm90::make_desc_k128b(st.dout + hh * kHalf * kHeadDim);
+        if constexpr ((kDiag & kDiagNoSdp) != 0) {
+#pragma unroll
+          for (int i = 0; i < 32; ++i) asm volatile("" : "=f"(sc[i]), "=f"(dp[i]));
+          return;
+        }
         sm90::wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n64k32_ss(sc, desc_k + 2 * kk, desc_q + 2 * kk, kk);
@@ -461,6 +480,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         first[1] = sm90::ld_shared_f32x4(&st.info[hh * kHalf + 2 * quad + 1]);
       };
       auto math = [&](float (&sc)[32], float (&dp)[32], const KvStage& st, int hh, const float4 (&first)[2]) {
+        if constexpr ((kDiag & kDiagNoMath) != 0) {
+          rs[0] = rs[1] = 1.f;
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            attn::pack_chunk(sc + 16 * c, c, pa);
+            attn::pack_chunk(dp + 16 * c, c, da);
+          }
+          return;
+        }
         float amax[2] = {0.f, 0.f};
 #pragma unroll
         for (int jn = 0; jn < 8; ++jn) {
@@ -494,6 +522,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The wgmmas of dV += Pᵀ dO or dK += dSᵀ Q over the half's 64 queries (into t, fresh when
       // `first`), uncommitted.
       auto grad_steps = [&](float (&t)[64], uint64_t db, const uint32_t (&frag)[8], int hh, bool first) {
+        if constexpr ((kDiag & kDiagNoGrad) != 0) {
+          diag_sink(p, frag);
+#pragma unroll
+          for (int i = 0; i < 64; ++i) asm volatile("" : "=f"(t[i]));
+          return;
+        }
         sm90::wgmma_rs_steps<kHalf / 32>(t, frag, db, first, 2 * hh);
       };
       // One half's gradient into fresh accumulators t.
@@ -512,6 +546,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       };
       // Promotions: dV times the stage's dO channel scales, dK times the dS row scales.
       auto promote_dv = [&](const float (&t)[64], const KvStage& st) {
+        if constexpr ((kDiag & kDiagNoPromote) != 0) {
+          diag_sink(p, t);
+          return;
+        }
 #pragma unroll
         for (int jn = 0; jn < 16; ++jn) {
           const float2 cs = sm90::ld_shared_f32x2(&st.dot_scale[8 * jn + 2 * quad]);
@@ -523,6 +561,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       };
       auto promote_dk = [&](const float (&t)[64], float q_tile) {
+        if constexpr ((kDiag & kDiagNoPromote) != 0) {
+          diag_sink(p, t);
+          diag_sink(p, rs);
+          return;
+        }
         if constexpr (kTileScales) {
           const float f[2] = {rs[0] * q_tile, rs[1] * q_tile};
 #pragma unroll
@@ -1025,7 +1068,8 @@ size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 // consumers' clock trace into the file named by MXFLASH_BWD_TRACE (trace.cuh), bit 17 the dQ
 // kernel launched without programmatic stream serialization, bit 18 (a diagnostic: garbage out)
 // the operands' prepare passes (Q, K, V rows, Qᵀ', Kᵀ') launched on the first call only, so that
-// the time is what a backward on quantizer-written operands would take. Other builds run variant 0.
+// the time is what a backward on quantizer-written operands would take, bits 20-23 (diagnostics on
+// quantizer-written operands: garbage dK, dV) the dK/dV kernel's kDiag. Other builds run variant 0.
 int bwd_variant() {
 #if MXFLASH_FWD_EXPERIMENTS
   static const int v = [] {
@@ -1307,6 +1351,19 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
 #endif
       // Exec operands: the default (persistent) kernel's kTileScales form, whatever the variant.
       if (p.exec) kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true>;
+#if MXFLASH_FWD_EXPERIMENTS
+      // Bits 20-23 (exec operands): kDiag, parts of the dK/dV consumers' work left out (garbage dK, dV).
+      if (p.exec) switch ((variant >> 20) & 15) {
+          case 1: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 1>; break;
+          case 2: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 2>; break;
+          case 4: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 4>; break;
+          case 8: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 8>; break;
+          case 12: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 12>; break;
+          case 5: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 5>; break;
+          case 10: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 10>; break;
+          default: break;
+        }
+#endif
       MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
           "cudaFuncSetAttribute(attention_bwd_dkdv_kernel)"));
