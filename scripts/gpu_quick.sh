@@ -44,13 +44,14 @@ if want bwdab; then
 fi
 if want bwddiag; then
   # The dK/dV kernel with parts of its consumers' work left out (kDiag, MXFLASH_BWD_VARIANT bits
-  # 20-23 of experiments builds; dK, dV garbage): the whole backward's time, then both kernels'
-  # durations and instruction counts at the benchmark's clocks (ncu --clock-control none).
+  # 20-23 of experiments builds; dK, dV garbage), or with DIAG_SHIFT=24 the dQ kernel's (bits 24-27,
+  # DIAGS from 0 1 2 8 5 10): the whole backward's time, then both kernels' durations and
+  # instruction counts at the benchmark's clocks (ncu --clock-control none).
   for d in ${DIAGS:-0 1 2 4 8 12 5 10}; do
-    echo "== bwd diag $d"
-    MXFLASH_BWD_VARIANT=$((d << 20)) T 60 "$B/exp/mxflash-bench" --preset ${PRESETS:-llm-long,cross} --workload bwd --impl mxfp8-exec \
+    echo "== bwd diag $d << ${DIAG_SHIFT:-20}"
+    MXFLASH_BWD_VARIANT=$((d << ${DIAG_SHIFT:-20})) T 60 "$B/exp/mxflash-bench" --preset ${PRESETS:-llm-long,cross} --workload bwd --impl mxfp8-exec \
       --warmup-s 0.3 --window-s 0.8 2>/dev/null | grep -E "^(llm|cross|jagged)"
-    MXFLASH_BWD_VARIANT=$((d << 20)) T 90 ncu --clock-control none --kernel-name regex:"attention_bwd_dkdv|attention_bwd_dq" \
+    MXFLASH_BWD_VARIANT=$((d << ${DIAG_SHIFT:-20})) T 90 ncu --clock-control none --kernel-name regex:"attention_bwd_dkdv|attention_bwd_dq" \
       --launch-skip 2 --launch-count 2 --metrics gpu__time_duration.sum,smsp__inst_executed.sum \
       "$B/exp/mxflash-bench" --preset llm-long --workload bwd --impl mxfp8-exec --warmup-s 0 --window-s 0.001 --launches 3 2>&1 |
       grep -E "attention_bwd|duration|inst_executed" | sed 's/(CUtensorMap.*//'

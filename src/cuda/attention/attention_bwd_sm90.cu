@@ -733,7 +733,11 @@ __device__ __forceinline__ void produce_dq_tiles(QStage (&st)[kQStages], uint64_
 // warpgroup read (its S and dP GEMMs are complete by then): one 64 x 64 box of bf16 in each (8 KB,
 // the 128-byte swizzle), then two TMA stores; the issuer waits for them to have read the boxes before
 // the warpgroup releases the buffer (q_empty) to the producer.
-template <bool kTileScales, bool kPersistent>
+// kDiag (experiments builds, MXFLASH_BWD_VARIANT bits 24-27 on quantizer-written operands, the
+// CTA-per-item kernel; dQ garbage): as the dK/dV kernel's, 1 the S and dP GEMMs (ptxas then
+// serializes the dQ GEMM: C7514), 2 the P and dS math, 4 dQ's GEMM (only with 1: alone it spilled
+// ~1 KB), 8 its promotion left out.
+template <bool kTileScales, bool kPersistent, int kDiag = 0>
 __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&full_bar)[kQStages],
                                            uint64_t (&empty)[kQStages], uint8_t* q, uint8_t* dout,
                                            uint64_t* q_full, uint32_t q_phase, const float4* info, const BwdParams& p,
@@ -766,6 +770,11 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
       auto full = [&](int j) { sm90::mbar_wait(&full_bar[(it + j) % kQStages], ((it + j) / kQStages) & 1); };
       auto issue_s = [&](float (&acc)[64], int j) {
         const uint64_t desc_k = sm90::make_desc_k128b(st[(it + j) % kQStages].k);
+        if constexpr ((kDiag & kDiagNoSdp) != 0) {
+#pragma unroll
+          for (int i = 0; i < 64; ++i) asm volatile("" : "=f"(acc[i]));
+          return;
+        }
         sm90::wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n128k32_ss(acc, desc_q + 2 * kk, desc_k + 2 * kk, kk);
@@ -773,6 +782,11 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
       };
       auto issue_dp = [&](float (&acc)[64], int j) {
         const uint64_t desc_v = sm90::make_desc_k128b(st[(it + j) % kQStages].v);
+        if constexpr ((kDiag & kDiagNoSdp) != 0) {
+#pragma unroll
+          for (int i = 0; i < 64; ++i) asm volatile("" : "=f"(acc[i]));
+          return;
+        }
         sm90::wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n128k32_ss(acc, desc_do + 2 * kk, desc_v + 2 * kk, kk);
@@ -796,7 +810,9 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
           const int r = (i % 4) / 2;
           return attn::fast_exp2(fmaf(sa[i], a[r], -in[r].y)) * fmaf(sb[i], c[r], -in[r].w);
         };
-        if (valid >= kTile) {
+        if constexpr ((kDiag & kDiagNoMath) != 0) {
+          diag_sink(p, sa);
+        } else if (valid >= kTile) {
 #pragma unroll
           for (int i = 0; i < 64; ++i) {
             sb[i] = ds_of(i);
@@ -812,6 +828,7 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
         }
         float inv[2], rs[2];
         row_scales(amax, inv, rs);
+        if constexpr ((kDiag & kDiagNoMath) != 0) inv[0] = inv[1] = rs[0] = rs[1] = 1.f;
         if constexpr (kTileScales) {
           rs[0] *= k_tile;
           rs[1] *= k_tile;
@@ -822,8 +839,14 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
 #pragma unroll
         for (int cc = 0; cc < 4; ++cc) attn::pack_chunk(sb + 16 * cc, cc, da);
         const uint64_t desc_kt = sm90::make_desc_k128b(st[stage].kt);
-        sm90::wgmma_fence();
-        sm90::wgmma_rs_steps<kTile / 32>(sa, da, desc_kt, true);
+        if constexpr ((kDiag & kDiagNoGrad) != 0) {
+          diag_sink(p, da);
+#pragma unroll
+          for (int i = 0; i < 64; ++i) asm volatile("" : "=f"(sa[i]));
+        } else {
+          sm90::wgmma_fence();
+          sm90::wgmma_rs_steps<kTile / 32>(sa, da, desc_kt, true);
+        }
         sm90::wgmma_commit();
         if (j + 1 < n_k) {
           full(j + 1);
@@ -834,8 +857,13 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
         }
         attn::fence_all(sa);
         sm90::mbar_arrive(&empty[stage]);
+        if constexpr ((kDiag & kDiagNoPromote) != 0) {
+          diag_sink(p, sa);
+          diag_sink(p, rs);
+        } else {
 #pragma unroll
-        for (int i = 0; i < 64; ++i) dq[i] = fmaf(sa[i], rs[(i % 4) / 2], dq[i]);
+          for (int i = 0; i < 64; ++i) dq[i] = fmaf(sa[i], rs[(i % 4) / 2], dq[i]);
+        }
       };
       float s0[64], s1[64];
       full(0);
@@ -904,7 +932,7 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
 }
 
 // kTileScales: as the dK/dV kernel's (Kᵀ' per K tile in dQ's promotions).
-template <bool kTileScales>
+template <bool kTileScales, int kDiag = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_bwd_dq_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                             const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -929,7 +957,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // ---------------------------------------------------------------------------------- consumers
   sm90::setmaxnreg_inc<kConsumerRegs>();
-  consume_dq<kTileScales, false>(s.st, s.full, s.empty, s.q, s.dout, &s.q_full, 0, p.info, p, w, wg - 1, tid, 0);
+  consume_dq<kTileScales, false, kDiag>(s.st, s.full, s.empty, s.q, s.dout, &s.q_full, 0, p.info, p, w, wg - 1, tid,
+                                       0);
 }
 
 // The persistent dQ kernel (attention_bwd_dq_kernel_p; dq_persistent on the host): one CTA per SM,
@@ -1400,6 +1429,17 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
             "attention_bwd_dq_kernel_p launch"));
       } else {
         auto kernel = p.exec ? bwd::attention_bwd_dq_kernel<true> : bwd::attention_bwd_dq_kernel<false>;
+#if MXFLASH_FWD_EXPERIMENTS
+        // Bits 24-27 (exec operands): consume_dq's kDiag (garbage dQ).
+        if (p.exec) switch ((bwd_variant() >> 24) & 15) {
+            case 1: kernel = bwd::attention_bwd_dq_kernel<true, 1>; break;
+            case 2: kernel = bwd::attention_bwd_dq_kernel<true, 2>; break;
+            case 8: kernel = bwd::attention_bwd_dq_kernel<true, 8>; break;
+            case 5: kernel = bwd::attention_bwd_dq_kernel<true, 5>; break;
+            case 10: kernel = bwd::attention_bwd_dq_kernel<true, 10>; break;
+            default: break;
+          }
+#endif
         MXFLASH_RETURN_IF_ERROR(cuda_error(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kQSmemBytes)),
             "cudaFuncSetAttribute(attention_bwd_dq_kernel)"));
