@@ -45,8 +45,9 @@ fi
 if want bwddiag; then
   # The dK/dV kernel with parts of its consumers' work left out (kDiag, MXFLASH_BWD_VARIANT bits
   # 20-23 of experiments builds; dK, dV garbage), or with DIAG_SHIFT=24 the dQ kernel's (bits 24-27,
-  # DIAGS from 0 1 2 8 5 10): the whole backward's time, then both kernels' durations and
-  # instruction counts at the benchmark's clocks (ncu --clock-control none).
+  # DIAGS from 0 1 2 8 5 10), or with DIAG_SHIFT=0 whole variant values (bits 28-29: the dK/dV
+  # math without its exponentials / conversions; docs/backward.md): the whole backward's time, then
+  # both kernels' durations and instruction counts at the benchmark's clocks (ncu --clock-control none).
   for d in ${DIAGS:-0 1 2 4 8 12 5 10}; do
     echo "== bwd diag $d << ${DIAG_SHIFT:-20}"
     MXFLASH_BWD_VARIANT=$((d << ${DIAG_SHIFT:-20})) T 60 "$B/exp/mxflash-bench" --preset ${PRESETS:-llm-long,cross} --workload bwd --impl mxfp8-exec \

@@ -340,11 +340,28 @@ __device__ __forceinline__ void pack_bf16_rows(const float (&acc)[64], int quad,
 // kTileScales: operands in the execution layout (BwdParams::qt_tile_scale): Qᵀ' scales per Q tile in
 // dK's promotions instead of per channel in the epilogue. (A template flag: testing the pointers in
 // the kernels instead measured 1-5% slower on the MX-tensor path.)
-// kDiag (experiments builds, MXFLASH_BWD_VARIANT bits 20-23; dK, dV garbage): parts of the
+// kDiag (experiments builds, MXFLASH_BWD_VARIANT bits 20-23, 28-29; dK, dV garbage): parts of the
 // consumers' work left out to measure what each costs: 1 the S and dP GEMMs (their accumulators
 // undefined), 2 the P and dS math (the accumulators packed as they are), 4 the dK and dV GEMMs
 // (their fragments consumed, the fresh accumulators undefined), 8 the promotions.
 inline constexpr int kDiagNoSdp = 1, kDiagNoMath = 2, kDiagNoGrad = 4, kDiagNoPromote = 8;
+// The dK/dV math's pipes (MXFLASH_BWD_VARIANT bits 28, 29): 16 the exponentials left out (P = their
+// argument: one MUFU.EX2 fewer per score element), 32 Pᵀ and dSᵀ packed by byte permutes (the
+// floats' top bytes, integer pipe) instead of F2FP conversions.
+inline constexpr int kDiagNoExp = 16, kDiagNoCvt = 32;
+// kDiagNoCvt's packing: pack_chunk's words from the top bytes of the floats (3 PRMT a word).
+template <int M>
+__device__ __forceinline__ void pack_chunk_bytes(const float* x, int c, uint32_t (&pa)[M]) {
+  auto word = [](float a, float b, float c2, float d) {
+    const uint32_t lo = __byte_perm(__float_as_uint(a), __float_as_uint(b), 0x73);
+    const uint32_t hi = __byte_perm(__float_as_uint(c2), __float_as_uint(d), 0x73);
+    return __byte_perm(lo, hi, 0x5410);
+  };
+  pa[4 * c + 0] = word(x[0], x[1], x[4], x[5]);
+  pa[4 * c + 1] = word(x[2], x[3], x[6], x[7]);
+  pa[4 * c + 2] = word(x[8], x[9], x[12], x[13]);
+  pa[4 * c + 3] = word(x[10], x[11], x[14], x[15]);
+}
 // kDiag: keeps values whose consumer a diagnostic removed (ptxas drops dead wgmmas and arithmetic):
 // stores them behind a branch that is never taken.
 template <typename T, int N>
@@ -498,8 +515,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             const int i0 = 4 * jn + 2 * r;
-            const float p0 = attn::fast_exp2(fmaf(sc[i0], a0, -in0.y));  // 256 p
-            const float p1 = attn::fast_exp2(fmaf(sc[i0 + 1], a1, -in1.y));
+            float p0 = fmaf(sc[i0], a0, -in0.y), p1 = fmaf(sc[i0 + 1], a1, -in1.y);
+            if constexpr ((kDiag & kDiagNoExp) == 0) {
+              p0 = attn::fast_exp2(p0);  // 256 p
+              p1 = attn::fast_exp2(p1);
+            }
             const float d0 = p0 * fmaf(dp[i0], c0, -in0.w);  // 256 dS
             const float d1 = p1 * fmaf(dp[i0 + 1], c1, -in1.w);
             sc[i0] = p0;
@@ -515,8 +535,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = 0; i < 32; ++i) dp[i] *= inv[(i % 4) / 2];
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          attn::pack_chunk(sc + 16 * c, c, pa);
-          attn::pack_chunk(dp + 16 * c, c, da);
+          if constexpr ((kDiag & kDiagNoCvt) != 0) {
+            pack_chunk_bytes(sc + 16 * c, c, pa);
+            pack_chunk_bytes(dp + 16 * c, c, da);
+          } else {
+            attn::pack_chunk(sc + 16 * c, c, pa);
+            attn::pack_chunk(dp + 16 * c, c, da);
+          }
         }
       };
       // The wgmmas of dV += Pᵀ dO or dK += dSᵀ Q over the half's 64 queries (into t, fresh when
@@ -1097,8 +1122,9 @@ size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 // consumers' clock trace into the file named by MXFLASH_BWD_TRACE (trace.cuh), bit 17 the dQ
 // kernel launched without programmatic stream serialization, bit 18 (a diagnostic: garbage out)
 // the operands' prepare passes (Q, K, V rows, Qᵀ', Kᵀ') launched on the first call only, so that
-// the time is what a backward on quantizer-written operands would take, bits 20-23 (diagnostics on
-// quantizer-written operands: garbage dK, dV) the dK/dV kernel's kDiag. Other builds run variant 0.
+// the time is what a backward on quantizer-written operands would take; diagnostics on
+// quantizer-written operands (garbage gradients): bits 20-23 and 28-29 the dK/dV kernel's kDiag,
+// bits 24-27 the dQ kernel's (docs/backward.md). Other builds run variant 0.
 int bwd_variant() {
 #if MXFLASH_FWD_EXPERIMENTS
   static const int v = [] {
@@ -1382,7 +1408,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       if (p.exec) kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true>;
 #if MXFLASH_FWD_EXPERIMENTS
       // Bits 20-23 (exec operands): kDiag, parts of the dK/dV consumers' work left out (garbage dK, dV).
-      if (p.exec) switch ((variant >> 20) & 15) {
+      if (p.exec) switch (((variant >> 20) & 15) | ((variant >> 24) & 48)) {
           case 1: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 1>; break;
           case 2: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 2>; break;
           case 4: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 4>; break;
@@ -1390,6 +1416,9 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
           case 12: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 12>; break;
           case 5: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 5>; break;
           case 10: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 10>; break;
+          case 16: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 16>; break;
+          case 32: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 32>; break;
+          case 48: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 48>; break;
           default: break;
         }
 #endif
