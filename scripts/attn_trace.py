@@ -9,7 +9,8 @@ The file holds, for 4 CTAs x 3 consumer warpgroups (a kernel of two leaves the t
     exponentials done, 5 P.V(j-1) done, 6 promoted.
   --kind bwd (MXFLASH_BWD_VARIANT with bit 10, MXFLASH_BWD_TRACE; the dK/dV kernel, first item of
     CTAs 0, 40, 80, 120): slot = 2 x Q tile + half; 0 before S and dP, 1 S, dP done, 2 P and dS
-    computed, 3 dK GEMM done, 4 dK promoted, 5 dV GEMM done and 6 dV promoted (second half only).
+    computed, 3 dK GEMM done, 4 dK promoted, 5 dV GEMM done and 6 dV promoted (second half only),
+    7 P and dS values done, before their row scales and packing (not printed: read the file).
 Prints the median cycles of each phase per warpgroup, and a few slots of both warpgroups on one
 clock.
 

@@ -116,7 +116,11 @@ __device__ __forceinline__ uint32_t scale_byte(float amax) {
   return scale_byte_from_amax_bits(__float_as_uint(amax), ScalingMode::kRceil);
 }
 __device__ __forceinline__ float inv_scale_of(uint32_t s) { return __uint_as_float((254u - s) << 23); }
-__device__ __forceinline__ float scale_of(uint32_t s) { return e8m0_to_float(uint8_t(s)); }
+// e8m0_to_float(s) without its early returns, which ptxas compiled into two branches (and their
+// convergence barriers) on the path from the dS maxima to the packing: the same values.
+__device__ __forceinline__ float scale_of(uint32_t s) {
+  return __uint_as_float(s == 0 ? 0x00400000u : s == 255 ? 0x7FC00000u : s << 23);
+}
 
 // One CTA of 256 threads per (128-row output tile, head): eight threads per row (16 channels each).
 inline constexpr int kPrepThreads = 256;
@@ -449,13 +453,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     // consumer warpgroup at seven points of each 64-query half of
     // the first item of CTAs 0, 40, 80, 120 (trace.cuh): slot 2 j + hh, events 0 before S and dP, 1
     // S, dP done, 2 P and dS computed, 3 dK GEMM done, 4 dK promoted, 5 dV GEMM done, 6 dV promoted
-    // (5, 6 on the second half only).
+    // (5, 6 on the second half only), 7 P and dS values done (before their row scales and packing).
     const int trace_row = kTrace && kv_i == 0 && warp == 0 && lane == 0
                               ? attn::trace_cta_slot(blockIdx.x, 0, 40, 80, 120)
                               : -1;
     auto stamp = [&](int slot, int event) {
       if constexpr (kTrace) attn::trace_stamp(trace_row, cw, slot, event);
     };
+    int math_slot = 0;  // kTrace: the slot of the half whose math runs (event 7: P, dS values done)
     // Math turns (MXFLASH_BWD_VARIANT 2048: the two consumer warpgroups alternating their P / dS math
     // per half, pinned by data): measured +-1% on 2026-11-29 night, removed
     // (docs/backward.md; commit ed1004c has the code).
@@ -529,6 +534,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             amax[r] = fmaxf(amax[r], fmaxf(fabsf(d0), fabsf(d1)));
           }
         }
+        stamp(math_slot, 7);
         float inv[2];
         row_scales(amax, inv, rs);  // of 256 dS: rs carries the factor 256
 #pragma unroll
@@ -620,6 +626,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             attn::fence_all(dp);
             stamp(2 * j + hh, 1);
             if (kPersistent && j == n_q - 1 && hh == 1) sm90::mbar_arrive(&s.kv_empty);  // K, V read for the last time
+            math_slot = 2 * j + hh;
             math(sc, dp, st, hh, first);
             stamp(2 * j + hh, 2);
             float t[64];
@@ -1403,6 +1410,9 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
         kernel = persistent ? bwd::attention_bwd_dkdv_kernel<true, true> : bwd::attention_bwd_dkdv_kernel<false, true>;
       // Bit 10: the default kernel with the consumers' clock trace (kTrace, trace.cuh).
       if ((variant & 1024) != 0 && (variant & 3) == 0) kernel = bwd::attention_bwd_dkdv_kernel<true, false, true>;
+      // Bit 10 with bit 29: the trace of kDiag 32 (the math's packing by byte permutes).
+      if ((variant & 1024) != 0 && (variant & 3) == 0 && ((variant >> 24) & 48) == 32)
+        kernel = bwd::attention_bwd_dkdv_kernel<true, false, true, false, 32>;
 #endif
       // Exec operands: the default (persistent) kernel's kTileScales form, whatever the variant.
       if (p.exec) kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true>;
