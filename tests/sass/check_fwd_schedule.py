@@ -27,6 +27,11 @@ behind dQ's GEMM of tile j and then waits for the dQ GEMM alone: each of its `WA
 gsb0, 0x1` must follow, since the previous wait, the 4 register-A wgmmas of dQ and the 4 SS wgmmas
 of S (a wait between them would mean ptxas serialized the two; the issue order was worth 1-2%).
 
+Every attention kernel's innermost loop around a wgmma (its tile loop) must hold no convergence
+barrier (BSSY): a function with early returns inlined into the loop (e8m0_to_float in the backward's
+dS scales, 2026-11-30) became two branches with their barriers in the math's latency tail and cost
+the backward 3-5% (docs/backward.md), with every GPU test still passing.
+
 Usage: check_fwd_schedule.py <libmxflash.a or object>   (needs cuobjdump and nvdisasm: PATH,
 $CUOBJDUMP, or the PyPI packages nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm that scripts/setup.sh
 installs). Exit 0: every checked kernel overlaps; 1: one does not (its counts are printed).
@@ -213,6 +218,19 @@ def check_three(variant, ins):
     return problems
 
 
+def convergence_barriers(name, ins):
+    """Problems of one kernel: BSSY in the innermost loop around any of its wgmmas (its tile loop).
+    Kernels without wgmma (the exact paths, the quantizers) have none to check."""
+    if not any("QGMMA" in t for _, t in ins):
+        return []
+    loops = [loop for i, (_, t) in enumerate(ins) if "QGMMA" in t for loop in [main_loop(ins, i)] if loop]
+    if not loops:
+        return [f"{name[:70]}: no loop around a wgmma found"]
+    tile_loop = min(loops, key=len)
+    n = sum(1 for u in tile_loop if re.search(r"\bBSSY\b", u))
+    return [f"{name[:70]}: {n} convergence barriers (BSSY) in its tile loop ({len(tile_loop)} instructions)"] if n else []
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__)
@@ -251,11 +269,16 @@ def main():
         problems.append("attention_bwd_dq_kernel: not found")
     for name, ins in sorted(dq.items()):
         problems += check_dq(name, ins)
+    every = {n: ins for n, ins in kernels(sass, r"Function : (\S*attention_(?:fwd|bwd)_\w*kernel\w*)").items()
+             if any("QGMMA" in t for _, t in ins)}
+    for name, ins in sorted(every.items()):
+        problems += convergence_barriers(name, ins)
     for p in problems:
         print(p)
     print(f"check_fwd_schedule: {len(checked)} forward kernels ({sorted(checked)}), {len(two_p)} persistent "
           f"two-consumer ones, {len(three)} three-consumer "
-          f"kernels and {len(dq)} dQ kernels checked, "
+          f"kernels and {len(dq)} dQ kernels checked, {len(every)} attention kernels' tile loops for "
+          f"convergence barriers, "
           f"{len(problems)} problems")
     return 1 if problems else 0
 
