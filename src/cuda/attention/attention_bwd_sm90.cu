@@ -375,6 +375,13 @@ __device__ __forceinline__ void diag_sink(const BwdParams& p, const T (&x)[N]) {
     for (int i = 0; i < N; ++i) reinterpret_cast<T*>(p.dk)[threadIdx.x * N + i] = x[i];
   }
 }
+// kDiag: accumulators whose GEMM a diagnostic left out, defined (undefined values) without an
+// instruction.
+template <int N>
+__device__ __forceinline__ void diag_undefined(float (&x)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "=f"(x[i]));
+}
 template <bool kPersistent, bool kDvPerHalf = false, bool kTrace = false, bool kTileScales = false, int kDiag = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_bwd_dkdv_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -482,8 +489,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint64_t desc_q = sm90::make_desc_k128b(st.q + hh * kHalf * kHeadDim);
         const uint64_t desc_do = sm90::make_desc_k128b(st.dout + hh * kHalf * kHeadDim);
         if constexpr ((kDiag & kDiagNoSdp) != 0) {
-#pragma unroll
-          for (int i = 0; i < 32; ++i) asm volatile("" : "=f"(sc[i]), "=f"(dp[i]));
+          diag_undefined(sc);
+          diag_undefined(dp);
           return;
         }
         sm90::wgmma_fence();
@@ -555,8 +562,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       auto grad_steps = [&](float (&t)[64], uint64_t db, const uint32_t (&frag)[8], int hh, bool first) {
         if constexpr ((kDiag & kDiagNoGrad) != 0) {
           diag_sink(p, frag);
-#pragma unroll
-          for (int i = 0; i < 64; ++i) asm volatile("" : "=f"(t[i]));
+          diag_undefined(t);
           return;
         }
         sm90::wgmma_rs_steps<kHalf / 32>(t, frag, db, first, 2 * hh);
@@ -579,15 +585,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       auto promote_dv = [&](const float (&t)[64], const KvStage& st) {
         if constexpr ((kDiag & kDiagNoPromote) != 0) {
           diag_sink(p, t);
-          return;
-        }
+        } else {
 #pragma unroll
-        for (int jn = 0; jn < 16; ++jn) {
-          const float2 cs = sm90::ld_shared_f32x2(&st.dot_scale[8 * jn + 2 * quad]);
+          for (int jn = 0; jn < 16; ++jn) {
+            const float2 cs = sm90::ld_shared_f32x2(&st.dot_scale[8 * jn + 2 * quad]);
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            dv[4 * jn + 2 * r] = fmaf(t[4 * jn + 2 * r], cs.x, dv[4 * jn + 2 * r]);
-            dv[4 * jn + 2 * r + 1] = fmaf(t[4 * jn + 2 * r + 1], cs.y, dv[4 * jn + 2 * r + 1]);
+            for (int r = 0; r < 2; ++r) {
+              dv[4 * jn + 2 * r] = fmaf(t[4 * jn + 2 * r], cs.x, dv[4 * jn + 2 * r]);
+              dv[4 * jn + 2 * r + 1] = fmaf(t[4 * jn + 2 * r + 1], cs.y, dv[4 * jn + 2 * r + 1]);
+            }
           }
         }
       };
@@ -803,8 +809,7 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
       auto issue_s = [&](float (&acc)[64], int j) {
         const uint64_t desc_k = sm90::make_desc_k128b(st[(it + j) % kQStages].k);
         if constexpr ((kDiag & kDiagNoSdp) != 0) {
-#pragma unroll
-          for (int i = 0; i < 64; ++i) asm volatile("" : "=f"(acc[i]));
+          diag_undefined(acc);
           return;
         }
         sm90::wgmma_fence();
@@ -815,8 +820,7 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
       auto issue_dp = [&](float (&acc)[64], int j) {
         const uint64_t desc_v = sm90::make_desc_k128b(st[(it + j) % kQStages].v);
         if constexpr ((kDiag & kDiagNoSdp) != 0) {
-#pragma unroll
-          for (int i = 0; i < 64; ++i) asm volatile("" : "=f"(acc[i]));
+          diag_undefined(acc);
           return;
         }
         sm90::wgmma_fence();
@@ -873,8 +877,7 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
         const uint64_t desc_kt = sm90::make_desc_k128b(st[stage].kt);
         if constexpr ((kDiag & kDiagNoGrad) != 0) {
           diag_sink(p, da);
-#pragma unroll
-          for (int i = 0; i < 64; ++i) asm volatile("" : "=f"(sa[i]));
+          diag_undefined(sa);
         } else {
           sm90::wgmma_fence();
           sm90::wgmma_rs_steps<kTile / 32>(sa, da, desc_kt, true);
@@ -1144,6 +1147,11 @@ int bwd_variant() {
 #endif
 }
 
+#if MXFLASH_FWD_EXPERIMENTS
+// The dK/dV kernel's kDiag in an experiments variant: bits 20-23 as 1-8, bits 28-29 as 16, 32.
+int dkdv_diag(int variant) { return ((variant >> 20) & 15) | ((variant >> 24) & 48); }
+#endif
+
 // How many CTAs of the persistent dQ kernel (attention_bwd_dq_kernel_p) run the dQ items: one per
 // SM (`sms`, the device's count), or 0 for one CTA per item (attention_bwd_dq_kernel): persistent where the longest K/V
 // sequence (`lk`: the K/V lengths) has at most kDqPersistentMaxTiles tiles. H200, 2026-11-30, the
@@ -1411,14 +1419,14 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       // Bit 10: the default kernel with the consumers' clock trace (kTrace, trace.cuh).
       if ((variant & 1024) != 0 && (variant & 3) == 0) kernel = bwd::attention_bwd_dkdv_kernel<true, false, true>;
       // Bit 10 with bit 29: the trace of kDiag 32 (the math's packing by byte permutes).
-      if ((variant & 1024) != 0 && (variant & 3) == 0 && ((variant >> 24) & 48) == 32)
+      if ((variant & 1024) != 0 && (variant & 3) == 0 && dkdv_diag(variant) == 32)
         kernel = bwd::attention_bwd_dkdv_kernel<true, false, true, false, 32>;
 #endif
       // Exec operands: the default (persistent) kernel's kTileScales form, whatever the variant.
       if (p.exec) kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true>;
 #if MXFLASH_FWD_EXPERIMENTS
       // Bits 20-23 (exec operands): kDiag, parts of the dK/dV consumers' work left out (garbage dK, dV).
-      if (p.exec) switch (((variant >> 20) & 15) | ((variant >> 24) & 48)) {
+      if (p.exec) switch (dkdv_diag(variant)) {
           case 1: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 1>; break;
           case 2: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 2>; break;
           case 4: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 4>; break;
