@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Development runs on the GPU machine, every step under a timeout (a hung kernel costs one step,
-# not the session): STEPS from "tests bwdmem bwdbench fwdab bwdab bwddiag quantab python" (default
+# not the session): STEPS from "tests bwdmem bwdbench fwdab bwdab bwddiag quantab power python" (default
 # "tests bwdmem bwdbench fwdab python"). Binaries from .gpu-bin (scripts/stage_gpu_bin.sh,
 # EXPERIMENTS=1 for fwdab, bwdab and bwddiag). Logs in ${OUT:-gpu-logs}.
 set -uo pipefail
@@ -65,6 +65,26 @@ if want quantab; then
     MXFLASH_QUANT_VARIANT=$v T 200 "$B/mxflash_tests_gpu" --gtest_brief=1 --gtest_filter='QuantizeGpu.*' > "$OUT/quantab_$v.log" 2>&1
     echo "== quantize variant $v tests rc=$?"; tail -n 1 "$OUT/quantab_$v.log"
     MXFLASH_QUANT_VARIANT=$v T 120 "$B/mxflash-bench" --workload quantize --warmup-s ${QWARM:-0.5} --window-s ${QWIN:-2} 2>/dev/null | grep -E "GB/s|copy|hdim|seq|square"
+  done
+fi
+if want power; then
+  # SM clock and board power while one implementation runs (nvidia-smi every 50 ms through a long
+  # window; medians of the samples taken in its middle): is a kernel's speed set by a power cap?
+  for wl in ${POWER_WORKLOADS:-fwd bwd}; do
+    for impl in ${POWER_IMPLS:-mxfp8-exec cudnn-fp8 cudnn-bf16}; do
+      nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active --format=csv,noheader,nounits -lms 50 > "$OUT/power_${wl}_${impl}.csv" &
+      smi=$!
+      T 60 "$B/mxflash-bench" --preset ${POWER_PRESET:-llm-long} --workload $wl --impl $impl --warmup-s 1 --window-s ${POWER_WIN:-4} 2>/dev/null | grep -E "^(llm|cross|jagged)"
+      kill $smi; wait $smi 2>/dev/null
+      python3 - "$OUT/power_${wl}_${impl}.csv" "$wl" "$impl" <<'PY'
+import sys, statistics
+rows = [l.split(', ') for l in open(sys.argv[1]) if l.strip()]
+n = len(rows); mid = rows[n // 4: 3 * n // 4] or rows
+clk = statistics.median(float(r[0]) for r in mid); pw = statistics.median(float(r[1]) for r in mid)
+tmp = statistics.median(float(r[2]) for r in mid); thr = sorted(set(r[3].strip() for r in mid))
+print(f"== power {sys.argv[2]} {sys.argv[3]}: {n} samples, SM clock {clk:.0f} MHz, {pw:.0f} W, {tmp:.0f} C, throttle {thr}")
+PY
+    done
   done
 fi
 if want python; then
