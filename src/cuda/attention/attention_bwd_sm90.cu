@@ -241,9 +241,6 @@ struct BwdParams {
   float* dv_f32;
   bool staged_dkdv;  // dK, dV (bf16, 16-byte aligned) through the persistent kernel's staging tiles
   bool staged_dq;    // dQ (bf16, 16-byte aligned) staged by the persistent dQ kernel (consume_dq)
-  float* dq_acc;     // kFused: (Pq, H, 128) fp32, 256 dQ (times the K tile scales), reduced into
-  int fused_diag;    // kFused diagnostics (MXFLASH_BWD_FUSED_DIAG; dQ wrong): 1 no dQ work, 2 no GEMMs and
-                     // reductions, 4 no reductions
 };
 
 struct Item {
@@ -312,56 +309,6 @@ struct DkdvStageSmem {
 inline constexpr size_t kKvSmemBytesStaged = kKvSmemOffsetStage + sizeof(DkdvStageSmem) + 1024;
 static_assert(kKvSmemBytesStaged <= 227 * 1024, "dK/dV kernel with staging tiles: shared memory");
 inline constexpr int kBarStage0 = 3;
-
-// kFused (experiments builds, MXFLASH_BWD_VARIANT bit 3): the dK/dV kernel computes dQ too, in its
-// producer warpgroup (the dQ warpgroup: 48 registers, thread 0 still issues the loads), and the
-// dQ kernel does not run. Per 64-query half each
-// consumer thread leaves its packed dSᵀ (the dK GEMM's register operand: e4m3 over a power-of-two
-// scale per key) in `dump` and its keys' scale bytes in `kscale`; the dQ warpgroup re-expresses the
-// 128 keys' bytes to the largest of their scales (shift_e4m3x4: exact, one rounding), writes them
-// transposed as the K-major A operand `a` (row = query, bytes = keys in Kᵀ''s token order), runs
-// dQ = dS Kᵀ' as m64n32k32 wgmmas in four 32-channel quarters and reduces each quarter (times the
-// scale, fp32) into the workspace's accumulator with a bulk tensor reduction from `stage`. The
-// consumers' only added work is the dump (two 16-byte stores, two scale bytes) and an mbarrier
-// arrive; they wait for a dump buffer only if the dQ warpgroup falls two halves behind.
-struct FusedSmem {
-  alignas(1024) uint8_t kt[kTileBytes];                   // Kᵀ' of the item's 128 keys (128 channels x 128 keys)
-  alignas(1024) uint8_t a[kHalf * kTile];                 // dS of one half for dQ: 64 queries x 128 key positions
-  alignas(1024) float stage[2][kHalf * 32];               // dQ boxes: 64 queries x 32 channels, 128-byte swizzle
-  alignas(16) uint32_t dump[2][kConsumers][kWarpgroupThreads][8];  // the consumers' dSᵀ fragments, per half parity
-  uint32_t kscale[2][kTile];                              // the keys' dS scale bytes (0: key past the sequence)
-  uint32_t smax[2][4];                                    // the dQ warps' largest scale byte
-  alignas(8) uint64_t ds_full[2];                         // dump and kscale written (256 consumer threads)
-  uint64_t ds_empty[2];                                   // read by the dQ warpgroup (128 threads)
-};
-inline constexpr size_t kKvSmemBytesFused = kKvSmemOffsetStage + sizeof(FusedSmem) + 1024;
-static_assert(kKvSmemBytesFused <= 227 * 1024, "fused dK/dV/dQ kernel: shared memory");
-// The CTA can hand out only what it was launched with (168 x 384 = 504 x 128 registers): warpgroup 0
-// (producer and dQ; ptxas keeps a wgmma warpgroup above 40) 48 + 2 x 224 = 496.
-inline constexpr int kDqRegs = 48, kConsumerRegsFused = 224;
-inline constexpr int kBarDq = 5;                               // the dQ warpgroup's named barrier
-
-// An e4m3x4 word's values times 2^-shift (shift >= 0), rounded once to e4m3: shift_e4m3x4 of
-// attention_fwd_prepare.cuh without its shift == 0 branch (a multiply by 1 leaves the bytes).
-__device__ __forceinline__ uint32_t f16x2_pow2_neg(int shift) {
-  const uint32_t m = shift > 24 ? 0u : (shift <= 14 ? uint32_t(15 - shift) << 10 : 1u << (24 - shift));
-  return m | (m << 16);
-}
-__device__ __forceinline__ uint32_t rescale_e4m3x4(uint32_t word, uint32_t m2) {
-  uint32_t out;
-  asm("{\n.reg .b16 lo, hi, rlo, rhi;\n.reg .b32 h0, h1;\n"
-      "mov.b32 {lo, hi}, %1;\n"
-      "cvt.rn.f16x2.e4m3x2 h0, lo;\n"
-      "cvt.rn.f16x2.e4m3x2 h1, hi;\n"
-      "mul.rn.f16x2 h0, h0, %2;\n"
-      "mul.rn.f16x2 h1, h1, %2;\n"
-      "cvt.rn.satfinite.e4m3x2.f16x2 rlo, h0;\n"
-      "cvt.rn.satfinite.e4m3x2.f16x2 rhi, h1;\n"
-      "mov.b32 %0, {rlo, rhi};\n}\n"
-      : "=r"(out)
-      : "r"(word), "r"(m2));
-  return out;
-}
 
 // A warpgroup's 64 x 128 fp32 accumulator (the m64n128 layout, this thread's `quad`) as the bf16
 // pairs attn::stage_and_store takes, each value times factor(channel) / kPScale.
@@ -435,16 +382,13 @@ __device__ __forceinline__ void diag_undefined(float (&x)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "=f"(x[i]));
 }
-template <bool kPersistent, bool kDvPerHalf = false, bool kTrace = false, bool kTileScales = false, int kDiag = 0,
-          bool kFused = false>
+template <bool kPersistent, bool kDvPerHalf = false, bool kTrace = false, bool kTileScales = false, int kDiag = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_bwd_dkdv_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                               const __grid_constant__ CUtensorMap tm_qt, const __grid_constant__ CUtensorMap tm_dot,
                               const __grid_constant__ CUtensorMap tm_dk, const __grid_constant__ CUtensorMap tm_dv,
-                              const __grid_constant__ CUtensorMap tm_kt, const __grid_constant__ CUtensorMap tm_dqa,
                               const BwdParams p) {
-  static_assert(!kFused || kPersistent, "the fused form is built on the persistent schedule");
   // The dQ kernel, launched next with programmatic stream serialization, reads nothing this kernel
   // writes: its CTAs may take the SMs this kernel's CTAs leave in its last round.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -453,180 +397,41 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* const smem_base = reinterpret_cast<uint8_t*>(&s);
   // The staged epilogue (persistent and p.staged_dkdv; launched with kKvSmemBytesStaged).
   DkdvStageSmem& stg = *reinterpret_cast<DkdvStageSmem*>(smem_base + kKvSmemOffsetStage);
-  FusedSmem& fs = *reinterpret_cast<FusedSmem*>(smem_base + kKvSmemOffsetStage);  // kFused (no staging then)
   const int wg = attn::warpgroup_index(), tid = threadIdx.x % kWarpgroupThreads;
   attn::init_pipeline(&s.kv_full, s.full, s.empty, kConsumers);
   if (kPersistent) {
     if (threadIdx.x == 0) {
-      sm90::mbar_init(&s.kv_empty, (kConsumers + (kFused ? 1 : 0)) * kWarpgroupThreads);
-      if constexpr (kFused) {
-        for (int b = 0; b < 2; ++b) {
-          sm90::mbar_init(&fs.ds_full[b], kConsumers * kWarpgroupThreads);
-          sm90::mbar_init(&fs.ds_empty[b], kWarpgroupThreads);
-        }
-      }
+      sm90::mbar_init(&s.kv_empty, kConsumers * kWarpgroupThreads);
       sm90::fence_barrier_init();
     }
     __syncthreads();
   }
 
-  if (wg == 0) {  // ----------------------------------------------------- producer (kFused: and dQ)
-    // An item's K, V (kFused: and Kᵀ') after the previous item's were read for the last time; `kv_i`
-    // K/V tiles were loaded before (persistent CTAs).
-    auto load_kv = [&](const Item& w, int kv_i) {
-      const int64_t k_row = int64_t(w.h) * p.Pk + p.cu_k_sf[w.b] + int64_t(w.blk) * kTile;
-      if (kPersistent) sm90::mbar_wait(&s.kv_empty, (kv_i & 1) ^ 1);
-      sm90::mbar_arrive_expect_tx(&s.kv_full, (kFused ? 3 : 2) * kTileBytes);
-      sm90::tma_load_2d(s.k, &tm_k, &s.kv_full, 0, int(k_row));
-      sm90::tma_load_2d(s.v, &tm_v, &s.kv_full, 0, int(k_row));
-      if constexpr (kFused)
-        sm90::tma_load_2d(fs.kt, &tm_kt, &s.kv_full, int(p.cu_k_sf[w.b] + int64_t(w.blk) * kTile), w.h * kHeadDim);
-    };
-    // The item's Q tile j into its stage; `it` Q tiles were loaded before. wait: for the stage to be
-    // free (else the caller knows it is).
-    auto load_q = [&](const Item& w, int it, int j, bool wait = true) {
-      const int stage = (it + j) % kKvStages;
-      KvStage& st = s.st[stage];
-      if (wait) sm90::mbar_wait(&s.empty[stage], (((it + j) / kKvStages) & 1) ^ 1);
-      sm90::mbar_arrive_expect_tx(&s.full[stage], kKvStageTx);
-      const int64_t qr = p.cu_q_sf[w.qb] + int64_t(j) * kTile, orow = w.o_pad0 + int64_t(j) * kTile;
-      sm90::tma_load_2d(st.q, &tm_q, &s.full[stage], 0, int(w.h * p.Pq + qr));
-      sm90::tma_load_2d(st.dout, &tm_do, &s.full[stage], 0, int(w.h * p.Po + orow));
-      sm90::tma_load_2d(st.qt, &tm_qt, &s.full[stage], int(qr), w.h * kHeadDim);
-      sm90::tma_load_2d(st.dot, &tm_dot, &s.full[stage], int(orow), w.h * kHeadDim);
-      sm90::bulk_load(st.info, p.info + w.h * p.Po + orow, kTile * sizeof(float4), &s.full[stage]);
-      sm90::bulk_load(st.dot_scale, p.do_t_scale + (w.h * (p.Po / kTile) + orow / kTile) * kHeadDim,
-                      kHeadDim * sizeof(float), &s.full[stage]);
-    };
-    // kFused: dQ of one 64-query half from the consumers' dump `buf` (complete), added into the
-    // accumulator rows row0.. of head h; quarter: the staging boxes' use count.
-    auto dq_half = [&](int buf, int h, int row0, float k_tile, int quarter) {
-      // This thread (read from %tid.x here, so that nothing derived from it is held across the
-      // loops): consumer warpgroup sc, its warp sw, query quad q and the keys 2u, 2u + 1, 2u + 8,
-      // 2u + 9 of that warp's 16 (held by its lanes src0 and src0 + 4, rows g and g + 8), whose
-      // bytes fill one word of Kᵀ''s token order; four groups (c, h2) of 4 queries, taken in an
-      // order rotated by u (conflict-free shared loads).
-      const int t = attn::thread_index() % kWarpgroupThreads;
-      const uint32_t wmax = __reduce_max_sync(0xFFFFFFFFu, fs.kscale[buf][t]);
-      if (t % 32 == 0) fs.smax[buf][t / 32] = wmax;
-      sm90::named_barrier_sync(kBarDq, kWarpgroupThreads);  // smax complete
-      {
-        const int sc = t / 64, sw = (t / 16) % 4, u = (t / 4) % 4, q = t % 4;
-        const int src0 = 32 * sw + 8 * u + q, kkey = 64 * sc + 16 * sw + 2 * u;
-        const uint4 sm = *reinterpret_cast<const uint4*>(&fs.smax[buf][0]);
-        const int sig = int(max(max(sm.x, sm.y), max(sm.z, sm.w)));
-        const uint2 s0 = *reinterpret_cast<const uint2*>(&fs.kscale[buf][kkey]);      // keys 2u, 2u + 1
-        const uint2 s1 = *reinterpret_cast<const uint2*>(&fs.kscale[buf][kkey + 8]);  // keys 2u + 8, 2u + 9
-        const uint32_t m00 = f16x2_pow2_neg(sig - int(s0.x)), m10 = f16x2_pow2_neg(sig - int(s0.y));
-        const uint32_t m01 = f16x2_pow2_neg(sig - int(s1.x)), m11 = f16x2_pow2_neg(sig - int(s1.y));
-        const uint32_t a_base = sm90::smem_u32(fs.a), word = uint32_t(kkey + 2 * u);  // = 64 sc + 16 sw + 4 u
-#pragma unroll 1
-        for (int k = 0; k < 4; ++k) {
-          const int grp = (k + u) & 3, c = grp >> 1, h2 = grp & 1;
-          const uint2 x0 = *reinterpret_cast<const uint2*>(&fs.dump[buf][sc][src0][4 * c + 2 * h2]);
-          const uint2 x1 = *reinterpret_cast<const uint2*>(&fs.dump[buf][sc][src0 + 4][4 * c + 2 * h2]);
-          const uint32_t w0 = rescale_e4m3x4(x0.x, m00), w2 = rescale_e4m3x4(x0.y, m01);
-          const uint32_t w1 = rescale_e4m3x4(x1.x, m10), w3 = rescale_e4m3x4(x1.y, m11);
-          const uint32_t t0 = __byte_perm(w0, w1, 0x5140), t1 = __byte_perm(w0, w1, 0x7362);
-          const uint32_t t2 = __byte_perm(w2, w3, 0x5140), t3 = __byte_perm(w2, w3, 0x7362);
-          const uint32_t d[4] = {__byte_perm(t0, t2, 0x5410), __byte_perm(t0, t2, 0x7632), __byte_perm(t1, t3, 0x5410),
-                                 __byte_perm(t1, t3, 0x7632)};
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const uint32_t row = uint32_t(32 * c + 16 * h2 + 8 * (i / 2) + 2 * q + (i % 2));  // the query
-            const uint32_t at = a_base + row * 128 + ((((word / 16) ^ row) & 7) << 4) + (word % 16);
-            asm volatile("st.shared.u32 [%0], %1;" ::"r"(at), "r"(d[i]) : "memory");
-          }
-        }
-      }
-      sm90::mbar_arrive(&fs.ds_empty[buf]);  // this thread's share of the dump read
-      sm90::fence_proxy_async_smem();
-      float f;
-      {
-        const uint4 sm = *reinterpret_cast<const uint4*>(&fs.smax[buf][0]);
-        f = scale_of(max(max(sm.x, sm.y), max(sm.z, sm.w))) * k_tile;
-      }
-      sm90::named_barrier_sync(kBarDq, kWarpgroupThreads);  // the A tile written
-      if (p.fused_diag & 2) return;
-      const uint64_t desc_a = sm90::make_desc_k128b(fs.a);
-#pragma unroll 1
-      for (int n4 = 0; n4 < 4; ++n4) {
-        float acc[16];
-        const uint64_t desc_b = sm90::make_desc_k128b(fs.kt + n4 * 32 * kTile);
-        sm90::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kTile / 32; ++kk) sm90::wgmma_m64n32k32_ss(acc, desc_a + 2 * kk, desc_b + 2 * kk, kk);
-        sm90::wgmma_commit();
-        sm90::wgmma_wait<0>();
-        attn::fence_all(acc);
-        // Straight from the registers into the accumulator (fp32 reductions at L2, fire and forget).
-        const int t = attn::thread_index() % kWarpgroupThreads;
-        float* const row_ptr = p.dq_acc + ((int64_t(row0) + 16 * (t / 32) + (t % 32) / 4) * p.heads + h) * kHeadDim +
-                               32 * n4 + 2 * (t % 4);
-        if ((p.fused_diag & 4) == 0) {
-#pragma unroll
-          for (int r = 0; r < 2; ++r)
-#pragma unroll
-            for (int jn = 0; jn < 4; ++jn)
-              asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(row_ptr + int64_t(8 * r) * p.heads * kHeadDim + 8 * jn),
-                           "f"(acc[4 * jn + 2 * r] * f), "f"(acc[4 * jn + 2 * r + 1] * f)
-                           : "memory");
-        }
-      }
-    };
-    if constexpr (kFused) {
-      // The whole warpgroup computes dQ (its wgmmas are warpgroup-wide); thread 0 also issues the
-      // loads: an item's K, V, Kᵀ' and first kKvStages Q tiles at its start, Q tile j + kKvStages
-      // after the dQ of tile j's second half (by then the consumers are done with tile j, or nearly).
-      sm90::setmaxnreg_dec<kDqRegs>();
-      int it = 0, kv_i = 0, quarter = 0;
-      for (unsigned index = blockIdx.x; index < unsigned(p.num_items); index += gridDim.x) {
-        const Item w = attn::warp_uniform(item_of<true>(p, index));
-        const int n_q = (w.Lq + kTile - 1) / kTile;
-        if (n_q == 0) continue;
-        int next_q = min(n_q, kKvStages);  // thread 0: the item's next Q tile to load
-        if (tid == 0) {
-          load_kv(w, kv_i);
-          for (int j = 0; j < next_q; ++j) load_q(w, it, j);
-        }
-        // Thread 0: the Q tiles whose stages the consumers have released, without waiting.
-        auto poll_loads = [&] {
-          while (tid == 0 && next_q < n_q &&
-                 sm90::mbar_test(&s.empty[(it + next_q) % kKvStages], (((it + next_q) / kKvStages) & 1) ^ 1))
-            load_q(w, it, next_q++, false);
-        };
-        const int64_t tile_idx = int64_t(w.h) * (p.Pk / kTile) + p.cu_k_sf[w.b] / kTile + w.blk;
-        const float k_tile = kTileScales ? p.kt_tile_scale[tile_idx] : 1.f;
-        const int row_base = int(p.cu_q_sf[w.qb]);
-        sm90::mbar_wait(&s.kv_full, kv_i & 1);
-#pragma unroll 1
-        for (int j = 0; j < n_q; ++j) {
-#pragma unroll 1
-          for (int hh = 0; hh < 2; ++hh) {
-            const int gh = 2 * (it + j) + hh, buf = gh & 1;
-            poll_loads();
-            if (tid == 0 && next_q <= j) load_q(w, it, next_q++);  // the tile this half needs (its stage is free)
-            sm90::mbar_wait(&fs.ds_full[buf], (gh >> 1) & 1);
-            if (p.fused_diag & 1)
-              sm90::mbar_arrive(&fs.ds_empty[buf]);
-            else
-              dq_half(buf, w.h, row_base + kTile * j + kHalf * hh, k_tile, quarter);
-            quarter += 4;
-          }
-          poll_loads();
-        }
-        sm90::mbar_arrive(&s.kv_empty);  // Kᵀ' read for the last time
-        it += n_q;
-        ++kv_i;
-      }
-      if (tid == 0) sm90::bulk_wait<0>();
-      return;
-    }
+  if (wg == 0) {  // ---------------------------------------------------------------- producer
     sm90::setmaxnreg_dec<kProducerRegs>();
     if (tid != 0) return;
+    // One item's loads; `it` Q tiles and `kv_i` K/V tiles were loaded before (persistent CTAs).
     auto produce = [&](const Item& w, int n_q, int it, int kv_i) {
-      load_kv(w, kv_i);
-      for (int j = 0; j < n_q; ++j) load_q(w, it, j);
+      const int64_t k_row = int64_t(w.h) * p.Pk + p.cu_k_sf[w.b] + int64_t(w.blk) * kTile;
+      if (kPersistent) sm90::mbar_wait(&s.kv_empty, (kv_i & 1) ^ 1);
+      sm90::mbar_arrive_expect_tx(&s.kv_full, 2 * kTileBytes);
+      sm90::tma_load_2d(s.k, &tm_k, &s.kv_full, 0, int(k_row));
+      sm90::tma_load_2d(s.v, &tm_v, &s.kv_full, 0, int(k_row));
+      const int64_t q_pad0 = p.cu_q_sf[w.qb];
+      for (int j = 0; j < n_q; ++j) {
+        const int stage = (it + j) % kKvStages;
+        KvStage& st = s.st[stage];
+        sm90::mbar_wait(&s.empty[stage], (((it + j) / kKvStages) & 1) ^ 1);
+        sm90::mbar_arrive_expect_tx(&s.full[stage], kKvStageTx);
+        const int64_t qr = q_pad0 + int64_t(j) * kTile, orow = w.o_pad0 + int64_t(j) * kTile;
+        sm90::tma_load_2d(st.q, &tm_q, &s.full[stage], 0, int(w.h * p.Pq + qr));
+        sm90::tma_load_2d(st.dout, &tm_do, &s.full[stage], 0, int(w.h * p.Po + orow));
+        sm90::tma_load_2d(st.qt, &tm_qt, &s.full[stage], int(qr), w.h * kHeadDim);
+        sm90::tma_load_2d(st.dot, &tm_dot, &s.full[stage], int(orow), w.h * kHeadDim);
+        sm90::bulk_load(st.info, p.info + w.h * p.Po + orow, kTile * sizeof(float4), &s.full[stage]);
+        sm90::bulk_load(st.dot_scale, p.do_t_scale + (w.h * (p.Po / kTile) + orow / kTile) * kHeadDim,
+                        kHeadDim * sizeof(float), &s.full[stage]);
+      }
     };
     if constexpr (kPersistent) {
       int it = 0, kv_i = 0;
@@ -647,7 +452,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // ---------------------------------------------------------------------------------- consumers
-  sm90::setmaxnreg_inc<kFused ? kConsumerRegsFused : kConsumerRegs>();
+  sm90::setmaxnreg_inc<kConsumerRegs>();
   const int cw = wg - 1, warp = tid / 32, lane = tid % 32, quad = lane % 4;
   // One item: dK, dV of its 128 keys over the Q tiles, then the epilogue.
   auto consume = [&](const Item& w, int n_q, int it, int kv_i) {
@@ -830,23 +635,6 @@ __global__ void __launch_bounds__(kThreads, 1)
             math_slot = 2 * j + hh;
             math(sc, dp, st, hh, first);
             stamp(2 * j + hh, 2);
-            if constexpr (kFused) {  // the half's dSᵀ fragments and key scales for the dQ warpgroup
-              const int gh = 2 * (it + j) + hh, buf = gh & 1;
-              sm90::mbar_wait(&fs.ds_empty[buf], ((gh >> 1) & 1) ^ 1);
-              uint32_t* dst = &fs.dump[buf][cw][tid][0];
-              asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(sm90::smem_u32(dst)), "r"(da[0]), "r"(da[1]),
-                           "r"(da[2]), "r"(da[3])
-                           : "memory");
-              asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(sm90::smem_u32(dst + 4)), "r"(da[4]),
-                           "r"(da[5]), "r"(da[6]), "r"(da[7])
-                           : "memory");
-              if (quad == 0) {
-                const int key = cw * kHalf + warp * 16 + lane / 4, valid = w.Lk - w.blk * kTile;
-                fs.kscale[buf][key] = key < valid ? __float_as_uint(rs[0]) >> 23 : 0u;
-                fs.kscale[buf][key + 8] = key + 8 < valid ? __float_as_uint(rs[1]) >> 23 : 0u;
-              }
-              sm90::mbar_arrive(&fs.ds_full[buf]);
-            }
             float t[64];
             if constexpr (kDvPerHalf) {
               issue_grad(t, st.dot, pa, hh);
@@ -1319,34 +1107,6 @@ __global__ void sum_dq_kernel(const float* __restrict__ part, int batch, int64_t
   }
 }
 
-// The fused form's dQ (kFused): the fp32 accumulator (Pq, H, 128) of 256 dQ (times the K channel
-// scales of the sequence where kt_scale is given, else folded in already) to bf16 (Tq, H, 128) times
-// `scale` (softmax_scale / 256). One CTA per 128-row tile of padded Q rows.
-__global__ void __launch_bounds__(256) fused_dq_out_kernel(const float* __restrict__ acc, const int32_t* __restrict__ cu_q,
-                                                           const int32_t* __restrict__ cu_q_sf, int batch, int H,
-                                                           const float* __restrict__ kt_scale, float scale,
-                                                           __nv_bfloat16* __restrict__ dq) {
-  const int64_t tile = blockIdx.x;
-  const int b = attn::sequence_of_padded_warp(cu_q_sf, batch, tile * kTile);
-  const int64_t first = tile * kTile - cu_q_sf[b], len = int64_t(cu_q[b + 1]) - cu_q[b];
-  const int per_row = H * (kHeadDim / 4);
-  for (int e = threadIdx.x; e < kTile * per_row; e += blockDim.x) {
-    const int r = e / per_row, h = (e % per_row) / (kHeadDim / 4), c4 = e % (kHeadDim / 4);
-    if (first + r >= len) continue;
-    const float4 v = reinterpret_cast<const float4*>(acc)[(tile * kTile + r) * per_row + h * (kHeadDim / 4) + c4];
-    float4 k = make_float4(scale, scale, scale, scale);
-    if (kt_scale) {
-      const float4 ks = reinterpret_cast<const float4*>(kt_scale)[(int64_t(b) * H + h) * (kHeadDim / 4) + c4];
-      k = make_float4(ks.x * scale, ks.y * scale, ks.z * scale, ks.w * scale);
-    }
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x * k.x, v.y * k.y), hi = __floats2bfloat162_rn(v.z * k.z, v.w * k.w);
-    uint2 out;
-    out.x = *reinterpret_cast<const uint32_t*>(&lo);
-    out.y = *reinterpret_cast<const uint32_t*>(&hi);
-    *reinterpret_cast<uint2*>(dq + ((int64_t(cu_q[b]) + first + r) * H + h) * kHeadDim + 4 * c4) = out;
-  }
-}
-
 // output_mxfp8_dkv: the (Tk, H, 4) per-token-row view of square32 plain scales (P / 32, H, 4).
 __global__ void token_row_scales_kernel(const uint8_t* __restrict__ square, const int32_t* __restrict__ cu,
                                         const int32_t* __restrict__ cu_sf, int batch, int64_t T, int64_t H,
@@ -1387,12 +1147,6 @@ int bwd_variant() {
 #endif
 }
 
-// Experiments builds, MXFLASH_BWD_VARIANT bit 3: dQ in the dK/dV kernel (kFused: a dQ warpgroup, the
-// dQ kernel skipped; not with broadcast Q), reduced into an fp32 accumulator in the workspace.
-bool fused_dq(const cuda::AttentionBwdProblem& p) {
-  return (bwd_variant() & 8) != 0 && !p.broadcast_q && p.Tq > 0 && p.Tk > 0;
-}
-
 #if MXFLASH_FWD_EXPERIMENTS
 // The dK/dV kernel's kDiag in an experiments variant: bits 20-23 as 1-8, bits 28-29 as 16, 32.
 int dkdv_diag(int variant) { return ((variant >> 20) & 15) | ((variant >> 24) & 48); }
@@ -1429,7 +1183,7 @@ bool heads_inner(int64_t heads, const std::vector<int>& len, int64_t bytes_per_t
 
 struct BwdWorkspace {
   size_t q, k, v, qt, kt, dout, dot, info, q_scale, k_scale, v_scale, qt_byte, qt_scale, kt_byte, kt_scale, dot_scale,
-      kv_items, q_items, dq_part, dk_f32, dv_f32, dk_sq, dv_sq, dq_acc, total;
+      kv_items, q_items, dq_part, dk_f32, dv_f32, dk_sq, dv_sq, total;
 };
 
 BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n_kv_items, size_t n_q_items) {
@@ -1467,7 +1221,6 @@ BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n
   w.dv_f32 = take(mx ? size_t(p.Tk) * H * D * sizeof(float) : 0);
   w.dk_sq = take(mx ? size_t(p.Pk / kBlockSize) * H * 4 : 0);
   w.dv_sq = take(mx ? size_t(p.Pk / kBlockSize) * H * 4 : 0);
-  w.dq_acc = take(fused_dq(p) ? size_t(p.Pq) * H * D * sizeof(float) : 0);
   w.total = off;
   return w;
 }
@@ -1602,8 +1355,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     const uint64_t q_rows = uint64_t(std::max<int64_t>(H * p.Pq, bwd::kTile));
     const uint64_t k_rows = uint64_t(std::max<int64_t>(H * p.Pk, bwd::kTile));
     const uint64_t o_rows = uint64_t(std::max<int64_t>(H * Po, bwd::kTile));
-    CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_qt, tm_kt, tm_dot, tm_dk{}, tm_dv{}, tm_dqa{};
-    const bool fused = fused_dq(p);
+    CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_qt, tm_kt, tm_dot, tm_dk{}, tm_dv{};
     // The operands: the caller's exec operands, or the workspace the prepare passes wrote (whose Qᵀ',
     // Kᵀ' scales are per (sequence, channel), not per tile: BwdParams::qt_scale, kt_scale below).
     const BwdExecOperands in = p.exec ? *p.exec
@@ -1655,7 +1407,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       const bool persistent = (variant & 1) == 0 || p.exec != nullptr;  // (exec: the persistent kernel, below)
       auto kernel = persistent ? bwd::attention_bwd_dkdv_kernel<true> : bwd::attention_bwd_dkdv_kernel<false>;
       // dK, dV through the staging tiles (bf16 output, TMA's 16-byte alignment; the API asks 4).
-      bp.staged_dkdv = persistent && !fused && !mx && p.Tk > 0 && is_aligned(p.dk, 16) && is_aligned(p.dv, 16);
+      bp.staged_dkdv = persistent && !mx && p.Tk > 0 && is_aligned(p.dk, 16) && is_aligned(p.dv, 16);
       size_t smem = bp.staged_dkdv ? bwd::kKvSmemBytesStaged : bwd::kKvSmemBytes;
       if (bp.staged_dkdv) {
         MXFLASH_RETURN_IF_ERROR(make_bf16_rows_map(&tm_dk, p.dk, uint64_t(p.Tk), uint64_t(H)));
@@ -1688,25 +1440,12 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
           default: break;
         }
 #endif
-      if (fused) {  // (experiments builds) dQ in the producer warpgroup, reduced into w.dq_acc
-        MXFLASH_RETURN_IF_ERROR(cuda_error(cudaMemsetAsync(ws + w.dq_acc, 0, size_t(p.Pq) * H * kHeadDim * sizeof(float), stream),
-                                           "backward: dQ accumulator zeroing"));
-        MXFLASH_RETURN_IF_ERROR(make_f32_rows_map(&tm_dqa, f32(w.dq_acc), uint64_t(p.Pq), uint64_t(H), bwd::kHalf));
-#if MXFLASH_FWD_EXPERIMENTS
-        kernel = p.exec ? bwd::attention_bwd_dkdv_kernel<true, false, false, true, 0, true>
-                        : bwd::attention_bwd_dkdv_kernel<true, false, false, false, 0, true>;
-#endif
-        smem = bwd::kKvSmemBytesFused;
-        if (const char* e = std::getenv("MXFLASH_BWD_FUSED_DIAG")) bp.fused_diag = std::atoi(e);
-        bp.dq_acc = f32(w.dq_acc);
-      }
       MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
           "cudaFuncSetAttribute(attention_bwd_dkdv_kernel)"));
       int64_t grid = n_items;
       if (persistent) grid = std::min<int64_t>(n_items, sms);
-      kernel<<<unsigned(grid), bwd::kThreads, smem, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_dk, tm_dv,
-                                                                  tm_kt, tm_dqa, bp);
+      kernel<<<unsigned(grid), bwd::kThreads, smem, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_dk, tm_dv, bp);
       MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_bwd_dkdv_kernel launch"));
 #if MXFLASH_FWD_EXPERIMENTS
       if ((variant & 1024) != 0) {
@@ -1715,13 +1454,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       }
 #endif
     }
-    if (fused) {
-      const float* kts = p.exec ? nullptr : bp.kt_scale;  // exec operands: the K tile scales are in the sums
-      bwd::fused_dq_out_kernel<<<unsigned(p.Pq / bwd::kTile), 256, 0, stream>>>(
-          f32(w.dq_acc), p.cu_q, p.cu_q_sf, p.batch, int(H), kts, p.softmax_scale / bwd::kPScale, bp.dq);
-      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "backward: fused dQ output launch"));
-    }
-    if (!q_items.empty() && !fused) {
+    if (!q_items.empty()) {
       bp.items = reinterpret_cast<const int2*>(ws + w.q_items);
       bp.heads_inner = heads_inner(H, plan.lk, 3 * kHeadDim);  // K, V, Kᵀ
       const int64_t n_q = int64_t(q_items.size()) * H;

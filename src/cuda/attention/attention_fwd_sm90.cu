@@ -1474,10 +1474,6 @@ Status make_bf16_rows_map(CUtensorMap* map, void* base, uint64_t rows, uint64_t 
                        attn::kStagedRows);
 }
 
-Status make_f32_rows_map(CUtensorMap* map, float* base, uint64_t rows, uint64_t heads, uint32_t box_rows) {
-  return make_rows_map(map, base, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, std::max<uint64_t>(rows, 1), heads, 32, box_rows);
-}
-
 
 namespace {
 // Whether the forward (on operands or on MX tensors, H200 2026-11-30: llm 613 against 565 TFLOP/s on

@@ -15,13 +15,6 @@ namespace mxflash::cuda::attn {
 // warp-uniform: descriptors and barrier ids derived from it then live in uniform registers
 // instead of being moved there (R2UR) before every wgmma.
 __device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xFFFFFFFFu, int(threadIdx.x) / 128, 0); }
-// threadIdx.x read afresh where it is used (volatile): what derives from it is then computed there
-// rather than hoisted out of loops and held in registers across them (for tight register budgets).
-__device__ __forceinline__ int thread_index() {
-  uint32_t t;
-  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
-  return int(t);
-}
 
 // A struct of 32-bit words (a work item read from shared memory) as lane 0 holds it, made known to
 // the compiler as warp-uniform, so that what derives from it may live in uniform registers.

@@ -17,8 +17,4 @@ Status make_tile_map(CUtensorMap* map, void* base, uint64_t inner, uint64_t rows
 // (attn::stage_and_store).
 Status make_bf16_rows_map(CUtensorMap* map, void* base, uint64_t rows, uint64_t heads);
 
-// A 3-D fp32 tensor map over (rows, heads, 128) at `base` (at least one row), in boxes of 32
-// channels x 1 head x `box_rows` rows with the 128-byte swizzle (bulk reductions from shared memory).
-Status make_f32_rows_map(CUtensorMap* map, float* base, uint64_t rows, uint64_t heads, uint32_t box_rows);
-
 }  // namespace mxflash::cuda
