@@ -241,6 +241,13 @@ struct BwdParams {
   float* dv_f32;
   bool staged_dkdv;  // dK, dV (bf16, 16-byte aligned) through the persistent kernel's staging tiles
   bool staged_dq;    // dQ (bf16, 16-byte aligned) staged by the persistent dQ kernel (consume_dq)
+  // kDiagDumpDs (experiments builds, MXFLASH_BWD_VARIANT bit 30, exec operands, no broadcast Q):
+  // the dK/dV kernel's packed dSᵀ of every (Q tile, K tile, head), 16 KB blocks at
+  // ((h Pq / 128 + padded Q tile) dump_kt + K tile of the sequence), and its keys' scale bytes (256
+  // a block), for attention_bwd_dq_dump_kernel.
+  uint8_t* ds_dump;
+  uint8_t* ds_scales;
+  int dump_kt;  // the longest K/V sequence's tiles
 };
 
 struct Item {
@@ -353,6 +360,10 @@ inline constexpr int kDiagNoSdp = 1, kDiagNoMath = 2, kDiagNoGrad = 4, kDiagNoPr
 // argument: one MUFU.EX2 fewer per score element), 32 Pᵀ and dSᵀ packed by byte permutes (the
 // floats' top bytes, integer pipe) instead of F2FP conversions.
 inline constexpr int kDiagNoExp = 16, kDiagNoCvt = 32;
+// MXFLASH_BWD_VARIANT bit 30 (kDiag 64, an experiment): each consumer thread also stores its packed
+// dSᵀ of every half (32 bytes) and its keys' scale bytes to global memory (BwdParams::ds_dump), and
+// dQ comes from those by a GEMM kernel (attention_bwd_dq_dump_kernel) instead of the dQ kernel.
+inline constexpr int kDiagDumpDs = 64;
 // kDiagNoCvt's packing: pack_chunk's words from the top bytes of the floats (3 PRMT a word).
 template <int M>
 __device__ __forceinline__ void pack_chunk_bytes(const float* x, int c, uint32_t (&pa)[M]) {
@@ -635,6 +646,20 @@ __global__ void __launch_bounds__(kThreads, 1)
             math_slot = 2 * j + hh;
             math(sc, dp, st, hh, first);
             stamp(2 * j + hh, 2);
+            if constexpr ((kDiag & kDiagDumpDs) != 0) {
+              const int64_t block =
+                  (int64_t(w.h) * (p.Pq / kTile) + p.cu_q_sf[w.qb] / kTile + j) * p.dump_kt + w.blk;
+              uint4* dst =
+                  reinterpret_cast<uint4*>(p.ds_dump + block * 16384 + hh * 8192 + (cw * kWarpgroupThreads + tid) * 32);
+              dst[0] = make_uint4(da[0], da[1], da[2], da[3]);
+              dst[1] = make_uint4(da[4], da[5], da[6], da[7]);
+              if (quad == 0) {
+                const int key = cw * kHalf + warp * 16 + lane / 4, valid = w.Lk - w.blk * kTile;
+                uint8_t* sc_out = p.ds_scales + block * 256 + hh * 128;
+                sc_out[key] = key < valid ? uint8_t(__float_as_uint(rs[0]) >> 23) : uint8_t(0);
+                sc_out[key + 8] = key + 8 < valid ? uint8_t(__float_as_uint(rs[1]) >> 23) : uint8_t(0);
+              }
+            }
             float t[64];
             if constexpr (kDvPerHalf) {
               issue_grad(t, st.dot, pa, hh);
@@ -1096,6 +1121,166 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (p.staged_dq && tid == 0) sm90::bulk_wait<0>();  // the last stores done before the shared memory goes
 }
 
+// ---------------------------------------------------------------- dQ from the dumped dS (experiment)
+// kDiagDumpDs: one CTA per (128 queries, head) item of the dQ work list; per K/V tile the producer
+// loads Kᵀ' and the dump block (both key halves' dSᵀ fragments of both query halves) with its scale
+// bytes; consumer warpgroup c takes query half c: it re-expresses the 128 keys' bytes to the largest
+// of their scales (exact, one rounding), writes them transposed as the K-major A operand (row =
+// query, bytes in Kᵀ''s token order), runs dQ = dS Kᵀ' (m64n128k32 SS) and promotes it times that
+// scale. No S, dP or softmax; no atomics (one CTA sums a Q tile's K/V tiles in order).
+struct DumpStage {
+  alignas(1024) uint8_t kt[kTileBytes];
+  alignas(16) uint32_t ds[2][kConsumers][kWarpgroupThreads][8];  // [query half][key half][thread][word]
+  alignas(16) uint8_t sc[2][kTile];                               // [query half][key] scale bytes
+};
+inline constexpr int kDumpStages = 4;
+struct DumpSmem {
+  DumpStage st[kDumpStages];
+  alignas(1024) uint8_t a[kConsumers][2][kHalf * kTile];  // each warpgroup's A tiles (tiles j, j + 1)
+  uint32_t smax[kConsumers][4];
+  alignas(8) uint64_t once;
+  uint64_t full[kDumpStages];
+  uint64_t empty[kDumpStages];
+};
+inline constexpr size_t kDumpSmemBytes = sizeof(DumpSmem) + 1024;
+static_assert(kDumpSmemBytes <= 227 * 1024, "dQ dump kernel: shared memory");
+
+// An e4m3x4 word's values times the f16x2 factor m2 (a power of two <= 1), rounded once to e4m3.
+__device__ __forceinline__ uint32_t f16x2_pow2_neg(int shift) {
+  const uint32_t m = shift > 24 ? 0u : (shift <= 14 ? uint32_t(15 - shift) << 10 : 1u << (24 - shift));
+  return m | (m << 16);
+}
+__device__ __forceinline__ uint32_t rescale_e4m3x4(uint32_t word, uint32_t m2) {
+  uint32_t out;
+  asm("{\n.reg .b16 lo, hi, rlo, rhi;\n.reg .b32 h0, h1;\n"
+      "mov.b32 {lo, hi}, %1;\n"
+      "cvt.rn.f16x2.e4m3x2 h0, lo;\n"
+      "cvt.rn.f16x2.e4m3x2 h1, hi;\n"
+      "mul.rn.f16x2 h0, h0, %2;\n"
+      "mul.rn.f16x2 h1, h1, %2;\n"
+      "cvt.rn.satfinite.e4m3x2.f16x2 rlo, h0;\n"
+      "cvt.rn.satfinite.e4m3x2.f16x2 rhi, h1;\n"
+      "mov.b32 %0, {rlo, rhi};\n}\n"
+      : "=r"(out)
+      : "r"(word), "r"(m2));
+  return out;
+}
+
+template <bool kTileScales>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_bwd_dq_dump_kernel(const __grid_constant__ CUtensorMap tm_kt, const BwdParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  DumpSmem& s = attn::aligned_shared<DumpSmem>(smem_raw);
+  const int wg = attn::warpgroup_index(), tid = threadIdx.x % kWarpgroupThreads;
+  const Item w = item_of<false>(p, blockIdx.x);
+  const int n_k = (w.Lk + kTile - 1) / kTile;
+  attn::init_pipeline<kDumpStages>(&s.once, s.full, s.empty, kConsumers);
+  const int64_t qt = p.cu_q_sf[w.qb] / kTile + w.blk;  // the padded Q tile
+  const int64_t block0 = (int64_t(w.h) * (p.Pq / kTile) + qt) * p.dump_kt;
+
+  if (wg == 0) {  // ---------------------------------------------------------------- producer
+    sm90::setmaxnreg_dec<kProducerRegs>();
+    if (tid != 0) return;
+    for (int j = 0; j < n_k; ++j) {
+      const int stage = j % kDumpStages;
+      DumpStage& st = s.st[stage];
+      sm90::mbar_wait(&s.empty[stage], ((j / kDumpStages) & 1) ^ 1);
+      sm90::mbar_arrive_expect_tx(&s.full[stage], kTileBytes + sizeof(st.ds) + sizeof(st.sc));
+      sm90::tma_load_2d(st.kt, &tm_kt, &s.full[stage], int(p.cu_k_sf[w.b] + int64_t(j) * kTile), w.h * kHeadDim);
+      sm90::bulk_load(st.ds, p.ds_dump + (block0 + j) * 16384, sizeof(st.ds), &s.full[stage]);
+      sm90::bulk_load(st.sc, p.ds_scales + (block0 + j) * 256, sizeof(st.sc), &s.full[stage]);
+    }
+    return;
+  }
+
+  // ---------------------------------------------------------------------------------- consumers
+  sm90::setmaxnreg_inc<kConsumerRegs>();
+  const int cw = wg - 1, warp = tid / 32, lane = tid % 32, quad = lane % 4;
+  // This thread's share of the half's dSᵀ (see the comment of the producer): key half sc, its warp
+  // sw, query quad q and the keys 2u, 2u + 1, 2u + 8, 2u + 9 of that warp's 16 (held by the dumping
+  // lanes src0 and src0 + 4, rows g and g + 8), whose bytes fill one word of Kᵀ''s token order; four
+  // groups (c, h2) of 4 queries, taken in an order rotated by u (conflict-free shared loads).
+  const int sc = tid / 64, sw = (tid / 16) % 4, u = (tid / 4) % 4, q = tid % 4;
+  const int src0 = 32 * sw + 8 * u + q, kkey = 64 * sc + 16 * sw + 2 * u;
+  const uint32_t word = uint32_t(kkey + 2 * u);  // = 64 sc + 16 sw + 4 u, the keys' position
+  const int64_t tile0 = int64_t(w.h) * (p.Pk / kTile) + p.cu_k_sf[w.b] / kTile;
+  // Tile j's A operand into s.a[cw][j & 1] (its stage complete); returns the half's scale byte.
+  auto transform = [&](int j) {
+    const DumpStage& st = s.st[j % kDumpStages];
+    sm90::mbar_wait(&s.full[j % kDumpStages], (j / kDumpStages) & 1);
+    // The half's scale: the largest of its 128 keys' (0 for keys past the sequence).
+    const uint32_t wmax = __reduce_max_sync(0xFFFFFFFFu, uint32_t(st.sc[cw][tid]));
+    if (lane == 0) s.smax[cw][warp] = wmax;
+    sm90::named_barrier_sync(1 + cw, kWarpgroupThreads);
+    const uint4 sm = *reinterpret_cast<const uint4*>(&s.smax[cw][0]);
+    const int sig = int(max(max(sm.x, sm.y), max(sm.z, sm.w)));
+    const uint32_t m00 = f16x2_pow2_neg(sig - int(st.sc[cw][kkey])), m10 = f16x2_pow2_neg(sig - int(st.sc[cw][kkey + 1]));
+    const uint32_t m01 = f16x2_pow2_neg(sig - int(st.sc[cw][kkey + 8])),
+                   m11 = f16x2_pow2_neg(sig - int(st.sc[cw][kkey + 9]));
+    const uint32_t a_base = sm90::smem_u32(s.a[cw][j & 1]);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int grp = (k + u) & 3, c = grp >> 1, h2 = grp & 1;
+      const uint2 x0 = *reinterpret_cast<const uint2*>(&st.ds[cw][sc][src0][4 * c + 2 * h2]);
+      const uint2 x1 = *reinterpret_cast<const uint2*>(&st.ds[cw][sc][src0 + 4][4 * c + 2 * h2]);
+      const uint32_t w0 = rescale_e4m3x4(x0.x, m00), w2 = rescale_e4m3x4(x0.y, m01);
+      const uint32_t w1 = rescale_e4m3x4(x1.x, m10), w3 = rescale_e4m3x4(x1.y, m11);
+      const uint32_t t0 = __byte_perm(w0, w1, 0x5140), t1 = __byte_perm(w0, w1, 0x7362);
+      const uint32_t t2 = __byte_perm(w2, w3, 0x5140), t3 = __byte_perm(w2, w3, 0x7362);
+      const uint32_t d[4] = {__byte_perm(t0, t2, 0x5410), __byte_perm(t0, t2, 0x7632), __byte_perm(t1, t3, 0x5410),
+                             __byte_perm(t1, t3, 0x7632)};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t row = uint32_t(32 * c + 16 * h2 + 8 * (i / 2) + 2 * q + (i % 2));  // the query
+        const uint32_t at = a_base + row * 128 + ((((word / 16) ^ row) & 7) << 4) + (word % 16);
+        asm volatile("st.shared.u32 [%0], %1;" ::"r"(at), "r"(d[i]) : "memory");
+      }
+    }
+    sm90::fence_proxy_async_smem();
+    sm90::named_barrier_sync(1 + cw, kWarpgroupThreads);  // the A tile written, smax read
+    return sig;
+  };
+  float dq[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) dq[i] = 0.f;
+  // The GEMM of tile j runs while tile j + 1 is transformed.
+  int sig = n_k > 0 ? transform(0) : 0;
+#pragma unroll 1
+  for (int j = 0; j < n_k; ++j) {
+    float acc[64];
+    const uint64_t desc_a = sm90::make_desc_k128b(s.a[cw][j & 1]);
+    const uint64_t desc_b = sm90::make_desc_k128b(s.st[j % kDumpStages].kt);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kTile / 32; ++kk) sm90::wgmma_m64n128k32_ss(acc, desc_a + 2 * kk, desc_b + 2 * kk, kk);
+    sm90::wgmma_commit();
+    const int sig_next = j + 1 < n_k ? transform(j + 1) : 0;
+    sm90::wgmma_wait<0>();
+    attn::fence_all(acc);
+    sm90::mbar_arrive(&s.empty[j % kDumpStages]);
+    const float f = scale_of(uint32_t(sig)) * (kTileScales ? p.kt_tile_scale[tile0 + j] : 1.f);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) dq[i] = fmaf(acc[i], f, dq[i]);
+    sig = sig_next;
+  }
+  // As consume_dq's direct stores (no broadcast Q here).
+  const float* kts = kTileScales ? nullptr : p.kt_scale + (int64_t(w.b) * p.heads + w.h) * kHeadDim;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = w.blk * kTile + cw * kHalf + warp * 16 + lane / 4 + 8 * r;
+    if (i >= w.Lq) continue;
+    const int64_t at = ((int64_t(p.cu_q[w.qb]) + i) * p.heads + w.h) * kHeadDim;
+#pragma unroll
+    for (int jn = 0; jn < 16; ++jn) {
+      const int col = 8 * jn + 2 * quad;
+      const float k0 = n_k > 0 ? (kTileScales ? p.softmax_scale : kts[col] * p.softmax_scale) : 0.f;
+      const float k1 = n_k > 0 ? (kTileScales ? p.softmax_scale : kts[col + 1] * p.softmax_scale) : 0.f;
+      *reinterpret_cast<__nv_bfloat162*>(p.dq + at + col) =
+          __floats2bfloat162_rn(dq[4 * jn + 2 * r] * k0 * (1.f / kPScale), dq[4 * jn + 2 * r + 1] * k1 * (1.f / kPScale));
+    }
+  }
+}
+
 // dQ in bf16 = scale x the sum over `batch` fp32 parts of n values each: broadcast_q's batch sum of
 // each output sequence's dQ.
 __global__ void sum_dq_kernel(const float* __restrict__ part, int batch, int64_t n, float scale,
@@ -1134,7 +1319,8 @@ size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 // the operands' prepare passes (Q, K, V rows, Qᵀ', Kᵀ') launched on the first call only, so that
 // the time is what a backward on quantizer-written operands would take; diagnostics on
 // quantizer-written operands (garbage gradients): bits 20-23 and 28-29 the dK/dV kernel's kDiag,
-// bits 24-27 the dQ kernel's (docs/backward.md). Other builds run variant 0.
+// bits 24-27 the dQ kernel's (docs/backward.md); bit 30 (right gradients) dQ from dS dumped by the
+// dK/dV kernel (kDiagDumpDs, attention_bwd_dq_dump_kernel). Other builds run variant 0.
 int bwd_variant() {
 #if MXFLASH_FWD_EXPERIMENTS
   static const int v = [] {
@@ -1149,8 +1335,20 @@ int bwd_variant() {
 
 #if MXFLASH_FWD_EXPERIMENTS
 // The dK/dV kernel's kDiag in an experiments variant: bits 20-23 as 1-8, bits 28-29 as 16, 32.
-int dkdv_diag(int variant) { return ((variant >> 20) & 15) | ((variant >> 24) & 48); }
+int dkdv_diag(int variant) { return ((variant >> 20) & 15) | ((variant >> 24) & 112); }
 #endif
+
+// Experiments builds, MXFLASH_BWD_VARIANT bit 30 (kDiagDumpDs): dQ from dS dumped by the dK/dV kernel
+// (exec operands, no broadcast Q), through a workspace of H x (Pq / 128) x (longest K tiles) x 16 KB.
+bool dump_ds(const cuda::AttentionBwdProblem& p) {
+  return (bwd_variant() & (1 << 30)) != 0 && p.exec != nullptr && !p.broadcast_q && p.Tq > 0 && p.Tk > 0;
+}
+int dump_k_tiles(const cuda::AttentionBwdProblem& p) {
+  const std::vector<int32_t>& ck = *p.host_cu_k;
+  int longest = 0;
+  for (size_t b = 0; b + 1 < ck.size(); ++b) longest = std::max(longest, ck[b + 1] - ck[b]);
+  return (longest + bwd::kTile - 1) / bwd::kTile;
+}
 
 // How many CTAs of the persistent dQ kernel (attention_bwd_dq_kernel_p) run the dQ items: one per
 // SM (`sms`, the device's count), or 0 for one CTA per item (attention_bwd_dq_kernel): persistent where the longest K/V
@@ -1183,7 +1381,7 @@ bool heads_inner(int64_t heads, const std::vector<int>& len, int64_t bytes_per_t
 
 struct BwdWorkspace {
   size_t q, k, v, qt, kt, dout, dot, info, q_scale, k_scale, v_scale, qt_byte, qt_scale, kt_byte, kt_scale, dot_scale,
-      kv_items, q_items, dq_part, dk_f32, dv_f32, dk_sq, dv_sq, total;
+      kv_items, q_items, dq_part, dk_f32, dv_f32, dk_sq, dv_sq, ds_dump, ds_scales, total;
 };
 
 BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n_kv_items, size_t n_q_items) {
@@ -1221,6 +1419,9 @@ BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n
   w.dv_f32 = take(mx ? size_t(p.Tk) * H * D * sizeof(float) : 0);
   w.dk_sq = take(mx ? size_t(p.Pk / kBlockSize) * H * 4 : 0);
   w.dv_sq = take(mx ? size_t(p.Pk / kBlockSize) * H * 4 : 0);
+  const size_t dump_blocks = dump_ds(p) ? size_t(H) * size_t(p.Pq / bwd::kTile) * size_t(dump_k_tiles(p)) : 0;
+  w.ds_dump = take(dump_blocks * 16384);
+  w.ds_scales = take(dump_blocks * 256);
   w.total = off;
   return w;
 }
@@ -1396,6 +1597,9 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     bp.dk = static_cast<__nv_bfloat16*>(p.dk);
     bp.dv = static_cast<__nv_bfloat16*>(p.dv);
     const bool mx = p.mxfp8_dkv;
+    bp.ds_dump = ws + w.ds_dump;
+    bp.ds_scales = ws + w.ds_scales;
+    bp.dump_kt = dump_k_tiles(p);
     bp.dk_f32 = mx ? f32(w.dk_f32) : nullptr;
     bp.dv_f32 = mx ? f32(w.dv_f32) : nullptr;
     if (!kv_items.empty()) {
@@ -1437,6 +1641,9 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
           case 16: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 16>; break;
           case 32: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 32>; break;
           case 48: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 48>; break;
+          case 64:  // dS dumped for attention_bwd_dq_dump_kernel (where dump_ds: else the default)
+            if (dump_ds(p)) kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 64>;
+            break;
           default: break;
         }
 #endif
@@ -1454,7 +1661,18 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       }
 #endif
     }
-    if (!q_items.empty()) {
+    if (!q_items.empty() && dump_ds(p)) {
+#if MXFLASH_FWD_EXPERIMENTS
+      bp.items = reinterpret_cast<const int2*>(ws + w.q_items);
+      bp.heads_inner = heads_inner(H, plan.lk, kHeadDim);  // Kᵀ' (the dump is read once)
+      auto kernel = bwd::attention_bwd_dq_dump_kernel<true>;
+      MXFLASH_RETURN_IF_ERROR(cuda_error(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kDumpSmemBytes)),
+          "cudaFuncSetAttribute(attention_bwd_dq_dump_kernel)"));
+      kernel<<<unsigned(int64_t(q_items.size()) * H), bwd::kThreads, bwd::kDumpSmemBytes, stream>>>(tm_kt, bp);
+      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_bwd_dq_dump_kernel launch"));
+#endif
+    } else if (!q_items.empty()) {
       bp.items = reinterpret_cast<const int2*>(ws + w.q_items);
       bp.heads_inner = heads_inner(H, plan.lk, 3 * kHeadDim);  // K, V, Kᵀ
       const int64_t n_q = int64_t(q_items.size()) * H;
