@@ -341,6 +341,7 @@ const char* to_string(Method m) {
     case Method::kMxDynP: return "mxdp";
     case Method::kMxHopper: return "mxhx";
     case Method::kMxHopperFusedDq: return "mxhf";
+    case Method::kMxHopperDumpDq: return "mxhd";
     case Method::kMxFwdSeq: return "mxfs";
     case Method::kMxFwdTile: return "mxft";
     case Method::kMxFwdTileV: return "mxfv";
@@ -350,7 +351,8 @@ const char* to_string(Method m) {
 
 bool parse_method(const std::string& name, Method* m) {
   for (Method x : {Method::kBf16, Method::kFp8, Method::kMx, Method::kGpu, Method::kMx16, Method::kMxDynP,
-                   Method::kMxHopper, Method::kMxHopperFusedDq, Method::kMxFwdSeq, Method::kMxFwdTile, Method::kMxFwdTileV})
+                   Method::kMxHopper, Method::kMxHopperFusedDq, Method::kMxFwdSeq, Method::kMxFwdTile, Method::kMxFwdTileV,
+                   Method::kMxHopperDumpDq})
     if (name == to_string(x)) {
       *m = x;
       return true;
@@ -378,7 +380,8 @@ against floors (pass / borderline / fail). Runs on the CPU; no GPU needed.
                        static scale 2^K of --dq16-scale K, 0..15, default 12), mxdp (exact MX with P for
                        dV in 1x32 blocks with their own scales), mxhx (the backward's Hopper execution
                        form: re-expressed operands, coarser dS blocks), mxhf (mxhx with dQ's dS in
-                       64x128 blocks: the fused-dQ experiment), mxfs / mxft / mxfv (the forward's
+                       64x128 blocks: the fused-dQ experiment), mxhd (mxhx with dQ's dS the dK
+                       operand re-expressed per 128-key tile: the dS-dump experiment), mxfs / mxft / mxfv (the forward's
                        Hopper execution form, V per (sequence, channel) / per (128-key tile, channel)
                        / per 128-key tile; use with --forward-only). fp8 = per-tensor FP8;
                        mx = exact MX; gpu = our GPU path (forward and backward, on a CUDA build with a GPU)
@@ -474,7 +477,7 @@ Status parse_args(const std::vector<std::string>& args, Config* cfg, bool* help)
       for (const std::string& s : split(v, ',')) {
         Method m;
         if (!parse_method(s, &m))
-          return Status::Invalid("--methods: unknown method '" + s + "' (bf16, fp8, mx, gpu, mx16, mxdp, mxhx, mxhf, mxfs, mxft, mxfv)");
+          return Status::Invalid("--methods: unknown method '" + s + "' (bf16, fp8, mx, gpu, mx16, mxdp, mxhx, mxhf, mxhd, mxfs, mxft, mxfv)");
         if (std::find(cfg->methods.begin(), cfg->methods.end(), m) == cfg->methods.end()) cfg->methods.push_back(m);
       }
     } else if (flag == "--thresholds") {
@@ -605,8 +608,8 @@ Status run_suite(const Config& cfg, std::vector<Record>* records, std::ostream* 
       ref::AttnOptions mopt = opt;
       if (m == Method::kMx16) mopt.dq_fp16_scale_log2 = cfg.dq16_scale_log2;
       mopt.dynamic_p = m == Method::kMxDynP;
-      mopt.hopper_exec = m == Method::kMxHopper || m == Method::kMxHopperFusedDq;
-      mopt.hopper_dq_rows = m == Method::kMxHopperFusedDq ? 64 : 1;
+      mopt.hopper_exec = m == Method::kMxHopper || m == Method::kMxHopperFusedDq || m == Method::kMxHopperDumpDq;
+      mopt.hopper_dq_rows = m == Method::kMxHopperFusedDq ? 64 : m == Method::kMxHopperDumpDq ? 0 : 1;
       mopt.hopper_fwd = m == Method::kMxFwdSeq    ? ref::HopperFwd::kVPerSequenceChannel
                         : m == Method::kMxFwdTile ? ref::HopperFwd::kVPerTileChannel
                         : m == Method::kMxFwdTileV ? ref::HopperFwd::kVPerTile
@@ -688,7 +691,8 @@ void print_table(std::ostream& os, const Config& cfg, const std::vector<Record>&
      << "fp8 = per-tensor FP8 (cuDNN/FA3 style), mx = exact MX, gpu = our GPU path, mx16 = exact MX with dQ\n"
      << "accumulated in fp16 (--dq16-scale), mxdp = exact MX with per-block P scales for dV, mxhx = the\n"
      << "backward's Hopper execution form (re-expressed operands, coarser dS blocks), mxhf = mxhx with\n"
-     << "dQ's dS in 64x128 blocks (the fused-dQ experiment), mxfs / mxft / mxfv = the forward's Hopper\n"
+     << "dQ's dS in 64x128 blocks (the fused-dQ experiment), mxhd = mxhx with dQ's dS the dK operand\n"
+     << "re-expressed per 128-key tile (the dS-dump experiment), mxfs / mxft / mxfv = the forward's Hopper\n"
      << "execution form with V per (sequence, channel) / per (128-key tile, channel) / per 128-key tile.\n"
      << "Verdict (mx; floors out " << cfg.thresholds.out.cos << "/" << cfg.thresholds.out.sqnr_db << " dB, dQ "
      << cfg.thresholds.dq.cos << "/" << cfg.thresholds.dq.sqnr_db << ", dK " << cfg.thresholds.dk.cos << "/"

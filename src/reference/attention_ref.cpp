@@ -634,6 +634,28 @@ Status backward_core(const AttnProblem& p, const Geometry& g, AttnMethod m, cons
         }
         case AttnMethod::kMx:
           dsq = dsk;
+          if (hopper && opt.hopper_dq_rows == 0) {
+            // dK's operand re-expressed: the key scale bytes first (keys whose dS are all zero take
+            // no part in the tile's largest), then each value over its tile's largest key scale.
+            std::vector<int> key_scale(size_t(lk), -1);
+            for (int64_t j = 0; j < lk; ++j) {
+              float amax = 0.f;
+              for (int r = 0; r < n; ++r) amax = amax_nan(amax, float(dsk[r * lk + j]));
+              if (amax > 0.f) key_scale[size_t(j)] = e8m0_scale_byte(amax, ScalingMode::kRceil, kE8m0One);
+            }
+            for (int64_t j = 0; j < lk; ++j) mx_block_inplace(dsk.data() + j, n, 1, lk);
+            for (int64_t j0 = 0; j0 < lk; j0 += 128) {
+              const int64_t j1 = std::min<int64_t>(lk, j0 + 128);
+              const int top = *std::max_element(key_scale.begin() + j0, key_scale.begin() + j1);
+              if (top < 0) continue;  // all dS zero
+              const uint8_t s = uint8_t(top);
+              const float inv = e8m0_inv_scale(s);
+              for (int r = 0; r < n; ++r)
+                for (int64_t j = j0; j < j1; ++j)
+                  dsq[r * lk + j] = double(dequantize_element(quantize_element(float(dsk[r * lk + j]), inv), s));
+            }
+            break;
+          }
           for (int64_t j = 0; j < lk; ++j) mx_block_inplace(dsk.data() + j, n, 1, lk);  // 1x32 along Q
           if (hopper) {  // per hopper_dq_rows rows (1: per row) over 128-key tiles
             const int rows = std::max(1, opt.hopper_dq_rows);

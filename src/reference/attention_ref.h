@@ -107,7 +107,9 @@ struct AttnOptions {
   bool hopper_exec = false;
   // hopper_exec only: query rows per dS block of dQ's operand (one scale per rows x 128 keys): 1 =
   // per row (the default kernel); 64 = the fused-dQ experiment (removed from the kernels; commit
-  // f68e8a5), one scale per 64-query half and the CTA's 128 keys.
+  // f68e8a5), one scale per 64-query half and the CTA's 128 keys; 0 = dK's operand (per key over
+  // the 64-query tile) re-expressed to the largest of the 128-key tile's key scales, rounded once
+  // more to e4m3 (the dQ-from-a-dS-dump experiment, MXFLASH_BWD_VARIANT bit 30).
   int hopper_dq_rows = 1;
   // MX forward only: its operands in the Hopper execution form (Q per row, K per 128-key tile, V
   // per (sequence, channel) as the fast kernel's prepare pass writes them, or V per (128-key tile,

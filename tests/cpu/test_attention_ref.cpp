@@ -552,27 +552,36 @@ TEST(AttentionRef, HopperExecutionBackwardTracksExactMx) {
   EXPECT_GT(differ, 100u) << "hopper_exec should change some roundings";
 }
 
-// hopper_dq_rows = 64 (the fused-dQ experiment's numerics): one dS scale per 64 queries x 128 keys
-// for dQ. dK and dV do not move; dQ does, and stays close to the per-row form on normal inputs.
-TEST(AttentionRef, HopperFusedDqBlocksChangeOnlyDq) {
-  const Case c = make_case({300, 77}, {500, 130}, 2, false, 43);
+// hopper_exec with another dS form for dQ (opt.hopper_dq_rows = dq_rows) against the per-row form:
+// dK and dV do not move; dQ does, and stays within 1 dB of the per-row form's SQNR.
+void expect_only_dq_moves(int dq_rows, uint64_t seed, const char* form) {
+  const Case c = make_case({300, 77}, {500, 130}, 2, false, seed);
   const Result mx = run(c, AttnMethod::kMx);
   ref::AttnOptions opt;
   opt.hopper_exec = true;
-  ref::AttnBackwardResult hx, hf;
+  ref::AttnBackwardResult hx, ho;
   ASSERT_TRUE(ref::attention_backward(c.problem(), AttnMethod::kMx, mx.f, c.dout.data(), &hx, opt).ok());
-  opt.hopper_dq_rows = 64;
-  ASSERT_TRUE(ref::attention_backward(c.problem(), AttnMethod::kMx, mx.f, c.dout.data(), &hf, opt).ok());
-  EXPECT_EQ(hx.dk, hf.dk);
-  EXPECT_EQ(hx.dv, hf.dv);
+  opt.hopper_dq_rows = dq_rows;
+  ASSERT_TRUE(ref::attention_backward(c.problem(), AttnMethod::kMx, mx.f, c.dout.data(), &ho, opt).ok());
+  EXPECT_EQ(hx.dk, ho.dk);
+  EXPECT_EQ(hx.dv, ho.dv);
   size_t differ = 0;
-  for (size_t i = 0; i < hx.dq.size(); ++i) differ += hx.dq[i] != hf.dq[i];
-  EXPECT_GT(differ, 0u) << "64-row blocks should change some dQ roundings";
+  for (size_t i = 0; i < hx.dq.size(); ++i) differ += hx.dq[i] != ho.dq[i];
+  EXPECT_GT(differ, 0u) << form << " should change some dQ roundings";
   const Result f64 = run(c, AttnMethod::kFp64);
   const double per_row = accuracy::compare(f64.g.dq, hx.dq).sqnr_db;
-  const double per_block = accuracy::compare(f64.g.dq, hf.dq).sqnr_db;
-  std::printf("    dQ SQNR vs fp64: per row %.2f dB, 64-row blocks %.2f dB\n", per_row, per_block);
-  EXPECT_GT(per_block, per_row - 1.0);
+  const double other = accuracy::compare(f64.g.dq, ho.dq).sqnr_db;
+  std::printf("    dQ SQNR vs fp64: per row %.2f dB, %s %.2f dB\n", per_row, form, other);
+  EXPECT_GT(other, per_row - 1.0);
+}
+
+// hopper_dq_rows = 64 (the fused-dQ experiment's numerics): one dS scale per 64 queries x 128 keys.
+TEST(AttentionRef, HopperFusedDqBlocksChangeOnlyDq) { expect_only_dq_moves(64, 43, "64-row blocks"); }
+
+// hopper_dq_rows = 0 (the dS-dump experiment's numerics): dQ's dS is dK's operand (per key over 64
+// queries) re-expressed to the 128-key tile's largest key scale.
+TEST(AttentionRef, HopperDumpDqReexpressionChangesOnlyDq) {
+  expect_only_dq_moves(0, 44, "re-expressed dK operand");
 }
 
 
