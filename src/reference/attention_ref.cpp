@@ -59,7 +59,8 @@ PRound p_round_of(AttnMethod m) {
 
 // In-kernel MX quantization of one block of fp32 values (rows x cols, row stride `ld`), in place:
 // RCEIL, zero block byte 127 (REFERENCE.md §2), values replaced by their dequantized e4m3.
-void mx_block_inplace(double* x, int rows, int cols, int64_t ld) {
+// Returns the block's amax (its scale byte is e8m0_scale_byte of it).
+float mx_block_inplace(double* x, int rows, int cols, int64_t ld) {
   float amax = 0.f;
   for (int r = 0; r < rows; ++r)
     for (int c = 0; c < cols; ++c) amax = amax_nan(amax, float(x[r * ld + c]));
@@ -67,6 +68,7 @@ void mx_block_inplace(double* x, int rows, int cols, int64_t ld) {
   const float inv = e8m0_inv_scale(s);
   for (int r = 0; r < rows; ++r)
     for (int c = 0; c < cols; ++c) x[r * ld + c] = double(dequantize_element(quantize_element(float(x[r * ld + c]), inv), s));
+  return amax;
 }
 
 // 128-long dot product with four independent partial sums (lets the compiler pipeline the FMAs).
@@ -635,15 +637,13 @@ Status backward_core(const AttnProblem& p, const Geometry& g, AttnMethod m, cons
         case AttnMethod::kMx:
           dsq = dsk;
           if (hopper && opt.hopper_dq_rows == 0) {
-            // dK's operand re-expressed: the key scale bytes first (keys whose dS are all zero take
-            // no part in the tile's largest), then each value over its tile's largest key scale.
+            // dK's operand re-expressed: each key's block (its scale byte kept; keys whose dS are all
+            // zero take no part in the tile's largest), then each value over its tile's largest.
             std::vector<int> key_scale(size_t(lk), -1);
             for (int64_t j = 0; j < lk; ++j) {
-              float amax = 0.f;
-              for (int r = 0; r < n; ++r) amax = amax_nan(amax, float(dsk[r * lk + j]));
+              const float amax = mx_block_inplace(dsk.data() + j, n, 1, lk);
               if (amax > 0.f) key_scale[size_t(j)] = e8m0_scale_byte(amax, ScalingMode::kRceil, kE8m0One);
             }
-            for (int64_t j = 0; j < lk; ++j) mx_block_inplace(dsk.data() + j, n, 1, lk);
             for (int64_t j0 = 0; j0 < lk; j0 += 128) {
               const int64_t j1 = std::min<int64_t>(lk, j0 + 128);
               const int top = *std::max_element(key_scale.begin() + j0, key_scale.begin() + j1);

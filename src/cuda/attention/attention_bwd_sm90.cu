@@ -1125,9 +1125,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 // kDiagDumpDs: one CTA per (128 queries, head) item of the dQ work list; per K/V tile the producer
 // loads Kᵀ' and the dump block (both key halves' dSᵀ fragments of both query halves) with its scale
 // bytes; consumer warpgroup c takes query half c: it re-expresses the 128 keys' bytes to the largest
-// of their scales (exact, one rounding), writes them transposed as the K-major A operand (row =
-// query, bytes in Kᵀ''s token order), runs dQ = dS Kᵀ' (m64n128k32 SS) and promotes it times that
-// scale. No S, dP or softmax; no atomics (one CTA sums a Q tile's K/V tiles in order).
+// of their scales (shift_e4m3x4's arithmetic without its branch: exact, one rounding), writes them
+// transposed as the K-major A operand (row = query, bytes in Kᵀ''s token order), runs dQ = dS Kᵀ'
+// (m64n128k32 SS) and promotes it times that scale. No S, dP or softmax; no atomics (one CTA sums a
+// Q tile's K/V tiles in order).
 struct DumpStage {
   alignas(1024) uint8_t kt[kTileBytes];
   alignas(16) uint32_t ds[2][kConsumers][kWarpgroupThreads][8];  // [query half][key half][thread][word]
@@ -1144,27 +1145,6 @@ struct DumpSmem {
 };
 inline constexpr size_t kDumpSmemBytes = sizeof(DumpSmem) + 1024;
 static_assert(kDumpSmemBytes <= 227 * 1024, "dQ dump kernel: shared memory");
-
-// An e4m3x4 word's values times the f16x2 factor m2 (a power of two <= 1), rounded once to e4m3.
-__device__ __forceinline__ uint32_t f16x2_pow2_neg(int shift) {
-  const uint32_t m = shift > 24 ? 0u : (shift <= 14 ? uint32_t(15 - shift) << 10 : 1u << (24 - shift));
-  return m | (m << 16);
-}
-__device__ __forceinline__ uint32_t rescale_e4m3x4(uint32_t word, uint32_t m2) {
-  uint32_t out;
-  asm("{\n.reg .b16 lo, hi, rlo, rhi;\n.reg .b32 h0, h1;\n"
-      "mov.b32 {lo, hi}, %1;\n"
-      "cvt.rn.f16x2.e4m3x2 h0, lo;\n"
-      "cvt.rn.f16x2.e4m3x2 h1, hi;\n"
-      "mul.rn.f16x2 h0, h0, %2;\n"
-      "mul.rn.f16x2 h1, h1, %2;\n"
-      "cvt.rn.satfinite.e4m3x2.f16x2 rlo, h0;\n"
-      "cvt.rn.satfinite.e4m3x2.f16x2 rhi, h1;\n"
-      "mov.b32 %0, {rlo, rhi};\n}\n"
-      : "=r"(out)
-      : "r"(word), "r"(m2));
-  return out;
-}
 
 template <bool kTileScales>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -1214,17 +1194,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::named_barrier_sync(1 + cw, kWarpgroupThreads);
     const uint4 sm = *reinterpret_cast<const uint4*>(&s.smax[cw][0]);
     const int sig = int(max(max(sm.x, sm.y), max(sm.z, sm.w)));
-    const uint32_t m00 = f16x2_pow2_neg(sig - int(st.sc[cw][kkey])), m10 = f16x2_pow2_neg(sig - int(st.sc[cw][kkey + 1]));
-    const uint32_t m01 = f16x2_pow2_neg(sig - int(st.sc[cw][kkey + 8])),
-                   m11 = f16x2_pow2_neg(sig - int(st.sc[cw][kkey + 9]));
+    const uint32_t m00 = attn::f16x2_pow2_neg(sig - int(st.sc[cw][kkey])), m10 = attn::f16x2_pow2_neg(sig - int(st.sc[cw][kkey + 1]));
+    const uint32_t m01 = attn::f16x2_pow2_neg(sig - int(st.sc[cw][kkey + 8])),
+                   m11 = attn::f16x2_pow2_neg(sig - int(st.sc[cw][kkey + 9]));
     const uint32_t a_base = sm90::smem_u32(s.a[cw][j & 1]);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int grp = (k + u) & 3, c = grp >> 1, h2 = grp & 1;
       const uint2 x0 = *reinterpret_cast<const uint2*>(&st.ds[cw][sc][src0][4 * c + 2 * h2]);
       const uint2 x1 = *reinterpret_cast<const uint2*>(&st.ds[cw][sc][src0 + 4][4 * c + 2 * h2]);
-      const uint32_t w0 = rescale_e4m3x4(x0.x, m00), w2 = rescale_e4m3x4(x0.y, m01);
-      const uint32_t w1 = rescale_e4m3x4(x1.x, m10), w3 = rescale_e4m3x4(x1.y, m11);
+      const uint32_t w0 = attn::e4m3x4_times_f16x2(x0.x, m00), w2 = attn::e4m3x4_times_f16x2(x0.y, m01);
+      const uint32_t w1 = attn::e4m3x4_times_f16x2(x1.x, m10), w3 = attn::e4m3x4_times_f16x2(x1.y, m11);
       const uint32_t t0 = __byte_perm(w0, w1, 0x5140), t1 = __byte_perm(w0, w1, 0x7362);
       const uint32_t t2 = __byte_perm(w2, w3, 0x5140), t3 = __byte_perm(w2, w3, 0x7362);
       const uint32_t d[4] = {__byte_perm(t0, t2, 0x5410), __byte_perm(t0, t2, 0x7632), __byte_perm(t1, t3, 0x5410),
@@ -1263,7 +1243,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < 64; ++i) dq[i] = fmaf(acc[i], f, dq[i]);
     sig = sig_next;
   }
-  // As consume_dq's direct stores (no broadcast Q here).
+  // As consume_dq's direct stores (no broadcast Q here; written out there too: a shared helper
+  // made ptxas reschedule the dQ kernels' main loops, +19-37 instructions).
   const float* kts = kTileScales ? nullptr : p.kt_scale + (int64_t(w.b) * p.heads + w.h) * kHeadDim;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -1599,7 +1580,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     const bool mx = p.mxfp8_dkv;
     bp.ds_dump = ws + w.ds_dump;
     bp.ds_scales = ws + w.ds_scales;
-    bp.dump_kt = dump_k_tiles(p);
+    bp.dump_kt = dump_ds(p) ? dump_k_tiles(p) : 0;
     bp.dk_f32 = mx ? f32(w.dk_f32) : nullptr;
     bp.dv_f32 = mx ? f32(w.dv_f32) : nullptr;
     if (!kv_items.empty()) {

@@ -57,11 +57,14 @@ __device__ __forceinline__ int sequence_of_padded(const int32_t* cu_sf, int batc
 // round is below 2^-20 and becomes +-0 in e4m3 either way, as it does when 2^-shift itself is
 // below f16's range); the conversion back rounds once. NaN stays NaN. 3 instructions per byte
 // pair (the f32 form took 8).
-__device__ __forceinline__ uint32_t shift_e4m3x4(uint32_t word, int shift) {
-  if (shift == 0) return word;
-  // 2^-shift as f16 (subnormal from 2^-15 down to 2^-24), 0 beyond
+// 2^-shift (shift >= 0) as f16x2 (subnormal from 2^-15 down to 2^-24, 0 beyond): the factor of
+// e4m3x4_times_f16x2 for shift_e4m3x4.
+__device__ __forceinline__ uint32_t f16x2_pow2_neg(int shift) {
   const uint32_t m = shift > 24 ? 0u : (shift <= 14 ? uint32_t(15 - shift) << 10 : 1u << (24 - shift));
-  const uint32_t m2 = m | (m << 16);
+  return m | (m << 16);
+}
+// Four e4m3 bytes times the f16x2 factor m2 (a power of two <= 1 in both halves), rounded once.
+__device__ __forceinline__ uint32_t e4m3x4_times_f16x2(uint32_t word, uint32_t m2) {
   uint32_t out = 0;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -73,6 +76,10 @@ __device__ __forceinline__ uint32_t shift_e4m3x4(uint32_t word, int shift) {
     out |= uint32_t(r) << (16 * half);
   }
   return out;
+}
+__device__ __forceinline__ uint32_t shift_e4m3x4(uint32_t word, int shift) {
+  if (shift == 0) return word;
+  return e4m3x4_times_f16x2(word, f16x2_pow2_neg(shift));
 }
 
 __device__ __forceinline__ int64_t hdim_scale_index(ScaleLayout l, int64_t t, int64_t tp, int64_t h, int k,
