@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Development runs on the GPU machine, every step under a timeout (a hung kernel costs one step,
-# not the session): STEPS from "tests bwdmem bwdbench fwdab bwdab bwddiag quantab power python" (default
+# not the session): STEPS from "tests bwdmem bwdbench fwdab bwdab bwddiag quantab power energy python" (default
 # "tests bwdmem bwdbench fwdab python"). Binaries from .gpu-bin (scripts/stage_gpu_bin.sh,
 # EXPERIMENTS=1 for fwdab, bwdab and bwddiag). Logs in ${OUT:-gpu-logs}.
 set -uo pipefail
@@ -51,7 +51,8 @@ if want bwddiag; then
   for d in ${DIAGS:-0 1 2 4 8 12 5 10}; do
     echo "== bwd diag $d << ${DIAG_SHIFT:-20}"
     MXFLASH_BWD_VARIANT=$((d << ${DIAG_SHIFT:-20})) T 60 "$B/exp/mxflash-bench" --preset ${PRESETS:-llm-long,cross} --workload bwd --impl mxfp8-exec \
-      --warmup-s 0.3 --window-s 0.8 2>/dev/null | grep -E "^(llm|cross|jagged)"
+      --warmup-s ${WARM:-0.3} --window-s ${WIN:-0.8} 2>/dev/null | grep -E "^(llm|cross|jagged)"
+    [ "${NCU:-1}" = 1 ] || continue  # NCU=0: the bench rows alone (their board W and pJ/FLOP columns)
     MXFLASH_BWD_VARIANT=$((d << ${DIAG_SHIFT:-20})) T 90 ncu --clock-control none --kernel-name regex:"attention_bwd_dkdv|attention_bwd_dq" \
       --launch-skip 2 --launch-count 2 --metrics gpu__time_duration.sum,smsp__inst_executed.sum \
       "$B/exp/mxflash-bench" --preset llm-long --workload bwd --impl mxfp8-exec --warmup-s 0 --window-s 0.001 --launches 3 2>&1 |
@@ -86,6 +87,19 @@ print(f"== power {sys.argv[2]} {sys.argv[3]}: {n} samples, SM clock {clk:.0f} MH
 PY
     done
   done
+fi
+if want energy; then
+  # Energy per unit of work: mxflash-bench's board W / SM MHz / pJ per FLOP columns (NVML's energy
+  # counter around each window) for every preset, ours beside cuDNN's; first how finely that counter
+  # moves under load (scripts/nvml_energy_resolution.py beside a bench window).
+  T 60 "$B/mxflash-bench" --preset llm-long --workload fwd --impl cudnn-fp8 --warmup-s 0.5 --window-s 3 > /dev/null 2>&1 &
+  bench=$!
+  sleep 1.5
+  T 20 python3 scripts/nvml_energy_resolution.py --seconds 2
+  wait $bench
+  T 400 "$B/mxflash-bench" --preset ${PRESETS:-all} --workload ${WORKLOAD:-fwd,bwd} --impl ${IMPLS:-mxfp8-exec,cudnn-fp8,cudnn-bf16} \
+    --warmup-s ${WARM:-1} --window-s ${EWIN:-3} --json "$OUT/energy.json" > "$OUT/energy.log" 2> "$OUT/energy.err"
+  echo "== energy bench rc=$?"; cat "$OUT/energy.log"
 fi
 if want python; then
   if T 300 cmake -S . -B build-gpu-py -G Ninja -DMXFLASH_TESTS=OFF -DPython3_EXECUTABLE="$(command -v python3)" > "$OUT/build_py.log" 2>&1 &&

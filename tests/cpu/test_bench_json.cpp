@@ -191,6 +191,14 @@ BenchReport sample_report() {
     x.stats = compute_stats(x.samples_ms);
     x.notes = {{"layout", "dense"}, {"weird", "tab\there\nnewline \x01"}};
     x.check = {{"cos_O_vs_cudnn-bf16", 0.9991}, {"nan", std::nan("")}};
+    if (std::string(impl) == "cudnn-fp8") {  // 700 W over 2.5 s: 0.07 J a 0.1 ms launch
+      x.power.energy_j = 1750;
+      x.power.wall_s = 2.5;
+      x.power.counter_steps = 26;
+      x.power.sm_clock_mhz_mean = 1845;
+      x.power.clock_samples = 4;
+      x.power.throttle_reasons = 4;
+    }
     c.results.push_back(x);
   }
   ImplResult m;
@@ -246,6 +254,17 @@ TEST(BenchJson, ParsesBackWithRequiredKeys) {
   EXPECT_EQ(res.items[1].get("check")->get("nan")->kind, JValue::kNull);  // NaN written as null
   EXPECT_EQ(res.items[0].get("notes")->get("weird")->str.substr(0, 8), "tab\there");
   EXPECT_EQ(res.items[2].get("status")->str, "unsupported");
+  // Energy: the fp8 row carries its NVML window, the bf16 row says it has none.
+  const JValue* pw = res.items[1].get("power");
+  ASSERT_NE(pw, nullptr);
+  EXPECT_NEAR(pw->get("board_watts")->number, 700.0, 1e-9);
+  const double flops = 4.0 * 16 * 128 * 2 * 2048.0 * 2048;
+  EXPECT_NEAR(pw->get("picojoules_per_flop")->number, 700.0 * 0.1e-3 / flops * 1e12, 1e-9);
+  EXPECT_EQ(pw->get("counter_steps")->number, 26);
+  EXPECT_EQ(pw->get("throttle_reasons")->number, 4);
+  EXPECT_EQ(pw->get("sm_clock_mhz_mean")->number, 1845);
+  EXPECT_EQ(res.items[0].get("power")->get("energy_j")->str, "unavailable");
+  EXPECT_EQ(res.items[0].get("power")->get("picojoules_per_flop"), nullptr);
   // Large batches: summary only.
   const JValue* big_k = cases.items[1].get("shape")->get("lengths_k");
   EXPECT_EQ(big_k->get("values")->kind, JValue::kString);
@@ -273,6 +292,38 @@ TEST(BenchTable, RowsAndRatios) {
   EXPECT_NE(t.find("unsupported"), std::string::npos) << t;
   EXPECT_NE(t.find("TFLOP/s"), std::string::npos) << t;
   EXPECT_NE(t.find("median ms"), std::string::npos) << t;
+  EXPECT_NE(t.find("1.019 pJ/FLOP"), std::string::npos) << t;  // 700 W x 0.1 ms / 6.9e10 FLOP
+  EXPECT_NE(t.find("board W"), std::string::npos) << t;
+  EXPECT_NE(t.find(" 700 "), std::string::npos) << t;
+  EXPECT_NE(t.find("1845"), std::string::npos) << t;
+}
+
+TEST(BenchTable, EnergyColumnsOnlyWithEnergy) {
+  BenchReport r = sample_report();
+  for (CaseReport& c : r.cases)
+    for (ImplResult& x : c.results) x.power = ImplResult::Power{};
+  const std::string t = format_table(r);
+  EXPECT_EQ(t.find("board W"), std::string::npos) << t;
+  EXPECT_EQ(t.find("pJ/"), std::string::npos) << t;
+  EXPECT_NE(t.find("2.00x"), std::string::npos) << t;  // the peer columns stay where they were
+}
+
+TEST(BenchPower, PicojoulesPerWork) {
+  ImplResult x;
+  x.unit = "GB/s";
+  x.work = 2e9;  // bytes per launch
+  x.samples_ms = {1.0};
+  x.stats = compute_stats(x.samples_ms);
+  EXPECT_EQ(x.picojoules_per_work(), 0.0);  // no NVML window
+  x.power.energy_j = 30.0;
+  x.power.wall_s = 0.1;  // 300 W x 1 ms = 0.3 J a launch over 2e9 bytes
+  EXPECT_NEAR(x.picojoules_per_work(), 150.0, 1e-9);
+  EXPECT_NEAR(x.power.watts(), 300.0, 1e-9);
+  x.power.wall_s = 0;  // fewer than two counter changes: unknown
+  EXPECT_EQ(x.picojoules_per_work(), 0.0);
+  x.power.wall_s = 0.1;
+  x.status = "error";
+  EXPECT_EQ(x.picojoules_per_work(), 0.0);
 }
 
 }  // namespace

@@ -28,11 +28,14 @@ class Nvml {
     const int rc = max ? max_clock_(dev_, type, &v) : clock_(dev_, type, &v);
     return rc == 0 ? int(v) : -1;
   }
+  bool energy_mj(unsigned long long* mj) const { return dev_ && energy_ && energy_(dev_, mj) == 0; }
+  bool reasons(unsigned long long* r) const { return dev_ && reasons_ && reasons_(dev_, r) == 0; }
 
  private:
   using InitFn = int (*)();
   using ByPciFn = int (*)(const char*, void**);
   using ClockFn = int (*)(void*, int, unsigned*);
+  using U64Fn = int (*)(void*, unsigned long long*);
   Nvml() {
     void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!lib) return;
@@ -40,11 +43,17 @@ class Nvml {
     by_pci_ = reinterpret_cast<ByPciFn>(dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
     clock_ = reinterpret_cast<ClockFn>(dlsym(lib, "nvmlDeviceGetClockInfo"));
     max_clock_ = reinterpret_cast<ClockFn>(dlsym(lib, "nvmlDeviceGetMaxClockInfo"));
+    // Optional: the energy counter (Volta and newer) and the clock-event (throttle) reasons, under
+    // their newer name first.
+    energy_ = reinterpret_cast<U64Fn>(dlsym(lib, "nvmlDeviceGetTotalEnergyConsumption"));
+    reasons_ = reinterpret_cast<U64Fn>(dlsym(lib, "nvmlDeviceGetCurrentClocksEventReasons"));
+    if (!reasons_) reasons_ = reinterpret_cast<U64Fn>(dlsym(lib, "nvmlDeviceGetCurrentClocksThrottleReasons"));
     init_ = init && by_pci_ && clock_ && max_clock_ && init() == 0;
   }
   bool init_ = false;
   ByPciFn by_pci_ = nullptr;
   ClockFn clock_ = nullptr, max_clock_ = nullptr;
+  U64Fn energy_ = nullptr, reasons_ = nullptr;
   void* dev_ = nullptr;
 };
 
@@ -55,6 +64,8 @@ constexpr int kNvmlClockMem = 2;
 
 int nvml_sm_clock_mhz() { return Nvml::get().clock(kNvmlClockSm, false); }
 int nvml_mem_clock_mhz() { return Nvml::get().clock(kNvmlClockMem, false); }
+bool nvml_energy_mj(unsigned long long* mj) { return Nvml::get().energy_mj(mj); }
+bool nvml_clock_event_reasons(unsigned long long* reasons) { return Nvml::get().reasons(reasons); }
 
 EnvInfo collect_env(int device) {
   EnvInfo e;

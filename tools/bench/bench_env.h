@@ -9,5 +9,9 @@ EnvInfo collect_env(int device);
 // Current SM / memory clock in MHz through NVML, or -1 when NVML is not available.
 int nvml_sm_clock_mhz();
 int nvml_mem_clock_mhz();
+// The board's energy counter in mJ (since the driver loaded) and the current clock-event (throttle)
+// reasons mask; false when NVML or the entry point is not available.
+bool nvml_energy_mj(unsigned long long* mj);
+bool nvml_clock_event_reasons(unsigned long long* reasons);
 
 }  // namespace mxflash::bench

@@ -250,9 +250,11 @@ int run(const Options& opt) {
         } else {
           ++measured;
           r.notes.push_back({"sm_clock_mhz_end", std::to_string(nvml_sm_clock_mhz())});
-          std::fprintf(stderr, "[mxflash-bench] %s: median %.4f ms (min %.4f, stdev %.4f, %lld samples), %.1f TFLOP/s\n",
+          std::fprintf(stderr,
+                       "[mxflash-bench] %s: median %.4f ms (min %.4f, stdev %.4f, %lld samples), %.1f TFLOP/s, "
+                       "%.0f W, %.0f MHz, %.3f pJ/FLOP\n",
                        label.c_str(), r.stats.median, r.stats.min, r.stats.stdev, (long long)r.stats.n,
-                       r.throughput());
+                       r.throughput(), r.power.watts(), r.power.sm_clock_mhz_mean, r.picojoules_per_work());
         }
         cr.results.push_back(std::move(r));
       }

@@ -174,6 +174,11 @@ double ImplResult::throughput() const {
   return unit == "TFLOP/s" ? per_s / 1e12 : per_s / 1e9;
 }
 
+double ImplResult::picojoules_per_work() const {
+  if (!ok() || !power.valid() || work <= 0 || stats.median <= 0) return 0;
+  return power.watts() * stats.median * 1e-3 / work * 1e12;
+}
+
 double ImplResult::best_throughput() const {
   if (!ok() || stats.min <= 0) return 0;
   const double per_s = work / (stats.min * 1e-3);
@@ -234,6 +239,23 @@ void write_result(JsonWriter& j, const ImplResult& r) {
   j.kv("throughput_median", r.throughput());
   j.kv("throughput_best", r.best_throughput());
   write_stats(j, r.stats);
+  j.key("power").begin_object();
+  j.kv("source",
+       "NVML total energy counter polled through the window, first to last change; energy per launch = board "
+       "watts x median time; clocks and throttle reasons at each chunk end");
+  j.kv("counter_steps", r.power.counter_steps);
+  if (r.power.valid()) {
+    j.kv("energy_j", r.power.energy_j);
+    j.kv("wall_s", r.power.wall_s);
+    j.kv("board_watts", r.power.watts());
+    j.kv(r.unit == "TFLOP/s" ? "picojoules_per_flop" : "picojoules_per_byte", r.picojoules_per_work());
+  } else {
+    j.kv("energy_j", "unavailable");
+  }
+  j.kv("sm_clock_mhz_mean", r.power.sm_clock_mhz_mean);
+  j.kv("clock_samples", r.power.clock_samples);
+  j.kv("throttle_reasons", r.power.throttle_reasons);
+  j.end_object();
   j.kv_array("samples_ms", r.samples_ms);
   j.key("check").begin_object();
   for (const auto& [k, v] : r.check) j.kv(k, v);
@@ -333,8 +355,9 @@ std::string format_table(const BenchReport& r) {
     for (const ImplResult& x : c.results)
       if (std::find(peers.begin(), peers.end(), x.impl) == peers.end()) peers.push_back(x.impl);
 
-  constexpr size_t kFixed = 7;  // case .. throughput; then one column per peer; then the note
-  std::vector<std::string> header = {"case", "dir", "impl", "median ms", "min ms", "stdev %", "throughput"};
+  constexpr size_t kFixed = 10;  // case .. energy; then one column per peer; then the note
+  std::vector<std::string> header = {"case",       "dir",  "impl", "median ms", "min ms", "stdev %",
+                                     "throughput", "board W", "SM MHz", "pJ/work"};
   for (const std::string& p : peers) header.push_back("vs " + p);
   header.push_back("note");
   std::vector<std::vector<std::string>> rows;
@@ -342,7 +365,7 @@ std::string format_table(const BenchReport& r) {
     for (const ImplResult& x : c.results) {
       std::vector<std::string> row = {c.name, x.direction, x.impl};
       if (!x.ok()) {
-        row.insert(row.end(), {x.status, "", "", ""});
+        row.insert(row.end(), {x.status, "", "", "", "", "", ""});
         row.resize(kFixed + peers.size(), "");
         row.push_back(x.message.size() > 90 ? x.message.substr(0, 87) + "..." : x.message);
         rows.push_back(row);
@@ -352,6 +375,12 @@ std::string format_table(const BenchReport& r) {
       row.push_back(fmt("%.4f", x.stats.min));
       row.push_back(fmt("%.2f", x.stats.median > 0 ? 100.0 * x.stats.stdev / x.stats.median : 0.0));
       row.push_back(fmt("%.1f", x.throughput()) + " " + x.unit);
+      row.push_back(x.power.valid() ? fmt("%.0f", x.power.watts()) : "");
+      row.push_back(x.power.sm_clock_mhz_mean > 0 ? fmt("%.0f", x.power.sm_clock_mhz_mean) : "");
+      row.push_back(x.picojoules_per_work() > 0
+                        ? fmt(x.unit == "TFLOP/s" ? "%.3f" : "%.1f", x.picojoules_per_work()) +
+                              (x.unit == "TFLOP/s" ? " pJ/FLOP" : " pJ/B")
+                        : "");
       for (const std::string& p : peers) {
         std::string cell;
         if (p != x.impl) {
@@ -373,9 +402,9 @@ std::string format_table(const BenchReport& r) {
       rows.push_back(row);
     }
   }
-  // Drop peer columns that no row fills.
+  // Drop the energy columns and peer columns that no row fills.
   std::vector<bool> keep(header.size(), true);
-  for (size_t i = kFixed; i < kFixed + peers.size(); ++i) {
+  for (size_t i = kFixed - 3; i < kFixed + peers.size(); ++i) {
     bool any = false;
     for (const auto& row : rows) any |= !row[i].empty();
     keep[i] = any;

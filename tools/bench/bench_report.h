@@ -101,7 +101,27 @@ struct ImplResult {
   double work = 0;                 // FLOPs (attention) or bytes read + written (quantize, copy)
   std::string unit;                // "TFLOP/s" or "GB/s"
   std::vector<std::pair<std::string, double>> check;  // --check numbers (cosines, ...)
+  // The board's power over the sampling window, from NVML's total-energy counter: a thread polls
+  // it every millisecond through the window and keeps the first and last changes it sees (the
+  // counter moves in ~100 ms steps on the H200), so energy_j / wall_s is the mean power between
+  // them, all of it with the stream busy. The SM clock and the clock-event (throttle) reasons are
+  // sampled at each chunk's end. energy_j < 0 where NVML is not available or the window saw fewer
+  // than two changes. At a power cap, speed is work per joule, so the energy per unit of work
+  // (power x median time / work) is the number that compares kernels across clocks and cards.
+  struct Power {
+    double energy_j = -1;
+    double wall_s = 0;
+    int64_t counter_steps = 0;      // changes of the counter seen in the window
+    double sm_clock_mhz_mean = -1;  // mean of the samples; -1 without samples
+    int64_t clock_samples = 0;
+    uint64_t throttle_reasons = 0;  // OR of the samples' reasons (NVML bit mask; 0x4: SW power cap)
+    bool valid() const { return energy_j > 0 && wall_s > 0; }
+    double watts() const { return valid() ? energy_j / wall_s : 0; }
+  } power;
   bool ok() const { return status == "ok" && !samples_ms.empty(); }
+  // Board energy per launch (mean power x median time) over the launch's work, in pJ per FLOP
+  // (attention) or per byte (quantize, copy); 0 when unknown.
+  double picojoules_per_work() const;
   // work / median time, in `unit` (TFLOP/s = 1e12 FLOP/s, GB/s = 1e9 B/s)
   double throughput() const;
   double best_throughput() const;  // from the minimum time
