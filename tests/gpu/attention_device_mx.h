@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
-#include <string>
 #include <vector>
 
 #include "cpu/attention_host_mx.h"
@@ -88,24 +87,19 @@ inline void expect_split_forward_close(DeviceBuffer& out, DeviceBuffer& lse, con
                                        const std::function<Status()>& launch) {
   bool multi_tile = false;
   for (int b = 0; b < k_meta.batch(); ++b) multi_tile = multi_tile || k_meta.length(b) > kHeadDim;
-  // Three consumers, and the mixed plan (its three-consumer items split; its rest tiles whole).
-  for (const char* consumers : {"3", "mixed"}) {
-    const ScopedEnv count("MXFLASH_FWD_CONSUMERS", consumers);
-    const size_t whole = unsplit_workspace_bytes(workspace_bytes);
-    for (const char* parts : {"2", "3", "4"}) {
-      const ScopedEnv split("MXFLASH_FWD_SPLIT", parts);
-      if (multi_tile && std::string(consumers) == "3")
-        EXPECT_GT(workspace_bytes(), whole) << "no split in " << parts << " parts";
-      launch_under_env("MXFLASH_FWD_SPLIT", parts, {&out, &lse}, launch);
-      if (::testing::Test::HasFatalFailure()) return;
-      const std::vector<double> os = checked_forward_out(out, lse, lse_cpu);
-      ASSERT_FALSE(os.empty()) << consumers << ", split in " << parts << " parts";
-      const double s_exact = sqnr_db(exact, os), s_cpu = sqnr_db(cpu, os);
-      std::printf("    %s consumers, split in %s parts: out SQNR vs fp64 %.2f dB; vs the cpu forward %.2f dB\n",
-                  consumers, parts, s_exact, s_cpu);
-      EXPECT_GT(s_exact, mx_db - 0.3) << consumers << ", split in " << parts << " parts";
-      EXPECT_GT(s_cpu, kSplitAgreeDb) << consumers << ", split in " << parts << " parts";
-    }
+  const ScopedEnv three("MXFLASH_FWD_CONSUMERS", "3");
+  const size_t whole = unsplit_workspace_bytes(workspace_bytes);
+  for (const char* parts : {"2", "3", "4"}) {
+    const ScopedEnv split("MXFLASH_FWD_SPLIT", parts);
+    if (multi_tile) EXPECT_GT(workspace_bytes(), whole) << "no split in " << parts << " parts";
+    launch_under_env("MXFLASH_FWD_SPLIT", parts, {&out, &lse}, launch);
+    if (::testing::Test::HasFatalFailure()) return;
+    const std::vector<double> os = checked_forward_out(out, lse, lse_cpu);
+    ASSERT_FALSE(os.empty()) << "split in " << parts << " parts";
+    const double s_exact = sqnr_db(exact, os), s_cpu = sqnr_db(cpu, os);
+    std::printf("    split in %s parts: out SQNR vs fp64 %.2f dB; vs the cpu forward %.2f dB\n", parts, s_exact, s_cpu);
+    EXPECT_GT(s_exact, mx_db - 0.3) << "split in " << parts << " parts";
+    EXPECT_GT(s_cpu, kSplitAgreeDb) << "split in " << parts << " parts";
   }
 }
 

@@ -128,19 +128,7 @@ struct FwdParams {
   __nv_bfloat16* out;
   float* lse;
   int num_items;  // (Q tile, head) pairs: the persistent kernel's work list
-  // Q's rows split between the two kernels of a mixed plan (q_rest_rows, exec_plan): 0 = not split
-  // (every row on this kernel), 1 = this three-consumer kernel takes each Q sequence's rows
-  // [0, Lq - rest), 2 = this two-consumer kernel takes its last `rest` rows [Lq - rest, Lq) as one
-  // tile. A field at the end: the others keep their offsets.
-  int q_split;
 };
-
-// The last rows of a Q sequence of Lq rows that a mixed plan gives the two-consumer kernel: the
-// rows past its whole 192-row tiles when they fit one 128-row tile, else none (0).
-__host__ __device__ __forceinline__ int q_rest_rows(int Lq) {
-  const int r = Lq % (kRowsPerConsumer * 3);
-  return r <= kTile ? r : 0;
-}
 
 // The split tail of the three-consumer kernel (split_parts on the host): items first.. run as
 // `parts` CTAs each, one contiguous share of the item's K/V tiles per CTA (a part), which write
@@ -309,7 +297,6 @@ struct TileSoftmax {
 // One (Q tile, head) of the work list.
 struct WorkItem {
   int h, b, m_block, qb, Lq, Lk, n_tiles;
-  int row0;       // the tile's first row within its Q sequence (m_block x the tile's rows, or a rest tile's)
   int64_t q_row;  // first row of the Q tile in Q' (H, Pq, 128)
   int j0 = 0;     // first K/V tile (split items' parts; n_tiles: the part's count)
   int slot = -1;  // split items: the part's slot in FwdParams::part_o / part_rows
@@ -322,17 +309,13 @@ __device__ __forceinline__ WorkItem work_item(const FwdParams& p, unsigned index
   w.b = work.x;
   w.qb = p.broadcast_q ? 0 : w.b;
   w.Lq = p.cu_q[w.qb + 1] - p.cu_q[w.qb];
-  // The sequence's tiles on this kernel (FwdParams::q_split): all its rows, those before its rest,
-  // or its rest as one tile.
-  const int rest = p.q_split != 0 ? q_rest_rows(w.Lq) : 0;
-  const unsigned tiles = p.q_split == 2 ? 1u : unsigned((w.Lq - rest + kQTile - 1) / kQTile);
+  const unsigned tiles = unsigned((w.Lq + kQTile - 1) / kQTile);
   const HeadTile ht = head_and_tile(index, unsigned(work.y), tiles, unsigned(p.heads), p.heads_inner);
   w.h = ht.h;
   w.m_block = ht.tile;
   w.Lk = p.cu_k[w.b + 1] - p.cu_k[w.b];
   w.n_tiles = (w.Lk + kTile - 1) / kTile;
-  w.row0 = p.q_split == 2 ? w.Lq - rest : w.m_block * kQTile;
-  w.q_row = int64_t(w.h) * p.Pq + p.cu_q_sf[w.qb] + w.row0;
+  w.q_row = int64_t(w.h) * p.Pq + p.cu_q_sf[w.qb] + int64_t(w.m_block) * kQTile;
   return w;
 }
 
@@ -553,12 +536,12 @@ __device__ __forceinline__ void consume_item(Storage& s, const uint8_t* q_tile, 
                                              const CUtensorMap* tm_o = nullptr, uint8_t* o_stage = nullptr) {
   static_assert((kVariant & kVariantVTile) == 0 || (kVariant & kVariantOverlap) != 0,
                 "per-tile V scales are applied by the overlapped schedule's promotion only");
-  const int h = w.h, b = w.b, row0 = w.row0, qb = w.qb, Lq = w.Lq, Lk = w.Lk, n_tiles = w.n_tiles;
+  const int h = w.h, b = w.b, m_block = w.m_block, qb = w.qb, Lq = w.Lq, Lk = w.Lk, n_tiles = w.n_tiles;
   const int64_t q_row = w.q_row;
   const int64_t tok_base = p.broadcast_q ? int64_t(b) * Lq : p.cu_q[qb];
 
   if (n_tiles == 0) {  // no keys: out = 0, lse = -inf
-    write_keyless_rows(p, h, tok_base, row0, Lq, rows, quad);
+    write_keyless_rows(p, h, tok_base, m_block * kTile, Lq, rows, quad);
     return;
   }
 
@@ -567,8 +550,7 @@ __device__ __forceinline__ void consume_item(Storage& s, const uint8_t* q_tile, 
     sm90::mbar_wait(q_full, q_phase);
     for (int r = 0; r < 2; ++r) row_mult[r] = sm90::ld_shared_f32(&qs[rows[r]]) * p.scale_log2;
   } else {
-    // Rows past the sequence: 0 (a rest tile's may lie past its padding, and past the array).
-    for (int r = 0; r < 2; ++r) row_mult[r] = (row0 + rows[r] < Lq ? p.q_scale[q_row + rows[r]] : 0.f) * p.scale_log2;
+    for (int r = 0; r < 2; ++r) row_mult[r] = p.q_scale[q_row + rows[r]] * p.scale_log2;
   }
 
   float o[64];
@@ -793,9 +775,9 @@ __device__ __forceinline__ void consume_item(Storage& s, const uint8_t* q_tile, 
   // ---------------------------------------------------------------------------- epilogue
   if (kPersistent && tm_o != nullptr)  // (kernel2p: out staged for TMA stores)
     write_rows_staged<(kVariant & kVariantVTile) != 0>(p, tm_o, o_stage, cw, warp, lane, o, l, m, vunit, b, h,
-                                                       tok_base, row0, Lq, rows, quad);
+                                                       tok_base, m_block * kTile, Lq, rows, quad);
   else
-    write_rows<(kVariant & kVariantVTile) != 0>(p, o, l, m, vunit, b, h, tok_base, row0, Lq, rows, quad);
+    write_rows<(kVariant & kVariantVTile) != 0>(p, o, l, m, vunit, b, h, tok_base, m_block * kTile, Lq, rows, quad);
 }
 
 // The mbarriers and the exponential turns' zero, then a CTA barrier (init_pipeline).
@@ -813,9 +795,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = warpgroup_index();
   const int tid = threadIdx.x % kWarpgroupThreads;
   const WorkItem w = work_item(p, blockIdx.x);
-  // A mixed plan's rest tiles (q_split 2): the three-consumer grid that follows may start on the SMs
-  // this one's CTAs leave (it writes other rows).
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   init_barriers(s);
 
   if (wg == 0) {  // ------------------------------------------------------------ producer
@@ -1081,9 +1060,6 @@ __global__ void __launch_bounds__(kThreads3, 1)
     // see them, and those rows are never written.
     if (tid == 0 && n_tiles > 0) produce_item<kVariant, kConsumers3, kRowsPerConsumer>(s, &tm_q, &tm_k, &tm_v, p, w, 0);
     if (kParts && tid == 0) asm volatile("griddepcontrol.wait;" ::: "memory");  // complete after the first grid
-    // A mixed plan's three-consumer grid (q_split 1), launched as the rest tiles' dependent: it
-    // completes after them, so the stream's next work finds all of out and lse.
-    if (!kParts && p.q_split == 1 && blockIdx.x == 0 && tid == 0) asm volatile("griddepcontrol.wait;" ::: "memory");
     return;
   }
 
@@ -1154,7 +1130,6 @@ __device__ __forceinline__ WorkItem warp_uniform_item(const WorkItem& x) {
   w.Lq = __shfl_sync(0xFFFFFFFFu, x.Lq, 0);
   w.Lk = __shfl_sync(0xFFFFFFFFu, x.Lk, 0);
   w.n_tiles = __shfl_sync(0xFFFFFFFFu, x.n_tiles, 0);
-  w.row0 = __shfl_sync(0xFFFFFFFFu, x.row0, 0);
   w.q_row = __shfl_sync(0xFFFFFFFFu, x.q_row, 0);
   return w;
 }
@@ -1194,7 +1169,7 @@ __device__ __forceinline__ void produce_persistent(Storage& s, const CUtensorMap
     if (more) {
       if (lane == 0) next = gridDim.x + atomicAdd(next_item, 1u);
       w = work_item<kQRows>(p, index);
-      const int row0 = w.row0;
+      const int row0 = w.m_block * kQRows;
 #pragma unroll
       for (int i = 0; i < kRowsPerLane; ++i) {
         const int r = lane + 32 * i;
@@ -1243,7 +1218,7 @@ __device__ __forceinline__ void consume_persistent(Storage& s, const FwdParams& 
       const int r0 = cw * kRowsPerConsumer + warp * 16 + lane / 4;
       const int rows[2] = {r0, r0 + 8};
       const int64_t tok_base = p.broadcast_q ? int64_t(w.b) * w.Lq : p.cu_q[w.qb];
-      write_keyless_rows(p, w.h, tok_base, w.row0, w.Lq, rows, lane % 4);
+      write_keyless_rows(p, w.h, tok_base, w.m_block * kQRows, w.Lq, rows, lane % 4);
     } else {
       consume(w, qb, phase, it);
       it += w.n_tiles;
@@ -1267,8 +1242,6 @@ __global__ void __launch_bounds__(kThreads3, 1)
     sm90::setmaxnreg_dec<kProducerRegs3>();
     if (tid < 32)
       produce_persistent<kVariant, kQTile3, kConsumers3>(s, &tm_q, &tm_k, &tm_v, p, unsigned(sp.first), next_item, tid);
-    // A mixed plan's (q_split 1): complete after the rest tiles' grid (as attention_fwd_kernel3).
-    if (p.q_split == 1 && blockIdx.x == 0 && tid == 0) asm volatile("griddepcontrol.wait;" ::: "memory");
     return;
   }
   // ------------------------------------------------------------------------------ consumers
@@ -1293,7 +1266,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   SharedStorage2P& s = aligned_shared<SharedStorage2P>(smem_raw);
   const int wg = warpgroup_index();
   const int tid = threadIdx.x % kWarpgroupThreads;
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // (as attention_fwd_kernel's)
   if (threadIdx.x == 0) s.turn_zero = 0.f;
   init_persistent(s, kConsumerWarpgroups);
   if (wg == 0) {  // ------------------------------------------------------------ producer
@@ -1429,14 +1401,12 @@ WorkspaceLayout layout_of(int batch, int64_t heads, int64_t Pq, int64_t Pk, size
 
 // The work list (FwdParams::tiles): the Q tiles of every sequence, the sequences facing the most
 // keys first.
-// q_split: FwdParams::q_split, which of a Q sequence's rows the list's kernel takes (work_item).
 std::vector<int2> schedule(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k, int batch,
-                           bool broadcast_q, int q_tile = attn::kTile, int q_split = 0) {
+                           bool broadcast_q, int q_tile = attn::kTile) {
   std::vector<int> tiles_of(static_cast<size_t>(batch)), keys_of(static_cast<size_t>(batch));
   for (int b = 0; b < batch; ++b) {
     const int qb = broadcast_q ? 0 : b;
-    const int lq = cu_q[qb + 1] - cu_q[qb], rest = q_split != 0 ? attn::q_rest_rows(lq) : 0;
-    tiles_of[size_t(b)] = q_split == 2 ? (rest > 0 ? 1 : 0) : (lq - rest + q_tile - 1) / q_tile;
+    tiles_of[size_t(b)] = (cu_q[qb + 1] - cu_q[qb] + q_tile - 1) / q_tile;
     keys_of[size_t(b)] = cu_k[b + 1] - cu_k[b];
   }
   return attn::work_list(tiles_of, keys_of);
@@ -1526,7 +1496,7 @@ constexpr int kThreeConsumerVariant = 1 << 26;
 bool three_consumers(const std::vector<int32_t>& cu_q, int batch, int64_t heads, bool broadcast_q, int sms) {
   if (const char* e = std::getenv("MXFLASH_FWD_CONSUMERS")) {
     if (std::string(e) == "2") return false;
-    if (std::string(e) == "3" || std::string(e) == "mixed") return true;
+    if (std::string(e) == "3") return true;
   }
 #if MXFLASH_FWD_EXPERIMENTS
   if (experiment_variant() >= 0) return (experiment_variant() & kThreeConsumerVariant) != 0;
@@ -1541,37 +1511,6 @@ bool three_consumers(const std::vector<int32_t>& cu_q, int batch, int64_t heads,
   if (rows3 * 100 > rows2 * 115 || sms <= 0) return false;
   const int64_t items3 = rows3 / attn::kQTile3 * heads * (broadcast_q ? batch : 1);
   return items3 >= 20 * int64_t(sms);
-}
-
-// A mixed plan: each Q sequence's whole 192-row tiles on the three-consumer kernel and its last
-// rows, where they fit one 128-row tile (q_rest_rows), on the two-consumer kernel, launched first,
-// with the three-consumer grid as its programmatic dependent (its CTAs start on the SMs the rest
-// tiles' CTAs leave). It pads no row where the three-consumer tiles pad a 128-row rest to 192
-// (llm's 2048-row sequences, llm-long's 8192: 128 rows past whole tiles) and runs most rows at
-// three consumers' rate where two consumers would pad less (cross's 512 broadcast rows: 384 + 128).
-// Chosen where it pads at most 5% more rows than 128-row tiles and fewer than 192-row tiles;
-// MXFLASH_FWD_CONSUMERS=mixed forces it where a sequence has a rest and another row is left for the
-// three consumers, 2 or 3 forbids it; experiments builds with a set MXFLASH_FWD_VARIANT never mix.
-bool mixed_plan(const std::vector<int32_t>& cu_q, int batch, bool broadcast_q) {
-  int64_t rows2 = 0, rows3 = 0, rows_mixed = 0;
-  bool rest = false, main = false;
-  for (int b = 0; b < (broadcast_q ? 1 : batch); ++b) {
-    const int n = cu_q[size_t(b) + 1] - cu_q[size_t(b)], r = attn::q_rest_rows(n);
-    rows2 += (n + attn::kTile - 1) / attn::kTile * attn::kTile;
-    rows3 += (n + attn::kQTile3 - 1) / attn::kQTile3 * attn::kQTile3;
-    rows_mixed += (r > 0 ? attn::kTile : 0) + (n - r + attn::kQTile3 - 1) / attn::kQTile3 * attn::kQTile3;
-    rest |= r > 0;
-    main |= n - r > 0;
-  }
-  if (!rest || !main) return false;
-  if (const char* e = std::getenv("MXFLASH_FWD_CONSUMERS")) {
-    if (std::string(e) == "mixed") return true;
-    if (std::string(e) == "2" || std::string(e) == "3") return false;
-  }
-#if MXFLASH_FWD_EXPERIMENTS
-  if (experiment_variant() >= 0) return false;
-#endif
-  return rows_mixed * 100 <= rows2 * 105 && rows_mixed < rows3;
 }
 
 // The split tail of the three-consumer kernel. Its CTAs (one per SM: registers and shared memory
@@ -1633,11 +1572,6 @@ int persistent_ctas(int sms, int max_tiles) {
 // list (Q tiles of 128 or, three consumers, 192 rows) and the split tail.
 struct ExecPlan {
   bool three = false;
-  // A mixed plan (mixed_plan): `tiles` are the three-consumer kernel's (q_split 1) and rest_tiles the
-  // two-consumer kernel's rest tiles (q_split 2), on rest_persistent CTAs if > 0.
-  bool mixed = false;
-  std::vector<int2> rest_tiles;
-  int rest_persistent = 0;
   std::vector<int2> tiles;
   int64_t items = 0;        // tiles x heads
   int64_t split_first = 0;  // items from here on run in split_parts parts each (= items: none)
@@ -1659,13 +1593,9 @@ ExecPlan exec_plan(const std::vector<int32_t>& cu_q, const std::vector<int32_t>&
   }
   ExecPlan e;
   e.three = three_consumers(cu_q, batch, heads, broadcast_q, sms);
-  e.mixed = mixed_plan(cu_q, batch, broadcast_q);
-  if (e.mixed) e.three = true;
   for (int b = 0; b < batch; ++b) e.longest_lk = std::max<int64_t>(e.longest_lk, cu_k[size_t(b) + 1] - cu_k[size_t(b)]);
   e.persistent = sms > 0 ? persistent_ctas(sms, int((e.longest_lk + attn::kTile - 1) / attn::kTile)) : 0;
-  e.rest_persistent = e.mixed ? e.persistent : 0;
-  if (e.mixed) e.rest_tiles = schedule(cu_q, cu_k, batch, broadcast_q, attn::kTile, 2);
-  e.tiles = schedule(cu_q, cu_k, batch, broadcast_q, e.three ? attn::kQTile3 : attn::kTile, e.mixed ? 1 : 0);
+  e.tiles = schedule(cu_q, cu_k, batch, broadcast_q, e.three ? attn::kQTile3 : attn::kTile);
   e.items = int64_t(e.tiles.size()) * heads;
   e.split_first = e.items;
   if (!e.three || e.items == 0 || sms <= 0) return e;
@@ -1685,12 +1615,7 @@ ExecPlan exec_plan(const std::vector<int32_t>& cu_q, const std::vector<int32_t>&
 
 // The work list, then the persistent kernel's item counter (zero at the start of every launch: it is
 // uploaded with the list), then the split tail's partial states.
-// A mixed plan's rest list follows the partial states.
-size_t rest_list_offset(const ExecPlan& e) {
-  return align256(align256(attn::work_list_bytes(e.tiles.size())) + size_t(e.slots()) * kSplitSlotBytes);
-}
 size_t exec_workspace_bytes(const ExecPlan& e) {
-  if (e.mixed) return rest_list_offset(e) + attn::work_list_bytes(e.rest_tiles.size());
   return align256(attn::work_list_bytes(e.tiles.size())) + size_t(e.slots()) * kSplitSlotBytes;
 }
 
@@ -1801,64 +1726,30 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   if (experiment_variant() >= 0 && !three) persistent = 0;  // a two-consumer variant: a CTA per item
 #endif
   fp.num_items = int(plan.items);
-  fp.q_split = 0;
-  if (plan.mixed) {
-    // The rest tiles first, on the two-consumer kernel (q_split 2, its own list and Q map of 128-row
-    // boxes); the three-consumer grid below is their programmatic dependent (q_split 1).
-    unsigned* rest_next = nullptr;
-    uint8_t* const rest_ws = ws + rest_list_offset(plan);
-    MXFLASH_RETURN_IF_ERROR(attn::upload_work_list(rest_ws, plan.rest_tiles, stream, &rest_next));
-    CUtensorMap tm_q2;
-    MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_q2, ops.q, kHeadDim, uint64_t(H * p.Pq), attn::kTile));
-    attn::FwdParams fr = fp;
-    fr.tiles = reinterpret_cast<const int2*>(rest_ws);
-    fr.num_items = int(int64_t(plan.rest_tiles.size()) * H);
-    fr.q_split = 2;
-    if (plan.rest_persistent > 0) {
-      MXFLASH_RETURN_IF_ERROR(cuda_error(
-          cudaFuncSetAttribute(kernel2p, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes2P)),
-          "cudaFuncSetAttribute(smem)"));
-      const unsigned grid = unsigned(std::min<int64_t>(fr.num_items, plan.rest_persistent));
-      kernel2p<<<grid, unsigned(attn::kThreads), attn::kSmemBytes2P, stream>>>(tm_q2, tm_k, tm_v, fr, rest_next, tm_o,
-                                                                               staged);
-      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_fwd_kernel2p (rest) launch"));
-    } else {
-      MXFLASH_RETURN_IF_ERROR(cuda_error(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes)),
-          "cudaFuncSetAttribute(smem)"));
-      kernel<<<unsigned(fr.num_items), unsigned(attn::kThreads), attn::kSmemBytes, stream>>>(tm_q2, tm_k, tm_v, fr);
-      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_fwd_kernel (rest) launch"));
-    }
-    fp.q_split = 1;
-  }
   if (kernel3) {
     if (plan.split_first > 0 && persistent > 0) {  // the whole items, on a CTA per SM
       MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(kernel3p, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes3P)),
           "cudaFuncSetAttribute(smem)"));
       const unsigned grid = unsigned(std::min<int64_t>(plan.split_first, persistent));
-      MXFLASH_RETURN_IF_ERROR(cuda_error(launch_programmatic(plan.mixed, kernel3p, dim3(grid), dim3(attn::kThreads3),
-                                                             attn::kSmemBytes3P, stream, tm_q, tm_k, tm_v, fp, sp,
-                                                             next_item, tm_o),
-                                         "attention_fwd_kernel3p launch"));
+      kernel3p<<<grid, unsigned(attn::kThreads3), attn::kSmemBytes3P, stream>>>(tm_q, tm_k, tm_v, fp, sp, next_item,
+                                                                                 tm_o);
+      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_fwd_kernel3p launch"));
     } else if (plan.split_first > 0) {  // the whole items, a CTA each
       MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(kernel3, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes3)),
           "cudaFuncSetAttribute(smem)"));
-      MXFLASH_RETURN_IF_ERROR(cuda_error(launch_programmatic(plan.mixed, kernel3, dim3(unsigned(plan.split_first)),
-                                                             dim3(attn::kThreads3), attn::kSmemBytes3, stream, tm_q,
-                                                             tm_k, tm_v, fp, sp),
-                                         "attention_fwd_kernel3 launch"));
+      kernel3<<<unsigned(plan.split_first), unsigned(attn::kThreads3), attn::kSmemBytes3, stream>>>(tm_q, tm_k, tm_v,
+                                                                                                      fp, sp);
+      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_fwd_kernel3 launch"));
     }
     if (plan.slots() > 0) {  // the split items' parts, then their merge
       MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(parts3, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes3)),
           "cudaFuncSetAttribute(smem)"));
       // Every item split (no whole-item grid): the parts follow the stream's previous work (the
-      // operands' writers) as an ordinary launch, since they read its output before any wait (a
-      // mixed plan's rest tiles write only rows the parts do not read: a dependent launch).
-      MXFLASH_RETURN_IF_ERROR(cuda_error(launch_programmatic(plan.split_first > 0 || plan.mixed, parts3,
-                                                             dim3(unsigned(plan.slots())),
+      // operands' writers) as an ordinary launch, since they read its output before any wait.
+      MXFLASH_RETURN_IF_ERROR(cuda_error(launch_programmatic(plan.split_first > 0, parts3, dim3(unsigned(plan.slots())),
                                                              dim3(attn::kThreads3), attn::kSmemBytes3, stream, tm_q,
                                                              tm_k, tm_v, fp, sp),
                                          "attention_fwd_kernel3 (parts) launch"));
