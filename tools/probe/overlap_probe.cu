@@ -1,7 +1,8 @@
 // mxflash-overlap-probe: do Hopper's tensor cores and the MUFU / FMA pipes run at full rate at the
 // same time? One CTA per SM of four warpgroups, each running one fixed stream of work for a fixed
 // count, timed by its own SM clock reads:
-//   warpgroup 0: FP8 wgmma chains (m64n128k32, operands in shared memory; `rs`: A in registers),
+//   warpgroup 0: FP8 wgmma chains (m64n128k32, operands in shared memory; `rs`: A in registers;
+//                the `n64` / `n32` runs: m64n64k32 / m64n32k32, the shapes of narrower tiles),
 //   warpgroup 1: MUFU.EX2 (16 independent chains per thread, one FMUL each),
 //   warpgroup 2: FFMA (16 independent chains per thread),
 //   warpgroup 3: a second MUFU stream,
@@ -30,12 +31,51 @@ constexpr int kWarpgroups = 4, kThreads = 128 * kWarpgroups;
 // k32 steps per commit group; every group accumulates into the same registers (a group that
 // started from zero would let the compiler drop the groups before it as dead).
 constexpr int kWgmmaPerGroup = 8;
-enum Stream : int { kTensor = 1, kMufu = 2, kFma = 4, kMufu2 = 8, kRs = 16, kCvt = 32, kAlu = 64, kCvt16 = 128 };
+enum Stream : int {
+  kTensor = 1, kMufu = 2, kFma = 4, kMufu2 = 8, kRs = 16, kCvt = 32, kAlu = 64, kCvt16 = 128,
+  kN64 = 256, kN32 = 512  // the tensor stream's N (default 128)
+};
 
 struct alignas(1024) Smem {
   uint8_t a[64 * 128];   // 64 rows x 128 bytes, 128-byte swizzle (contents: e4m3 1.0)
   uint8_t b[128 * 128];  // 128 rows x 128 bytes
 };
+
+// D(64x32, fp32) (+)= A(64x32 e4m3, shared) * B(32x32 e4m3, shared)^T (only the probe uses this shape).
+__device__ __forceinline__ void wgmma_m64n32k32_ss(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// The tensor stream with N = 64 or 32 (SS): n_tensor commit groups of kWgmmaPerGroup k32 steps.
+template <int kN>
+__device__ __forceinline__ float narrow_tensor_stream(int n_tensor, uint64_t da, uint64_t db) {
+  float d[kN / 2];
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) d[i] = 0.f;
+  for (int it = 0; it < n_tensor; ++it) {
+    mxflash::sm90::wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kWgmmaPerGroup; ++k) {
+      if constexpr (kN == 64)
+        mxflash::sm90::wgmma_m64n64k32_ss(d, da + 2 * (k % 4), db + 2 * (k % 4), (it | k) != 0);
+      else
+        wgmma_m64n32k32_ss(d, da + 2 * (k % 4), db + 2 * (k % 4), (it | k) != 0);
+    }
+    mxflash::sm90::wgmma_commit();
+    mxflash::sm90::wgmma_wait<0>();
+  }
+  float acc = 0.f;
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) acc += d[i];
+  return acc;
+}
 
 __device__ __forceinline__ uint64_t clock64_now() {
   uint64_t t;
@@ -61,7 +101,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (!on) return;
   float acc = 0.f;
   const uint64_t t0 = clock64_now();
-  if (wg == 0) {
+  if (wg == 0 && (streams & (kN64 | kN32))) {
+    const uint64_t da = mxflash::sm90::make_desc_k128b(s.a), db = mxflash::sm90::make_desc_k128b(s.b);
+    acc = (streams & kN64) ? narrow_tensor_stream<64>(n_tensor, da, db) : narrow_tensor_stream<32>(n_tensor, da, db);
+  } else if (wg == 0) {
     float d[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) d[i] = 0.f;
@@ -184,6 +227,9 @@ int main(int argc, char** argv) {
       {"tensor (SS) + mufu + cvt", kTensor | kMufu | kCvt}, {"tensor (SS) + alu", kTensor | kAlu},
       {"tensor (SS) + mufu + alu", kTensor | kMufu | kAlu}, {"cvt16", kCvt | kCvt16},
       {"mufu + cvt16", kMufu | kCvt | kCvt16}, {"tensor (SS) + mufu + cvt16", kTensor | kMufu | kCvt | kCvt16},
+      // Narrower GEMM shapes (m64n64k32, m64n32k32, operands in shared memory), alone and beside FFMA.
+      {"tensor n64 (SS)", kTensor | kN64}, {"tensor n32 (SS)", kTensor | kN32},
+      {"tensor n64 (SS) + fma", kTensor | kN64 | kFma}, {"tensor n32 (SS) + fma", kTensor | kN32 | kFma},
   };
   std::printf("%-28s %14s %14s %14s %14s   (per SM and cycle, medians over %d SMs)\n", "streams", "tensor FLOP",
               "mufu (wg 1)", "ffma|alu (wg2)", "mufu|cvt (wg3)", sms);
@@ -209,7 +255,8 @@ int main(int argc, char** argv) {
       std::sort(v.begin(), v.end());
       return double(v[v.size() / 2]);
     };
-    const double work[kWarpgroups] = {double(n_tensor) * kWgmmaPerGroup * 64 * 128 * 32 * 2,
+    const int n = (r.streams & kN64) ? 64 : (r.streams & kN32) ? 32 : 128;  // the tensor stream's N
+    const double work[kWarpgroups] = {double(n_tensor) * kWgmmaPerGroup * 64 * n * 32 * 2,
                                       double(n_mufu) * 16 * 128, double(n_fma) * 16 * 128,
                                       double(n_mufu) * ((r.streams & kCvt) ? 8 : 16) * 128};
     const int bit[kWarpgroups] = {kTensor, kMufu, kFma | kAlu, kMufu2 | kCvt};
