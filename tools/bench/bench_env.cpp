@@ -1,71 +1,18 @@
 #include "bench_env.h"
 
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 #include <unistd.h>
 
 #include <ctime>
 
 #include "bench_impl.h"
+#include "nvml.h"
 
 namespace mxflash::bench {
-namespace {
 
-// The few NVML entry points used, resolved at run time so the binary needs no NVML at build time.
-class Nvml {
- public:
-  static Nvml& get() {
-    static Nvml n;
-    return n;
-  }
-  void bind(const char* pci_bus_id) {
-    if (!init_ || dev_) return;
-    if (by_pci_(pci_bus_id, &dev_) != 0) dev_ = nullptr;
-  }
-  int clock(int type, bool max) const {
-    if (!dev_) return -1;
-    unsigned v = 0;
-    const int rc = max ? max_clock_(dev_, type, &v) : clock_(dev_, type, &v);
-    return rc == 0 ? int(v) : -1;
-  }
-  bool energy_mj(unsigned long long* mj) const { return dev_ && energy_ && energy_(dev_, mj) == 0; }
-  bool reasons(unsigned long long* r) const { return dev_ && reasons_ && reasons_(dev_, r) == 0; }
-
- private:
-  using InitFn = int (*)();
-  using ByPciFn = int (*)(const char*, void**);
-  using ClockFn = int (*)(void*, int, unsigned*);
-  using U64Fn = int (*)(void*, unsigned long long*);
-  Nvml() {
-    void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) return;
-    auto init = reinterpret_cast<InitFn>(dlsym(lib, "nvmlInit_v2"));
-    by_pci_ = reinterpret_cast<ByPciFn>(dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
-    clock_ = reinterpret_cast<ClockFn>(dlsym(lib, "nvmlDeviceGetClockInfo"));
-    max_clock_ = reinterpret_cast<ClockFn>(dlsym(lib, "nvmlDeviceGetMaxClockInfo"));
-    // Optional: the energy counter (Volta and newer) and the clock-event (throttle) reasons, under
-    // their newer name first.
-    energy_ = reinterpret_cast<U64Fn>(dlsym(lib, "nvmlDeviceGetTotalEnergyConsumption"));
-    reasons_ = reinterpret_cast<U64Fn>(dlsym(lib, "nvmlDeviceGetCurrentClocksEventReasons"));
-    if (!reasons_) reasons_ = reinterpret_cast<U64Fn>(dlsym(lib, "nvmlDeviceGetCurrentClocksThrottleReasons"));
-    init_ = init && by_pci_ && clock_ && max_clock_ && init() == 0;
-  }
-  bool init_ = false;
-  ByPciFn by_pci_ = nullptr;
-  ClockFn clock_ = nullptr, max_clock_ = nullptr;
-  U64Fn energy_ = nullptr, reasons_ = nullptr;
-  void* dev_ = nullptr;
-};
-
-constexpr int kNvmlClockSm = 1;
-constexpr int kNvmlClockMem = 2;
-
-}  // namespace
-
-int nvml_sm_clock_mhz() { return Nvml::get().clock(kNvmlClockSm, false); }
-int nvml_mem_clock_mhz() { return Nvml::get().clock(kNvmlClockMem, false); }
-bool nvml_energy_mj(unsigned long long* mj) { return Nvml::get().energy_mj(mj); }
-bool nvml_clock_event_reasons(unsigned long long* reasons) { return Nvml::get().reasons(reasons); }
+int nvml_sm_clock_mhz() { return tools::nvml_clock_mhz(tools::kNvmlClockSm, false); }
+int nvml_mem_clock_mhz() { return tools::nvml_clock_mhz(tools::kNvmlClockMem, false); }
+bool nvml_clock_event_reasons(unsigned long long* reasons) { return tools::nvml_clock_event_reasons(reasons); }
 
 EnvInfo collect_env(int device) {
   EnvInfo e;
@@ -87,11 +34,11 @@ EnvInfo collect_env(int device) {
   char bus[64] = {0};
   if (cudaDeviceGetPCIBusId(bus, sizeof bus, device) == cudaSuccess) {
     e.pci_bus_id = bus;
-    Nvml::get().bind(bus);
+    tools::nvml_bind(bus);
   }
   e.nvml_sm_clock_mhz = nvml_sm_clock_mhz();
   e.nvml_mem_clock_mhz = nvml_mem_clock_mhz();
-  e.nvml_max_sm_clock_mhz = Nvml::get().clock(kNvmlClockSm, true);
+  e.nvml_max_sm_clock_mhz = tools::nvml_clock_mhz(tools::kNvmlClockSm, true);
   e.cudnn_runtime_version = cudnn_runtime_version();
   e.cudnn_compiled_version = cudnn_compiled_version();
   e.cudnn_frontend_version = cudnn_frontend_version();

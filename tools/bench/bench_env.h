@@ -9,9 +9,8 @@ EnvInfo collect_env(int device);
 // Current SM / memory clock in MHz through NVML, or -1 when NVML is not available.
 int nvml_sm_clock_mhz();
 int nvml_mem_clock_mhz();
-// The board's energy counter in mJ (since the driver loaded) and the current clock-event (throttle)
-// reasons mask; false when NVML or the entry point is not available.
-bool nvml_energy_mj(unsigned long long* mj);
+// The current clock-event (throttle) reasons mask; false when NVML or the entry point is not
+// available. (The energy windows: tools/common/nvml.h.)
 bool nvml_clock_event_reasons(unsigned long long* reasons);
 
 }  // namespace mxflash::bench

@@ -1,15 +1,14 @@
 #include "bench_harness.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <thread>
 #include <vector>
 
 #include "bench_cuda.h"
 #include "bench_env.h"
+#include "nvml.h"
 
 namespace mxflash::bench {
 namespace {
@@ -73,30 +72,10 @@ Status measure(const LaunchFn& launch, int n_sets, const Protocol& p, cudaStream
   out->warmup_s = seconds_since(w0);
   out->warmup_launches = warm;
 
-  // The board's power over the window (ImplResult::Power): a thread polls NVML's energy counter
-  // and keeps its first and last changes.
+  // The board's power over the window (ImplResult::Power; stopped on every return below).
   ImplResult::Power power;
-  std::atomic<bool> stop{false};
-  unsigned long long e_first = 0, e_last = 0;
-  Clock::time_point t_first, t_last;
-  int64_t steps = 0;
-  std::thread poller;
-  unsigned long long e_start = 0;
-  if (nvml_energy_mj(&e_start)) {
-    poller = std::thread([&, e_start]() {
-      unsigned long long prev = e_start, e = 0;
-      while (!stop.load(std::memory_order_relaxed)) {
-        if (nvml_energy_mj(&e) && e != prev) {
-          const Clock::time_point t = Clock::now();
-          if (steps == 0) e_first = e, t_first = t;
-          e_last = e, t_last = t;
-          prev = e;
-          ++steps;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-    });
-  }
+  tools::EnergyWindow energy;
+  energy.start();
   double clock_sum = 0;
   auto sample_clocks = [&]() {
     const int mhz = nvml_sm_clock_mhz();
@@ -107,16 +86,6 @@ Status measure(const LaunchFn& launch, int n_sets, const Protocol& p, cudaStream
     unsigned long long reasons = 0;
     if (nvml_clock_event_reasons(&reasons)) power.throttle_reasons |= reasons;
   };
-  // Stops the poller on every return below (a failed launch returns early).
-  struct Joiner {
-    std::atomic<bool>& stop;
-    std::thread& t;
-    ~Joiner() {
-      stop = true;
-      if (t.joinable()) t.join();
-    }
-  } joiner{stop, poller};
-
   EventPool ev;
   const Clock::time_point m0 = Clock::now();
   double last_progress = 0;
@@ -148,12 +117,11 @@ Status measure(const LaunchFn& launch, int n_sets, const Protocol& p, cudaStream
     }
     if (elapsed >= p.window_s && out->samples_ms.size() >= size_t(kMinSamples)) break;
   }
-  stop = true;
-  if (poller.joinable()) poller.join();
-  power.counter_steps = steps;
-  if (steps >= 2 && e_last > e_first) {
-    power.energy_j = double(e_last - e_first) * 1e-3;
-    power.wall_s = std::chrono::duration<double>(t_last - t_first).count();
+  const tools::EnergyWindow::Result e = energy.stop();
+  power.counter_steps = e.steps;
+  if (e.valid()) {
+    power.energy_j = e.energy_j;
+    power.wall_s = e.wall_s;
   }
   if (power.clock_samples > 0) power.sm_clock_mhz_mean = clock_sum / double(power.clock_samples);
   out->power = power;

@@ -9,6 +9,10 @@
 //   or, with `cvt`, warpgroup 3 runs F2FP (cvt.rn.satfinite.e4m3x2.f32, 16 independent pairs per
 //   thread; `cvt16`: cvt.rn.f16x2.f32) and with `alu` warpgroup 2 runs integer ALU work (LEA + PRMT chains) instead of FFMA:
 //   which pipe the forward's P packing uses, and whether integer work collides with the GEMMs.
+// With `--energy S`, each run is also repeated for S seconds while a thread reads the board's energy
+// counter (NVML; tools/common/nvml.h): its mean power, SM clock and, for a run of one stream, the
+// board's energy per unit of that stream's work (per FP8 FLOP, per MUFU.EX2 or FFMA lane
+// operation, per F2FP pair, per ALU element), and first the idle board's power.
 // A run names the streams that work (the others return at once); each stream's rate is printed, so
 // a stream's rate alone and beside another shows what running together costs it. The attention
 // forward's per-tile trace (docs/attention.md) suggested that its exponentials slow down while the
@@ -19,11 +23,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <string>
 #include <vector>
 
 #include "cuda/common/sm90_primitives.cuh"
+#include "nvml.h"
 
 namespace {
 
@@ -200,14 +207,30 @@ void check(cudaError_t e, const char* what) {
 int main(int argc, char** argv) {
   int n_tensor = 2000, n_mufu = 8000, n_fma = 60000;
   bool random = false;  // --random 1: operand bytes from a hash (finite e4m3) instead of all 1.0
+  double energy_s = 0;  // --energy S: each run's power and energy per unit of work over S seconds
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--random")) random = std::atoi(argv[i + 1]) != 0;
+    if (!std::strcmp(argv[i], "--energy")) energy_s = std::atof(argv[i + 1]);
     if (!std::strcmp(argv[i], "--tensor")) n_tensor = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--mufu")) n_mufu = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--fma")) n_fma = std::atoi(argv[i + 1]);
   }
   int sms = 0;
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
+  if (energy_s > 0) {
+    char bus[64] = {0};
+    check(cudaDeviceGetPCIBusId(bus, sizeof bus, 0), "PCI bus id");
+    if (!mxflash::tools::nvml_bind(bus)) {
+      std::fprintf(stderr, "overlap_probe: --energy needs NVML (libnvidia-ml.so.1)\n");
+      return 1;
+    }
+    mxflash::tools::EnergyWindow idle;
+    idle.start();
+    std::this_thread::sleep_for(std::chrono::duration<double>(energy_s));
+    const auto r = idle.stop();
+    std::printf("idle board: %.0f W, SM clock %d MHz (%lld counter steps over %.1f s)\n", r.watts(),
+                mxflash::tools::nvml_clock_mhz(mxflash::tools::kNvmlClockSm, false), (long long)r.steps, energy_s);
+  }
   const size_t smem = sizeof(Smem) + 1024;
   check(cudaFuncSetAttribute(probe_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "smem");
   check(cudaFuncSetAttribute(probe_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "smem");
@@ -276,6 +299,45 @@ int main(int argc, char** argv) {
     std::printf("   %.3f ms, %.2f GHz", ms, max_cycles / (ms * 1e6));
     if (r.streams & kTensor) std::printf(", tensor %.0f TFLOP/s", work[0] * sms / (ms * 1e9));
     std::printf("\n");
+    if (energy_s > 0) {
+      // The run again for energy_s seconds, launches enqueued in batches of ~50 ms so that the
+      // stream stays busy between the host's synchronizations.
+      auto kernel = (r.streams & kRs) ? probe_kernel<true> : probe_kernel<false>;
+      const int batch = std::max(1, int(50.0 / std::max(ms, 0.01f)));
+      mxflash::tools::EnergyWindow window;
+      window.start();
+      const auto t0 = std::chrono::steady_clock::now();
+      int64_t launches = 0;
+      double clock_sum = 0;
+      int clock_n = 0;
+      double elapsed = 0;
+      do {
+        for (int i = 0; i < batch; ++i)
+          kernel<<<sms, kThreads, smem>>>(r.streams, n_tensor, n_mufu, n_fma, d_cycles, d_sink, random);
+        check(cudaGetLastError(), "launch");
+        check(cudaDeviceSynchronize(), "run");
+        launches += batch;
+        const int mhz = mxflash::tools::nvml_clock_mhz(mxflash::tools::kNvmlClockSm, false);
+        if (mhz > 0) clock_sum += mhz, ++clock_n;
+        elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      } while (elapsed < energy_s);
+      const auto e = window.stop();
+      int active = 0, which = -1;
+      for (int wg = 0; wg < kWarpgroups; ++wg)
+        if (r.streams & bit[wg]) ++active, which = wg;
+      // Energy per launch: mean power x the launches' mean time; per unit: over the launch's work
+      // on all SMs (one stream only).
+      const double joules = e.watts() * elapsed / double(launches);
+      static const char* const kUnit[kWarpgroups] = {"FP8 FLOP", "MUFU.EX2", "FFMA", "MUFU.EX2"};
+      const char* unit = which == 2 && (r.streams & kAlu) ? "ALU element"
+                         : which == 3 && (r.streams & kCvt) ? "F2FP pair"
+                         : which >= 0                      ? kUnit[which]
+                                                           : "?";
+      std::printf("    energy: %.0f W, SM clock %.0f MHz, %.3f mJ a launch", e.watts(),
+                  clock_n ? clock_sum / clock_n : -1.0, joules * 1e3);
+      if (active == 1 && e.valid()) std::printf(", %.3f pJ per %s", joules / (work[which] * sms) * 1e12, unit);
+      std::printf("  (%lld launches, %lld counter steps)\n", (long long)launches, (long long)e.steps);
+    }
   }
   return 0;
 }
