@@ -12,7 +12,6 @@ namespace mxflash::bench {
 
 int nvml_sm_clock_mhz() { return tools::nvml_clock_mhz(tools::kNvmlClockSm, false); }
 int nvml_mem_clock_mhz() { return tools::nvml_clock_mhz(tools::kNvmlClockMem, false); }
-bool nvml_clock_event_reasons(unsigned long long* reasons) { return tools::nvml_clock_event_reasons(reasons); }
 
 EnvInfo collect_env(int device) {
   EnvInfo e;

@@ -9,8 +9,5 @@ EnvInfo collect_env(int device);
 // Current SM / memory clock in MHz through NVML, or -1 when NVML is not available.
 int nvml_sm_clock_mhz();
 int nvml_mem_clock_mhz();
-// The current clock-event (throttle) reasons mask; false when NVML or the entry point is not
-// available. (The energy windows: tools/common/nvml.h.)
-bool nvml_clock_event_reasons(unsigned long long* reasons);
 
 }  // namespace mxflash::bench

@@ -84,7 +84,7 @@ Status measure(const LaunchFn& launch, int n_sets, const Protocol& p, cudaStream
       ++power.clock_samples;
     }
     unsigned long long reasons = 0;
-    if (nvml_clock_event_reasons(&reasons)) power.throttle_reasons |= reasons;
+    if (tools::nvml_clock_event_reasons(&reasons)) power.throttle_reasons |= reasons;
   };
   EventPool ev;
   const Clock::time_point m0 = Clock::now();

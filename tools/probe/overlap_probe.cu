@@ -60,20 +60,28 @@ __device__ __forceinline__ void wgmma_m64n32k32_ss(float (&d)[16], uint64_t desc
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
-// The tensor stream with N = 64 or 32 (SS): n_tensor commit groups of kWgmmaPerGroup k32 steps.
-template <int kN>
-__device__ __forceinline__ float narrow_tensor_stream(int n_tensor, uint64_t da, uint64_t db) {
+// The tensor stream: n_tensor commit groups of kWgmmaPerGroup m64nNk32 steps, N = kN (128, 64 or
+// 32), operands in shared memory, or with kRsA (N = 128 only) A in registers.
+template <int kN, bool kRsA>
+__device__ __forceinline__ float tensor_stream(int n_tensor, uint64_t da, uint64_t db) {
+  static_assert(!kRsA || kN == 128, "the register-A stream is m64n128k32");
   float d[kN / 2];
 #pragma unroll
   for (int i = 0; i < kN / 2; ++i) d[i] = 0.f;
+  const uint32_t a[4] = {0x38383838u, 0x38383838u, 0x38383838u, 0x38383838u};
   for (int it = 0; it < n_tensor; ++it) {
     mxflash::sm90::wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kWgmmaPerGroup; ++k) {
-      if constexpr (kN == 64)
-        mxflash::sm90::wgmma_m64n64k32_ss(d, da + 2 * (k % 4), db + 2 * (k % 4), (it | k) != 0);
+      const uint64_t a_k = da + 2 * (k % 4), b_k = db + 2 * (k % 4);
+      if constexpr (kRsA)
+        mxflash::sm90::wgmma_m64n128k32_rs(d, a, b_k, (it | k) != 0);
+      else if constexpr (kN == 128)
+        mxflash::sm90::wgmma_m64n128k32_ss(d, a_k, b_k, (it | k) != 0);
+      else if constexpr (kN == 64)
+        mxflash::sm90::wgmma_m64n64k32_ss(d, a_k, b_k, (it | k) != 0);
       else
-        wgmma_m64n32k32_ss(d, da + 2 * (k % 4), db + 2 * (k % 4), (it | k) != 0);
+        wgmma_m64n32k32_ss(d, a_k, b_k, (it | k) != 0);
     }
     mxflash::sm90::wgmma_commit();
     mxflash::sm90::wgmma_wait<0>();
@@ -108,29 +116,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (!on) return;
   float acc = 0.f;
   const uint64_t t0 = clock64_now();
-  if (wg == 0 && (streams & (kN64 | kN32))) {
+  if (wg == 0) {
     const uint64_t da = mxflash::sm90::make_desc_k128b(s.a), db = mxflash::sm90::make_desc_k128b(s.b);
-    acc = (streams & kN64) ? narrow_tensor_stream<64>(n_tensor, da, db) : narrow_tensor_stream<32>(n_tensor, da, db);
-  } else if (wg == 0) {
-    float d[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) d[i] = 0.f;
-    const uint64_t da = mxflash::sm90::make_desc_k128b(s.a), db = mxflash::sm90::make_desc_k128b(s.b);
-    const uint32_t a[4] = {0x38383838u, 0x38383838u, 0x38383838u, 0x38383838u};
-    for (int it = 0; it < n_tensor; ++it) {
-      mxflash::sm90::wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < kWgmmaPerGroup; ++k) {
-        if constexpr (kRsA)
-          mxflash::sm90::wgmma_m64n128k32_rs(d, a, db + 2 * (k % 4), (it | k) != 0);
-        else
-          mxflash::sm90::wgmma_m64n128k32_ss(d, da + 2 * (k % 4), db + 2 * (k % 4), (it | k) != 0);
-      }
-      mxflash::sm90::wgmma_commit();
-      mxflash::sm90::wgmma_wait<0>();
-    }
-#pragma unroll
-    for (int i = 0; i < 64; ++i) acc += d[i];
+    if constexpr (kRsA)
+      acc = tensor_stream<128, true>(n_tensor, da, db);
+    else
+      acc = (streams & kN64)   ? tensor_stream<64, false>(n_tensor, da, db)
+            : (streams & kN32) ? tensor_stream<32, false>(n_tensor, da, db)
+                               : tensor_stream<128, false>(n_tensor, da, db);
   } else if (wg == 2 && (streams & kAlu)) {
     uint32_t x[16];
 #pragma unroll
