@@ -8,11 +8,17 @@
 //   warpgroup 3: a second MUFU stream,
 //   or, with `cvt`, warpgroup 3 runs F2FP (cvt.rn.satfinite.e4m3x2.f32, 16 independent pairs per
 //   thread; `cvt16`: cvt.rn.f16x2.f32) and with `alu` warpgroup 2 runs integer ALU work (LEA + PRMT chains) instead of FFMA:
-//   which pipe the forward's P packing uses, and whether integer work collides with the GEMMs.
+//   which pipe the forward's P packing uses, and whether integer work collides with the GEMMs;
+//   or, with `l2 read` / `dram read`, warpgroup 1's thread 0 streams 32 KB bulk copies (TMA,
+//   cp.async.bulk, four in flight) into shared memory instead of MUFU work: from a 16 MB window
+//   that stays in L2, or sweeping a 4 GB buffer (DRAM): what the attention kernels' operand loads
+//   cost in energy per byte, beside the GEMMs or alone; `l2 mcast`: the same bytes delivered to
+//   each CTA, in clusters of two whose CTAs each load half of every chunk with TMA multicast into
+//   both (what two CTAs sharing their K/V or Q-side tiles would pay).
 // With `--energy S`, each run is also repeated for S seconds while a thread reads the board's energy
 // counter (NVML; tools/common/nvml.h): its mean power, SM clock and, for a run of one stream, the
 // board's energy per unit of that stream's work (per FP8 FLOP, per MUFU.EX2 or FFMA lane
-// operation, per F2FP pair, per ALU element), and first the idle board's power.
+// operation, per F2FP pair, per ALU element, per byte loaded), and first the idle board's power.
 // A run names the streams that work (the others return at once); each stream's rate is printed, so
 // a stream's rate alone and beside another shows what running together costs it. The attention
 // forward's per-tile trace (docs/attention.md) suggested that its exponentials slow down while the
@@ -40,12 +46,19 @@ constexpr int kWarpgroups = 4, kThreads = 128 * kWarpgroups;
 constexpr int kWgmmaPerGroup = 8;
 enum Stream : int {
   kTensor = 1, kMufu = 2, kFma = 4, kMufu2 = 8, kRs = 16, kCvt = 32, kAlu = 64, kCvt16 = 128,
-  kN64 = 256, kN32 = 512  // the tensor stream's N (default 128)
+  kN64 = 256, kN32 = 512,  // the tensor stream's N (default 128)
+  kLoad = 1024, kDram = 2048,  // warpgroup 1 streams bulk copies (from L2, or with kDram from DRAM)
+  kMcast = 4096  // the loads in clusters of two CTAs: each loads half of a chunk, multicast to both
 };
+constexpr int kLoadSlots = 4;
+constexpr uint32_t kLoadChunk = 32768;
+constexpr size_t kL2Window = size_t(16) << 20, kDramBytes = size_t(4) << 30;
 
 struct alignas(1024) Smem {
   uint8_t a[64 * 128];   // 64 rows x 128 bytes, 128-byte swizzle (contents: e4m3 1.0)
   uint8_t b[128 * 128];  // 128 rows x 128 bytes
+  alignas(128) uint8_t ld[kLoadSlots][kLoadChunk];  // the load stream's destinations
+  uint64_t bar[kLoadSlots];
 };
 
 // D(64x32, fp32) (+)= A(64x32 e4m3, shared) * B(32x32 e4m3, shared)^T (only the probe uses this shape).
@@ -100,20 +113,32 @@ __device__ __forceinline__ uint64_t clock64_now() {
 
 template <bool kRsA>
 __global__ void __launch_bounds__(kThreads, 1)
-    probe_kernel(int streams, int n_tensor, int n_mufu, int n_fma, unsigned long long* cycles, float* sink,
-                 bool random) {
+    probe_kernel(int streams, int n_tensor, int n_mufu, int n_fma, int n_load, const uint8_t* src,
+                 unsigned long long* cycles, float* sink, bool random) {
   extern __shared__ uint8_t raw[];
   Smem& s = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
-  for (int i = threadIdx.x; i < int(sizeof(Smem) / 4); i += blockDim.x)
+  for (int i = threadIdx.x; i < int((sizeof(s.a) + sizeof(s.b)) / 4); i += blockDim.x)
     reinterpret_cast<uint32_t*>(&s)[i] = random ? (uint32_t(i) * 2654435761u) & 0x77777777u : 0x38383838u;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kLoadSlots; ++i) mxflash::sm90::mbar_init(&s.bar[i], 1);
+    mxflash::sm90::fence_barrier_init();
+  }
   mxflash::sm90::fence_proxy_async_smem();
   __syncthreads();
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
   const bool on = wg == 0   ? (streams & kTensor)
-                  : wg == 1 ? (streams & kMufu)
+                  : wg == 1 ? (streams & (kMufu | kLoad))
                   : wg == 2 ? (streams & (kFma | kAlu))
                             : (streams & (kMufu2 | kCvt));
-  if (!on) return;
+  const bool mcast = (streams & kMcast) != 0;
+  auto cluster_sync = [] {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+  };
+  if (mcast) cluster_sync();  // the peer's barriers initialized before any multicast into it
+  if (!on) {
+    if (mcast) cluster_sync();  // (the working threads' final sync)
+    return;
+  }
   float acc = 0.f;
   const uint64_t t0 = clock64_now();
   if (wg == 0) {
@@ -124,6 +149,34 @@ __global__ void __launch_bounds__(kThreads, 1)
       acc = (streams & kN64)   ? tensor_stream<64, false>(n_tensor, da, db)
             : (streams & kN32) ? tensor_stream<32, false>(n_tensor, da, db)
                                : tensor_stream<128, false>(n_tensor, da, db);
+  } else if (wg == 1 && (streams & kLoad)) {
+    if (t == 0) {  // one thread issues; chunk c of the window (L2) or of the whole buffer (DRAM)
+      const size_t chunks = ((streams & kDram) ? kDramBytes : kL2Window) / kLoadChunk;
+      for (int it = 0; it < n_load; ++it) {
+        const int slot = it % kLoadSlots;
+        if (it >= kLoadSlots) mxflash::sm90::mbar_wait(&s.bar[slot], uint32_t((it / kLoadSlots - 1) & 1));
+        mxflash::sm90::mbar_arrive_expect_tx(&s.bar[slot], kLoadChunk);
+        if (mcast) {  // this CTA's half of the pair's chunk, into both CTAs' slot
+          uint32_t rank;
+          asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+          const size_t c = (size_t(blockIdx.x / 2) * 4 + size_t(it)) % chunks;
+          const uint32_t half = kLoadChunk / 2;
+          asm volatile(
+              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, "
+              "[%3], %4;" ::"r"(mxflash::sm90::smem_u32(s.ld[slot] + rank * half)),
+              "l"(src + c * kLoadChunk + rank * half), "r"(half), "r"(mxflash::sm90::smem_u32(&s.bar[slot])),
+              "h"(uint16_t(3))
+              : "memory");
+        } else {
+          const size_t c = (streams & kDram) ? (size_t(it) * gridDim.x + blockIdx.x) % chunks
+                                             : (size_t(blockIdx.x) * 4 + size_t(it)) % chunks;
+          mxflash::sm90::bulk_load(s.ld[slot], src + c * kLoadChunk, kLoadChunk, &s.bar[slot]);
+        }
+      }
+      for (int it = std::max(0, n_load - kLoadSlots); it < n_load; ++it)
+        mxflash::sm90::mbar_wait(&s.bar[it % kLoadSlots], uint32_t((it / kLoadSlots) & 1));
+      acc = float(s.ld[0][t]);
+    }
   } else if (wg == 2 && (streams & kAlu)) {
     uint32_t x[16];
 #pragma unroll
@@ -184,8 +237,34 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < 16; ++i) acc += x[i];
   }
   const uint64_t t1 = clock64_now();
+  if (mcast) cluster_sync();  // no CTA leaves while its peer's multicasts may still write into it
   if (t == 0) cycles[blockIdx.x * kWarpgroups + wg] = t1 - t0;
   if (acc == 12345.f) sink[0] = acc;  // keeps the streams alive
+}
+
+__global__ void fill_kernel(uint32_t* p, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = (uint32_t(i) * 2654435761u ^ uint32_t(i >> 7) * 40503u) & 0x77777777u;
+}
+
+// A launch of the probe: one CTA per SM; clusters of two for the multicast runs.
+cudaError_t launch(bool rs, int sms, size_t smem, int streams, int n_tensor, int n_mufu, int n_fma, int n_load,
+                   const uint8_t* src, unsigned long long* cycles, float* sink, bool random) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned((streams & kMcast) ? sms & ~1 : sms));
+  cfg.blockDim = dim3(unsigned(kThreads));
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = (streams & kMcast) ? 2 : 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return rs ? cudaLaunchKernelEx(&cfg, probe_kernel<true>, streams, n_tensor, n_mufu, n_fma, n_load, src, cycles, sink,
+                                 random)
+            : cudaLaunchKernelEx(&cfg, probe_kernel<false>, streams, n_tensor, n_mufu, n_fma, n_load, src, cycles,
+                                 sink, random);
 }
 
 void check(cudaError_t e, const char* what) {
@@ -198,7 +277,8 @@ void check(cudaError_t e, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int n_tensor = 2000, n_mufu = 8000, n_fma = 60000;
+  int n_tensor = 2000, n_mufu = 8000, n_fma = 60000, n_load = 800;
+  std::string only;  // --only a,b: only the runs of these names
   bool random = false;  // --random 1: operand bytes from a hash (finite e4m3) instead of all 1.0
   double energy_s = 0;  // --energy S: each run's power and energy per unit of work over S seconds
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -207,6 +287,8 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--tensor")) n_tensor = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--mufu")) n_mufu = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--fma")) n_fma = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--load")) n_load = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--only")) only = argv[i + 1];
   }
   int sms = 0;
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
@@ -231,6 +313,11 @@ int main(int argc, char** argv) {
   float* d_sink = nullptr;
   check(cudaMalloc(&d_cycles, sizeof(unsigned long long) * sms * kWarpgroups), "malloc");
   check(cudaMalloc(&d_sink, sizeof(float)), "malloc");
+  uint8_t* d_src = nullptr;  // the load stream's source: random bytes (as operands), never zeros
+  check(cudaMalloc(&d_src, kDramBytes), "malloc");
+  fill_kernel<<<sms * 8, 256>>>(reinterpret_cast<uint32_t*>(d_src), kDramBytes / 4);
+  check(cudaGetLastError(), "fill launch");
+  check(cudaDeviceSynchronize(), "fill");
   struct Run { const char* name; int streams; };
   const Run runs[] = {
       {"tensor (SS)", kTensor}, {"tensor (RS)", kTensor | kRs}, {"mufu", kMufu}, {"fma", kFma},
@@ -246,19 +333,33 @@ int main(int argc, char** argv) {
       // Narrower GEMM shapes (m64n64k32, m64n32k32, operands in shared memory), alone and beside FFMA.
       {"tensor n64 (SS)", kTensor | kN64}, {"tensor n32 (SS)", kTensor | kN32},
       {"tensor n64 (SS) + fma", kTensor | kN64 | kFma}, {"tensor n32 (SS) + fma", kTensor | kN32 | kFma},
+      // Bulk copies into shared memory (wg 1's thread 0): from L2, from DRAM, beside the GEMMs.
+      {"l2 read", kLoad}, {"dram read", kLoad | kDram}, {"tensor (SS) + l2 read", kTensor | kLoad},
+      {"l2 mcast", kLoad | kMcast}, {"tensor (SS) + l2 mcast", kTensor | kLoad | kMcast},
+  };
+  auto selected = [&](const char* name) {
+    if (only.empty()) return true;
+    size_t b = 0;
+    while (b <= only.size()) {
+      const size_t e = std::min(only.find(',', b), only.size());
+      if (e > b && only.substr(b, e - b) == name) return true;
+      b = e + 1;
+    }
+    return false;
   };
   std::printf("%-28s %14s %14s %14s %14s   (per SM and cycle, medians over %d SMs)\n", "streams", "tensor FLOP",
-              "mufu (wg 1)", "ffma|alu (wg2)", "mufu|cvt (wg3)", sms);
+              "mufu|load (wg1)", "ffma|alu (wg2)", "mufu|cvt (wg3)", sms);
   cudaEvent_t e0, e1;
   check(cudaEventCreate(&e0), "event");
   check(cudaEventCreate(&e1), "event");
   for (const Run& r : runs) {
+    if (!selected(r.name)) continue;
     float ms = 0.f;
     for (int rep = 0; rep < 2; ++rep) {  // the first launch warms up
-      auto kernel = (r.streams & kRs) ? probe_kernel<true> : probe_kernel<false>;
       check(cudaEventRecord(e0), "event");
-      kernel<<<sms, kThreads, smem>>>(r.streams, n_tensor, n_mufu, n_fma, d_cycles, d_sink, random);
-      check(cudaGetLastError(), "launch");
+      check(launch((r.streams & kRs) != 0, sms, smem, r.streams, n_tensor, n_mufu, n_fma, n_load, d_src, d_cycles,
+                   d_sink, random),
+            "launch");
       check(cudaEventRecord(e1), "event");
       check(cudaDeviceSynchronize(), "run");
       check(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
@@ -273,9 +374,10 @@ int main(int argc, char** argv) {
     };
     const int n = (r.streams & kN64) ? 64 : (r.streams & kN32) ? 32 : 128;  // the tensor stream's N
     const double work[kWarpgroups] = {double(n_tensor) * kWgmmaPerGroup * 64 * n * 32 * 2,
-                                      double(n_mufu) * 16 * 128, double(n_fma) * 16 * 128,
+                                      (r.streams & kLoad) ? double(n_load) * kLoadChunk : double(n_mufu) * 16 * 128,
+                                      double(n_fma) * 16 * 128,
                                       double(n_mufu) * ((r.streams & kCvt) ? 8 : 16) * 128};
-    const int bit[kWarpgroups] = {kTensor, kMufu, kFma | kAlu, kMufu2 | kCvt};
+    const int bit[kWarpgroups] = {kTensor, kMufu | kLoad, kFma | kAlu, kMufu2 | kCvt};
     std::printf("%-28s", r.name);
     for (int wg = 0; wg < kWarpgroups; ++wg) {
       if (r.streams & bit[wg]) std::printf(" %14.1f", work[wg] / median(wg));
@@ -295,7 +397,6 @@ int main(int argc, char** argv) {
     if (energy_s > 0) {
       // The run again for energy_s seconds, launches enqueued in batches of ~50 ms so that the
       // stream stays busy between the host's synchronizations.
-      auto kernel = (r.streams & kRs) ? probe_kernel<true> : probe_kernel<false>;
       const int batch = std::max(1, int(50.0 / std::max(ms, 0.01f)));
       mxflash::tools::EnergyWindow window;
       window.start();
@@ -306,8 +407,9 @@ int main(int argc, char** argv) {
       double elapsed = 0;
       do {
         for (int i = 0; i < batch; ++i)
-          kernel<<<sms, kThreads, smem>>>(r.streams, n_tensor, n_mufu, n_fma, d_cycles, d_sink, random);
-        check(cudaGetLastError(), "launch");
+          check(launch((r.streams & kRs) != 0, sms, smem, r.streams, n_tensor, n_mufu, n_fma, n_load, d_src, d_cycles,
+                       d_sink, random),
+                "launch");
         check(cudaDeviceSynchronize(), "run");
         launches += batch;
         const int mhz = mxflash::tools::nvml_clock_mhz(mxflash::tools::kNvmlClockSm, false);
@@ -322,7 +424,8 @@ int main(int argc, char** argv) {
       // on all SMs (one stream only).
       const double joules = e.watts() * elapsed / double(launches);
       static const char* const kUnit[kWarpgroups] = {"FP8 FLOP", "MUFU.EX2", "FFMA", "MUFU.EX2"};
-      const char* unit = which == 2 && (r.streams & kAlu) ? "ALU element"
+      const char* unit = which == 1 && (r.streams & kLoad)  ? "byte"
+                         : which == 2 && (r.streams & kAlu) ? "ALU element"
                          : which == 3 && (r.streams & kCvt) ? "F2FP pair"
                          : which >= 0                      ? kUnit[which]
                                                            : "?";
