@@ -302,6 +302,7 @@ struct KvSmem {
   uint64_t kv_empty;  // persistent form: the consumers are done with K, V
   uint64_t full[kKvStages];
   uint64_t empty[kKvStages];
+  uint64_t info_ready[kKvStages];  // the stage's query infos times the item's K and V tile scales
 };
 inline constexpr size_t kKvSmemBytes = sizeof(KvSmem) + 1024;
 
@@ -410,16 +411,53 @@ __global__ void __launch_bounds__(kThreads, 1)
   DkdvStageSmem& stg = *reinterpret_cast<DkdvStageSmem*>(smem_base + kKvSmemOffsetStage);
   const int wg = attn::warpgroup_index(), tid = threadIdx.x % kWarpgroupThreads;
   attn::init_pipeline(&s.kv_full, s.full, s.empty, kConsumers);
-  if (kPersistent) {
-    if (threadIdx.x == 0) {
-      sm90::mbar_init(&s.kv_empty, kConsumers * kWarpgroupThreads);
-      sm90::fence_barrier_init();
-    }
-    __syncthreads();
+  if (threadIdx.x == 0) {
+    if (kPersistent) sm90::mbar_init(&s.kv_empty, kConsumers * kWarpgroupThreads);
+    for (int i = 0; i < kKvStages; ++i) sm90::mbar_init(&s.info_ready[i], 1);
+    sm90::fence_barrier_init();
   }
+  __syncthreads();
 
   if (wg == 0) {  // ---------------------------------------------------------------- producer
     sm90::setmaxnreg_dec<kProducerRegs>();
+    if (tid / 32 == 1) {
+      // The producer warpgroup's second warp: once a Q-tile stage has landed, multiplies its 128
+      // query infos' x by the item's K tile scale and z by its V tile scale in place (four a lane),
+      // so that the consumers' math reads the products (32 multiplications a thread and 64-query half
+      // fewer, off the chain from the shared load to the FFMA), then completes info_ready.
+      const int lane = tid % 32;
+      auto patch = [&](const Item& w, int n_q, int it) {
+        const int64_t tile_idx = int64_t(w.h) * (p.Pk / kTile) + p.cu_k_sf[w.b] / kTile + w.blk;
+        const float ks = p.k_scale[tile_idx], vs = p.v_scale[tile_idx];
+        for (int j = 0; j < n_q; ++j) {
+          const int stage = (it + j) % kKvStages;
+          sm90::mbar_wait(&s.full[stage], ((it + j) / kKvStages) & 1);
+          float4* info = s.st[stage].info;
+#pragma unroll
+          for (int i = 0; i < kTile / 32; ++i) {
+            float4 v = info[lane + 32 * i];
+            v.x *= ks;
+            v.z *= vs;
+            info[lane + 32 * i] = v;
+          }
+          __syncwarp();
+          if (lane == 0) sm90::mbar_arrive(&s.info_ready[stage]);
+        }
+      };
+      if constexpr (kPersistent) {
+        int it = 0;
+        for (unsigned index = blockIdx.x; index < unsigned(p.num_items); index += gridDim.x) {
+          const Item w = item_of<true>(p, index);
+          const int n_q = (w.Lq + kTile - 1) / kTile;
+          patch(w, n_q, it);
+          it += n_q;
+        }
+      } else {
+        const Item w = item_of<true>(p, blockIdx.x);
+        patch(w, (w.Lq + kTile - 1) / kTile, 0);
+      }
+      return;
+    }
     if (tid != 0) return;
     // One item's loads; `it` Q tiles and `kv_i` K/V tiles were loaded before (persistent CTAs).
     auto produce = [&](const Item& w, int n_q, int it, int kv_i) {
@@ -486,8 +524,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < 64; ++i) dv[i] = dk[i] = 0.f;
     if (n_q > 0) {
-      const int64_t tile_idx = int64_t(w.h) * (p.Pk / kTile) + p.cu_k_sf[w.b] / kTile + w.blk;
-      const float ks = p.k_scale[tile_idx], vs = p.v_scale[tile_idx];
       const float* q_tiles =
           kTileScales ? p.qt_tile_scale + int64_t(w.h) * (p.Pq / kTile) + p.cu_q_sf[w.qb] / kTile : nullptr;
       sm90::mbar_wait(&s.kv_full, kv_i & 1);
@@ -534,7 +570,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int jn = 0; jn < 8; ++jn) {
           const float4 in0 = jn == 0 ? first[0] : sm90::ld_shared_f32x4(&st.info[hh * kHalf + 8 * jn + 2 * quad]);
           const float4 in1 = jn == 0 ? first[1] : sm90::ld_shared_f32x4(&st.info[hh * kHalf + 8 * jn + 2 * quad + 1]);
-          const float a0 = in0.x * ks, a1 = in1.x * ks, c0 = in0.z * vs, c1 = in1.z * vs;
+          const float a0 = in0.x, a1 = in1.x, c0 = in0.z, c1 = in1.z;  // times K's, V's tile scales (info_ready)
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             const int i0 = 4 * jn + 2 * r;
@@ -630,6 +666,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const KvStage& st = s.st[stage];
           const float q_tile = kTileScales ? q_tiles[j] : 1.f;  // the Q tile's Qᵀ' scale (kTileScales)
           sm90::mbar_wait(&s.full[stage], ((it + j) / kKvStages) & 1);
+          sm90::mbar_wait(&s.info_ready[stage], ((it + j) / kKvStages) & 1);
           uint32_t pa0[8];  // the first half's Pᵀ, for the tile's dV (default order)
 #pragma unroll 1
           for (int hh = 0; hh < 2; ++hh) {
