@@ -203,9 +203,9 @@ inline void expect_same_bytes_with_either_dq_kernel(const std::vector<DeviceBuff
 
 // The forward runs with two or three consumer warpgroups (MXFLASH_FWD_CONSUMERS forces one;
 // docs/attention.md), each with a CTA per item or on its persistent kernel (MXFLASH_FWD_PERSISTENT:
-// 0 = a CTA per item, 1 = a CTA per SM, n >= 2 = at most n CTAs, each walking many items; a CTA per
-// item alone or in clusters of two, MXFLASH_FWD_CLUSTER): all do the same arithmetic per row and
-// must give the same bytes (the three-consumer kernel's split tail off).
+// 0 = a CTA per item, 1 = a CTA per SM, n >= 2 = at most n CTAs, each walking many items): all do
+// the same arithmetic per row and must give the same bytes (the three-consumer kernel's split tail
+// off).
 inline void expect_same_bytes_with_every_forward_kernel(const std::vector<DeviceBuffer*>& outputs,
                                                          const std::function<Status()>& launch) {
   expect_same_bytes_from("MXFLASH_FWD_CONSUMERS", "2", {"3"}, outputs, launch);
@@ -214,9 +214,6 @@ inline void expect_same_bytes_with_every_forward_kernel(const std::vector<Device
     if (::testing::Test::HasFatalFailure()) return;
     const ScopedEnv count("MXFLASH_FWD_CONSUMERS", consumers);
     expect_same_bytes_under_env("MXFLASH_FWD_PERSISTENT", {"0", "1", "2", "5"}, outputs, launch);
-    // A CTA per item alone, or in clusters of two sharing their K/V loads (MXFLASH_FWD_CLUSTER).
-    const ScopedEnv per_item("MXFLASH_FWD_PERSISTENT", "0");
-    expect_same_bytes_under_env("MXFLASH_FWD_CLUSTER", {"0", "1"}, outputs, launch);
   }
 }
 

@@ -117,10 +117,7 @@ def r2ur_before_gemm(loop, window=40):
 # memory around pow2i_exact's subnormal case in promote_vtile_apply's slow path (V's tile scale more
 # than 64 binades under an earlier tile's, or no power of two; read from its SASS, 2026-11-30). The
 # count is pinned: any other count is a problem.
-COLD_SPILLS = {"persistent 565329ELb1": 2,
-               # the two-consumer kernel in clusters (MXFLASH_FWD_CLUSTER=1, an experiment): one register
-               # spilled around the stage release's thread-index read, once a tile
-               "565329, cluster": 2}
+COLD_SPILLS = {"persistent 565329ELb1": 2}
 
 
 def loop_problems(name, loop, cold_spills=0):
@@ -149,7 +146,7 @@ def check(variant, ins):
         found += 1
         loop = loops[i] if len(loops[i]) <= 2 * shortest else []
         in_loop += bool(loop)
-        problems += loop_problems(f"attention_fwd_kernel<{variant}>", loop, COLD_SPILLS.get(str(variant), 0))
+        problems += loop_problems(f"attention_fwd_kernel<{variant}>", loop)
         exps = 0
         for u in text[i + 1:]:
             if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in u:
@@ -245,24 +242,19 @@ def main():
         return 1
     env = dict(os.environ, PATH=os.path.dirname(nvdisasm) + os.pathsep + os.environ.get("PATH", ""))
     sass = subprocess.run([cuobjdump, "-sass", sys.argv[1]], capture_output=True, text=True, env=env, check=True).stdout
-    # attention_fwd_kernel<variant, cluster>: alone, and in clusters of two sharing K/V loads.
-    ks = kernels(sass, r"Function : \S*attention_fwd_kernelILi(\d+)ELb0E")
+    ks = kernels(sass)
     checked = {v: ins for v, ins in ks.items() if v & OVERLAP}
-    checked.update({f"{v}, cluster": ins
-                    for v, ins in kernels(sass, r"Function : \S*attention_fwd_kernelILi(\d+)ELb1E").items()
-                    if v & OVERLAP})
     if not checked:
         print(f"check_fwd_schedule: no overlapped attention_fwd_kernel in {sys.argv[1]} (found {sorted(ks)})")
         return 1
-    problems = [p for v, ins in sorted(checked.items(), key=lambda x: str(x[0])) for p in check(v, ins)]
+    problems = [p for v, ins in sorted(checked.items()) for p in check(v, ins)]
     # The persistent two-consumer kernel (attention_fwd_kernel2p<variant>): the same consumers.
     two_p = {v: ins for v, ins in kernels(sass, r"Function : \S*attention_fwd_kernel2pILi(\d+)E").items() if v & OVERLAP}
     if not two_p:
         problems.append("attention_fwd_kernel2p: not found")
     problems += [p for v, ins in sorted(two_p.items()) for p in check(f"persistent {v}", ins)]
-    # attention_fwd_kernel3<variant, parts, cluster>: keyed "<variant>ELb<0|1>ELb<0|1>" (whole items /
-    # split parts; alone / in clusters of two)
-    three = kernels(sass, r"Function : \S*attention_fwd_kernel3ILi(\d+ELb[01]ELb[01])E")
+    # attention_fwd_kernel3<variant, parts>: keyed "<variant>ELb<0|1>" (whole items / split parts)
+    three = kernels(sass, r"Function : \S*attention_fwd_kernel3ILi(\d+ELb[01])E")
     if not three:
         problems.append("attention_fwd_kernel3: not found")
     # attention_fwd_kernel3p<variant, staged>: keyed "<variant>ELb<0|1>" (direct / TMA-store epilogue)
@@ -283,7 +275,7 @@ def main():
         problems += convergence_barriers(name, ins)
     for p in problems:
         print(p)
-    print(f"check_fwd_schedule: {len(checked)} forward kernels ({sorted(checked, key=str)}), {len(two_p)} persistent "
+    print(f"check_fwd_schedule: {len(checked)} forward kernels ({sorted(checked)}), {len(two_p)} persistent "
           f"two-consumer ones, {len(three)} three-consumer "
           f"kernels and {len(dq)} dQ kernels checked, {len(every)} attention kernels' tile loops for "
           f"convergence barriers, "

@@ -138,7 +138,6 @@ struct FwdParams {
 // same) and that kernel ran 2.5% slower on cross and jagged (H200, same run, 2026-11-30).
 struct SplitParams {
   int first, parts;
-  int multicast = 1;  // cluster kernel3: 0 = each CTA loads its K/V itself (diagnostic, MXFLASH_FWD_MULTICAST=0)
   float4* part_o;     // (slot, consumer, 16, 128 threads): a consumer thread's 64 accumulators
   float4* part_rows;  // (slot, consumer, 64 rows): {m, l (quad-summed), O's unit exponent, 0}
 };
@@ -320,52 +319,6 @@ __device__ __forceinline__ WorkItem work_item(const FwdParams& p, unsigned index
   return w;
 }
 
-// Clusters of two CTAs (the non-persistent kernels, ExecPlan::cluster): the work list's entries are
-// pairs of Q tiles (tiles of 2 kQTile rows), CTA `rank` of the pair takes Q tile 2 m + rank of its
-// sequence, and the two load K and V once for both: each loads half of every K/V tile (64 rows, the
-// maps' boxes) and multicasts it into both CTAs' stage, and each stage is refilled only once the
-// consumers of both CTAs have released it (release_stage). Their loads through L2 into shared
-// memory cost ~25 pJ a byte on the H200 beside the GEMMs, ~12 multicast to two (mxflash-overlap-
-// probe, docs/attention.md). `active`: this CTA's tile has rows (else it leaves at once); `partner`:
-// the other's has.
-inline constexpr int kHalfRows = 64;
-template <int kQTile>
-__device__ __forceinline__ WorkItem work_item_pair(const FwdParams& p, unsigned pair, uint32_t rank, bool* active,
-                                                   bool* partner) {
-  WorkItem w = work_item<2 * kQTile>(p, pair);
-  const int m = w.m_block;
-  w.m_block = 2 * m + int(rank);
-  w.q_row += int64_t(rank) * kQTile;
-  *active = w.m_block * kQTile < w.Lq;
-  *partner = (2 * m + 1 - int(rank)) * kQTile < w.Lq;
-  return w;
-}
-// The cluster kernels' consumer warpgroups release a K/V stage with two arrivals each: thread 0 on
-// this CTA's `empty` barrier, thread 32 on that of CTA `arrive_cta` (the pair's peer, where K and V
-// are multicast, else this CTA), so that each barrier (count: 2 per consumer warpgroup) completes
-// once the consumers of both CTAs are done with the stage. One thread of a warpgroup arriving after
-// its wgmma wait stands for the warpgroup: the wgmma completes for the warpgroup as a whole
-// (CUTLASS's multicast pipelines count one arrival per consumer warpgroup and CTA the same way).
-// Predicated, not branched: a branch put convergence barriers (BSSY) into the tile loops.
-template <bool kCluster>
-__device__ __forceinline__ void release_stage(uint64_t* empty, int stage, int arrive_cta) {
-  if constexpr (kCluster) {
-    // (The thread index read here: held in a register across the tile loop it was spilled.)
-    const uint32_t local = sm90::smem_u32(empty + stage);
-    const uint32_t remote = sm90::cluster_address(empty + stage, uint32_t(arrive_cta));
-    asm volatile(
-        "{\n.reg .u32 t;\n.reg .pred p, q;\nmov.u32 t, %%tid.x;\nand.b32 t, t, 127;\n"
-        "setp.eq.u32 p, t, 0;\nsetp.eq.u32 q, t, 32;\n"
-        "@p mbarrier.arrive.shared::cta.b64 _, [%0];\n"
-        "@q mbarrier.arrive.shared::cluster.b64 _, [%1];\n}" ::"r"(local),
-        "r"(remote)
-        : "memory");
-  } else {
-    sm90::mbar_arrive(empty + stage);
-  }
-}
-inline constexpr int kClusterArrivals = 2;  // per consumer warpgroup and stage (release_stage)
-
 // Producer thread: the item's Q tile into q, in kQBoxes boxes of kQBoxRows rows (the Q map's box),
 // completing q_full.
 template <int kQBoxes, int kQBoxRows>
@@ -387,12 +340,10 @@ __device__ __forceinline__ float2 kv_tile_scales(const FwdParams& p, const WorkI
 // (persistent CTAs), which sets the stage and phase of the first one; `first`: the first tile's
 // scales, read already (kv_tile_scales), or null. Storage: SharedStorage, SharedStorage3,
 // SharedStorage3P or SharedStorage2P.
-// kHalfBoxes (the cluster kernels): the K and V maps load 64-row boxes; with a peer (>= 0) this CTA
-// loads half `rank` of each tile and multicasts it into both CTAs, else both halves itself.
-template <int kVariant, bool kHalfBoxes = false, typename Storage>
+template <int kVariant, typename Storage>
 __device__ __forceinline__ void produce_kv(Storage& s, const CUtensorMap* tm_k, const CUtensorMap* tm_v,
                                            const FwdParams& p, const WorkItem& w, int it,
-                                           const float2* first = nullptr, int peer = -1, uint32_t rank = 0) {
+                                           const float2* first = nullptr) {
   const int h = w.h, b = w.b, n_tiles = w.n_tiles;
   const int k_first = p.cu_k_sf[b] + w.j0 * kTile;  // the first K/V tile's token in K' and V'
   const int k_row = int(int64_t(h) * p.Pk + k_first);
@@ -415,37 +366,18 @@ __device__ __forceinline__ void produce_kv(Storage& s, const CUtensorMap* tm_k, 
     s.k_scale[stage] = ks;
     if constexpr (kVTile) s.v_scale[stage] = vs;
     sm90::mbar_arrive_expect_tx(&s.full[stage], 2 * kTileBytes);
-    if constexpr (kHalfBoxes) {
-      constexpr int kHalfBytes = kHalfRows * kHeadDim;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        if (peer >= 0 && r != int(rank)) continue;
-        uint8_t* const kd = s.k[stage] + r * kHalfBytes;
-        uint8_t* const vd = s.v[stage] + r * kHalfBytes;
-        const int kr = k_row + j * kTile + r * kHalfRows, vr = h * kHeadDim + r * kHalfRows;
-        if (peer >= 0) {
-          sm90::tma_load_2d_multicast(kd, tm_k, &s.full[stage], 0, kr, 3);
-          sm90::tma_load_2d_multicast(vd, tm_v, &s.full[stage], v_col + j * kTile, vr, 3);
-        } else {
-          sm90::tma_load_2d(kd, tm_k, &s.full[stage], 0, kr);
-          sm90::tma_load_2d(vd, tm_v, &s.full[stage], v_col + j * kTile, vr);
-        }
-      }
-    } else {
-      sm90::tma_load_2d(s.k[stage], tm_k, &s.full[stage], 0, k_row + j * kTile);
-      sm90::tma_load_2d(s.v[stage], tm_v, &s.full[stage], v_col + j * kTile, h * kHeadDim);
-    }
+    sm90::tma_load_2d(s.k[stage], tm_k, &s.full[stage], 0, k_row + j * kTile);
+    sm90::tma_load_2d(s.v[stage], tm_v, &s.full[stage], v_col + j * kTile, h * kHeadDim);
   }
 }
 
 // Producer thread: Q of the item (in SharedStorage's or SharedStorage3's one Q buffer), then its K/V
 // tiles.
-template <int kVariant, int kQBoxes = 1, int kQBoxRows = kTile, bool kHalfBoxes = false, typename Storage>
+template <int kVariant, int kQBoxes = 1, int kQBoxRows = kTile, typename Storage>
 __device__ __forceinline__ void produce_item(Storage& s, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
-                                             const CUtensorMap* tm_v, const FwdParams& p, const WorkItem& w, int it,
-                                             int peer = -1, uint32_t rank = 0) {
+                                             const CUtensorMap* tm_v, const FwdParams& p, const WorkItem& w, int it) {
   produce_q<kQBoxes, kQBoxRows>(s.q, &s.q_full, tm_q, w);
-  produce_kv<kVariant, kHalfBoxes>(s, tm_k, tm_v, p, w, it, nullptr, peer, rank);
+  produce_kv<kVariant>(s, tm_k, tm_v, p, w, it);
 }
 
 // 2^n as a float for n <= 127 (0 under 2^-126); pow2i_exact: subnormals down to 2^-149 too.
@@ -597,13 +529,11 @@ __device__ __forceinline__ void write_rows_staged(const FwdParams& p, const CUte
 // q_tile, complete at phase q_phase of q_full; `it`: K/V tiles this CTA consumed before (persistent
 // CTAs; 0 otherwise). kPersistent: the rows' Q scales from qs (shared memory, written with Q).
 // Storage: SharedStorage or SharedStorage2P.
-// kCluster: stages released by release_stage (arrive_cta).
-template <int kVariant, bool kPersistent, bool kCluster = false, typename Storage>
+template <int kVariant, bool kPersistent, typename Storage>
 __device__ __forceinline__ void consume_item(Storage& s, const uint8_t* q_tile, uint64_t* q_full, uint32_t q_phase,
                                              const float* qs, const FwdParams& p, const WorkItem& w, int cw, int warp,
                                              int lane, int quad, const int (&rows)[2], int it,
-                                             const CUtensorMap* tm_o = nullptr, uint8_t* o_stage = nullptr,
-                                             int arrive_cta = 0) {
+                                             const CUtensorMap* tm_o = nullptr, uint8_t* o_stage = nullptr) {
   static_assert((kVariant & kVariantVTile) == 0 || (kVariant & kVariantOverlap) != 0,
                 "per-tile V scales are applied by the overlapped schedule's promotion only");
   const int h = w.h, b = w.b, m_block = w.m_block, qb = w.qb, Lq = w.Lq, Lk = w.Lk, n_tiles = w.n_tiles;
@@ -711,10 +641,10 @@ __device__ __forceinline__ void consume_item(Storage& s, const uint8_t* q_tile, 
   auto promote = [&](int stage) {
     if constexpr ((kVariant & kVariantVTile) != 0) {
       const float vs = sm90::ld_shared_f32(&s.v_scale[stage]);
-      release_stage<kCluster>(s.empty, stage, arrive_cta);
+      sm90::mbar_arrive(&s.empty[stage]);
       promote_vtile(o, ot, alpha, vs, vunit);
     } else {
-      release_stage<kCluster>(s.empty, stage, arrive_cta);
+      sm90::mbar_arrive(&s.empty[stage]);
 #pragma unroll
       for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i % 4) / 2], ot[i]);
     }
@@ -851,17 +781,12 @@ __device__ __forceinline__ void consume_item(Storage& s, const uint8_t* q_tile, 
 }
 
 // The mbarriers and the exponential turns' zero, then a CTA barrier (init_pipeline).
-// kCluster: the stages' empty barriers count release_stage's arrivals.
-template <bool kCluster = false>
 __device__ __forceinline__ void init_barriers(SharedStorage& s) {
   if (threadIdx.x == 0) s.turn_zero = 0.f;
-  init_pipeline(&s.q_full, s.full, s.empty, kConsumerWarpgroups, 1,
-                kCluster ? kClusterArrivals * kConsumerWarpgroups : kConsumerWarpgroups * kWarpgroupThreads);
+  init_pipeline(&s.q_full, s.full, s.empty, kConsumerWarpgroups);
 }
 
-// kCluster: launched in clusters of two CTAs on pairs of Q tiles (work_item_pair), the K and V maps
-// with 64-row boxes.
-template <int kVariant, bool kCluster = false>
+template <int kVariant>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
@@ -869,27 +794,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   SharedStorage& s = aligned_shared<SharedStorage>(smem_raw);
   const int wg = warpgroup_index();
   const int tid = threadIdx.x % kWarpgroupThreads;
-  uint32_t rank = 0;
-  int peer = -1;  // the pair's other CTA, where K and V are multicast
-  bool active = true;
-  const WorkItem w = [&] {
-    if constexpr (kCluster) {
-      rank = sm90::cluster_ctarank();
-      bool partner = false;
-      const WorkItem x = work_item_pair<kTile>(p, blockIdx.x / 2, rank, &active, &partner);
-      if (active && partner && x.n_tiles > 0) peer = int(rank ^ 1u);
-      return x;
-    } else {
-      return work_item(p, blockIdx.x);
-    }
-  }();
-  if (!active) return;  // the second tile of a pair past the sequence: the first loads alone
-  init_barriers<kCluster>(s);
-  if (peer >= 0) sm90::cluster_sync();  // both CTAs' barriers initialized before any multicast
+  const WorkItem w = work_item(p, blockIdx.x);
+  init_barriers(s);
 
   if (wg == 0) {  // ------------------------------------------------------------ producer
     sm90::setmaxnreg_dec<kProducerRegs>();
-    if (tid == 0 && w.n_tiles > 0) produce_item<kVariant, 1, kTile, kCluster>(s, &tm_q, &tm_k, &tm_v, p, w, 0, peer, rank);
+    if (tid == 0 && w.n_tiles > 0) produce_item<kVariant>(s, &tm_q, &tm_k, &tm_v, p, w, 0);
     return;
   }
 
@@ -899,9 +809,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = tid / 32, lane = tid % 32, quad = lane % 4;
   const int r0 = cw * kRowsPerConsumer + warp * 16 + lane / 4;  // rows r0 and r0 + 8 of the Q tile
   const int rows[2] = {r0, r0 + 8};
-  consume_item<kVariant, false, kCluster>(s, s.q, &s.q_full, 0, nullptr, p, w, cw, warp, lane, quad, rows, 0, nullptr,
-                                          nullptr, peer >= 0 ? peer : int(rank));
-  if (peer >= 0) sm90::cluster_sync();  // the peer's last remote arrivals on this CTA's barriers are done
+  consume_item<kVariant, false>(s, s.q, &s.q_full, 0, nullptr, p, w, cw, warp, lane, quad, rows, 0);
 }
 
 // Three consumer warpgroups (attention_fwd_kernel3; the operands kernel where Q's tiles of 192 rows
@@ -989,11 +897,11 @@ __device__ __forceinline__ void write_partial3(const SplitParams& sp, int slot, 
 // complete at phase q_phase of q_full; `it` K/V tiles consumed before (persistent CTAs, else 0).
 // kPersistent: the rows' Q scales from qs (shared memory, written with Q; rows past the sequence
 // 0), and items with no keys are the caller's.
-template <int kVariant, bool kParts, bool kPersistent, bool kCluster = false, typename Storage>
+template <int kVariant, bool kParts, bool kPersistent, typename Storage>
 __device__ __forceinline__ void consume_item3(Storage& s, const uint8_t* q_tile, uint64_t* q_full, uint32_t q_phase,
                                               const float* qs, const FwdParams& p, const SplitParams& sp,
                                               const WorkItem& w, int cw, int tid, int it,
-                                              const CUtensorMap* tm_o = nullptr, int arrive_cta = 0) {
+                                              const CUtensorMap* tm_o = nullptr) {
   // kVTile: V' with one scale per 128-key tile (the operands), folded into every promotion; else
   // V's per-(sequence, channel) scales (the MX tensors' prepare pass), applied in the epilogue.
   constexpr bool kVTile = (kVariant & kVariantVTile) != 0;
@@ -1019,7 +927,7 @@ __device__ __forceinline__ void consume_item3(Storage& s, const uint8_t* q_tile,
   if (row0 + cw * kRowsPerConsumer >= Lq) {  // no rows in this warpgroup: release the stages only
     for (int j = 0; j < n_tiles; ++j) {
       sm90::mbar_wait(&s.full[stage_of(it + j)], phase_of(it + j));
-      release_stage<kCluster>(s.empty, stage_of(it + j), arrive_cta);
+      sm90::mbar_arrive(&s.empty[stage_of(it + j)]);
     }
     return;
   }
@@ -1103,7 +1011,7 @@ __device__ __forceinline__ void consume_item3(Storage& s, const uint8_t* q_tile,
 #pragma unroll
     for (int i = 0; i < 16; ++i) sm90::fence_regs(pa[i]);  // P was read until here
     stamp(j, 5);
-    release_stage<kCluster>(s.empty, stage, arrive_cta);
+    sm90::mbar_arrive(&s.empty[stage]);
     promote_vtile_apply<32>(o + 32, ot_hi, pr);
     stamp(j, 6);
   };
@@ -1132,36 +1040,17 @@ __device__ __forceinline__ void consume_item3(Storage& s, const uint8_t* q_tile,
 }
 
 
-// kCluster (not with kParts): launched in clusters of two CTAs on pairs of Q tiles (work_item_pair),
-// the K and V maps with 64-row boxes.
-template <int kVariant, bool kParts = false, bool kCluster = false>
+template <int kVariant, bool kParts = false>
 __global__ void __launch_bounds__(kThreads3, 1)
     attention_fwd_kernel3(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                           const __grid_constant__ CUtensorMap tm_v, const FwdParams p, const SplitParams sp) {
-  static_assert(!(kParts && kCluster), "split parts run alone");
   extern __shared__ uint8_t smem_raw[];
   SharedStorage3& s = aligned_shared<SharedStorage3>(smem_raw);
   const int wg = warpgroup_index();
   const int tid = threadIdx.x % kWarpgroupThreads;
-  uint32_t rank = 0;
-  int peer = -1;  // the pair's other CTA, where K and V are multicast
-  bool active = true;
-  const WorkItem w = [&] {
-    if constexpr (kCluster) {
-      rank = sm90::cluster_ctarank();
-      bool partner = false;
-      const WorkItem x = work_item_pair<kQTile3>(p, blockIdx.x / 2, rank, &active, &partner);
-      if (active && partner && x.n_tiles > 0 && sp.multicast) peer = int(rank ^ 1u);
-      return x;
-    } else {
-      return kParts ? work_part3(p, sp, blockIdx.x) : work_item<kQTile3>(p, blockIdx.x);
-    }
-  }();
+  const WorkItem w = kParts ? work_part3(p, sp, blockIdx.x) : work_item<kQTile3>(p, blockIdx.x);
   if constexpr (!kParts) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  if (!active) return;  // the second tile of a pair past the sequence: the first loads alone
-  init_pipeline(&s.q_full, s.full, s.empty, kConsumers3, 1,
-                kCluster ? kClusterArrivals * kConsumers3 : kConsumers3 * kWarpgroupThreads);
-  if (peer >= 0) sm90::cluster_sync();  // both CTAs' barriers initialized before any multicast
+  init_pipeline(&s.q_full, s.full, s.empty, kConsumers3);
   const int n_tiles = w.n_tiles;
 
   if (wg == 0) {  // ------------------------------------------------------------ producer
@@ -1169,17 +1058,14 @@ __global__ void __launch_bounds__(kThreads3, 1)
     // Q in three boxes of 64 rows (the map's box); rows past the sequence's padded end belong to
     // the next sequence or head, or lie past the tensor (zero-filled): only their own rows of S
     // see them, and those rows are never written.
-    if (tid == 0 && n_tiles > 0)
-      produce_item<kVariant, kConsumers3, kRowsPerConsumer, kCluster>(s, &tm_q, &tm_k, &tm_v, p, w, 0, peer, rank);
+    if (tid == 0 && n_tiles > 0) produce_item<kVariant, kConsumers3, kRowsPerConsumer>(s, &tm_q, &tm_k, &tm_v, p, w, 0);
     if (kParts && tid == 0) asm volatile("griddepcontrol.wait;" ::: "memory");  // complete after the first grid
     return;
   }
 
   // ------------------------------------------------------------------------------ consumers
   sm90::setmaxnreg_inc<kConsumerRegs3>();
-  consume_item3<kVariant, kParts, false, kCluster>(s, s.q, &s.q_full, 0, nullptr, p, sp, w, wg - 1, tid, 0, nullptr,
-                                                   peer >= 0 ? peer : int(rank));
-  if (peer >= 0) sm90::cluster_sync();  // the peer's last remote arrivals on this CTA's barriers are done
+  consume_item3<kVariant, kParts, false>(s, s.q, &s.q_full, 0, nullptr, p, sp, w, wg - 1, tid, 0);
 }
 
 // The persistent three-consumer kernel (attention_fwd_kernel3p, persistent_ctas on the host): one
@@ -1682,20 +1568,10 @@ int persistent_ctas(int sms, int max_tiles) {
   return max_tiles <= kPersistentMaxTiles ? sms : 0;
 }
 
-// Whether the forward's CTA-per-item kernels (attention_fwd_kernel, attention_fwd_kernel3: K/V
-// sequences longer than kPersistentMaxTiles tiles) run in clusters of two that share their K/V
-// loads (work_item_pair): only with MXFLASH_FWD_CLUSTER=1, read at every call (H200, 2026-11-30:
-// +-0 against the same kernels alone on llm-long and cross, docs/attention.md).
-bool use_clusters() {
-  const char* e = std::getenv("MXFLASH_FWD_CLUSTER");
-  return e != nullptr && std::string(e) == "1";
-}
-
 // How the forward (on operands or MX tensors alike) runs a problem: the consumer count, the work
 // list (Q tiles of 128 or, three consumers, 192 rows) and the split tail.
 struct ExecPlan {
   bool three = false;
-  bool cluster = false;  // a CTA per item in clusters of two on pairs of Q tiles (tiles: the pairs; no split)
   std::vector<int2> tiles;
   int64_t items = 0;        // tiles x heads
   int64_t split_first = 0;  // items from here on run in split_parts parts each (= items: none)
@@ -1719,11 +1595,10 @@ ExecPlan exec_plan(const std::vector<int32_t>& cu_q, const std::vector<int32_t>&
   e.three = three_consumers(cu_q, batch, heads, broadcast_q, sms);
   for (int b = 0; b < batch; ++b) e.longest_lk = std::max<int64_t>(e.longest_lk, cu_k[size_t(b) + 1] - cu_k[size_t(b)]);
   e.persistent = sms > 0 ? persistent_ctas(sms, int((e.longest_lk + attn::kTile - 1) / attn::kTile)) : 0;
-  e.cluster = sms > 0 && e.persistent == 0 && use_clusters();
-  e.tiles = schedule(cu_q, cu_k, batch, broadcast_q, (e.three ? attn::kQTile3 : attn::kTile) * (e.cluster ? 2 : 1));
+  e.tiles = schedule(cu_q, cu_k, batch, broadcast_q, e.three ? attn::kQTile3 : attn::kTile);
   e.items = int64_t(e.tiles.size()) * heads;
   e.split_first = e.items;
-  if (!e.three || e.items == 0 || sms <= 0 || e.cluster) return e;
+  if (!e.three || e.items == 0 || sms <= 0) return e;
   const int64_t r = e.items % sms;
   int max_tiles = 0;
   for (int64_t i = e.items - r; i < e.items; ++i) {
@@ -1759,12 +1634,8 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   MXFLASH_RETURN_IF_ERROR(
       make_tile_map(&tm_q, ops.q, kHeadDim, uint64_t(H * p.Pq), three ? attn::kRowsPerConsumer : attn::kTile));
   // A batch whose K/V sequences are all empty still needs valid (unused) maps.
-  // (The cluster kernels load half tiles: 64-row boxes.)
-  const uint32_t kv_box = plan.cluster ? attn::kHalfRows : attn::kTile;
-  MXFLASH_RETURN_IF_ERROR(
-      make_tile_map(&tm_k, ops.k, kHeadDim, uint64_t(std::max<int64_t>(H * p.Pk, attn::kTile)), kv_box));
-  MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_v, ops.v, uint64_t(std::max<int64_t>(p.Pk, attn::kTile)),
-                                        uint64_t(H * kHeadDim), kv_box));
+  MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_k, ops.k, kHeadDim, uint64_t(std::max<int64_t>(H * p.Pk, attn::kTile))));
+  MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_v, ops.v, uint64_t(std::max<int64_t>(p.Pk, attn::kTile)), uint64_t(H * kHeadDim)));
   attn::FwdParams fp;
   fp.cu_q = p.cu_q;
   fp.cu_q_sf = p.cu_q_sf;
@@ -1788,7 +1659,6 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   sp.parts = plan.split_parts;
   sp.part_o = reinterpret_cast<float4*>(ws + align256(attn::work_list_bytes(tiles.size())));
   sp.part_rows = sp.part_o + plan.slots() * (attn::kConsumers3 * 16 * attn::kWarpgroupThreads);
-  if (const char* e = std::getenv("MXFLASH_FWD_MULTICAST")) sp.multicast = std::string(e) != "0";
   int64_t persistent = plan.persistent;
   // The persistent kernels write out through shared memory and TMA stores (write_rows_staged)
   // where it is 16-byte aligned (the API asks 4).
@@ -1856,27 +1726,7 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   if (experiment_variant() >= 0 && !three) persistent = 0;  // a two-consumer variant: a CTA per item
 #endif
   fp.num_items = int(plan.items);
-  if (plan.cluster) {  // a CTA per Q tile, clusters of two on the pairs (no split, not persistent)
-    const dim3 grid(unsigned(2 * plan.items));
-    if (kernel3) {
-      auto k3c = ops.v_per_tile ? attn::attention_fwd_kernel3<kV3, false, true> : attn::attention_fwd_kernel3<kM3, false, true>;
-      MXFLASH_RETURN_IF_ERROR(cuda_error(
-          cudaFuncSetAttribute(k3c, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes3)),
-          "cudaFuncSetAttribute(smem)"));
-      MXFLASH_RETURN_IF_ERROR(cuda_error(
-          launch_clusters(2, k3c, grid, dim3(attn::kThreads3), attn::kSmemBytes3, stream, tm_q, tm_k, tm_v, fp, sp),
-          "attention_fwd_kernel3 (clusters) launch"));
-    } else {
-      auto kc = ops.v_per_tile ? attn::attention_fwd_kernel<kDefaultVariantVTile, true>
-                               : attn::attention_fwd_kernel<kDefaultVariant, true>;
-      MXFLASH_RETURN_IF_ERROR(cuda_error(
-          cudaFuncSetAttribute(kc, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes)),
-          "cudaFuncSetAttribute(smem)"));
-      MXFLASH_RETURN_IF_ERROR(cuda_error(
-          launch_clusters(2, kc, grid, dim3(attn::kThreads), attn::kSmemBytes, stream, tm_q, tm_k, tm_v, fp),
-          "attention_fwd_kernel (clusters) launch"));
-    }
-  } else if (kernel3) {
+  if (kernel3) {
     if (plan.split_first > 0 && persistent > 0) {  // the whole items, on a CTA per SM
       MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(kernel3p, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes3P)),

@@ -38,17 +38,16 @@ __device__ __forceinline__ T& aligned_shared(uint8_t* raw) {
 
 // Thread 0 initializes a TMA pipeline's mbarriers: `once` (the per-item operand, `once_count`
 // arrivals: by default the producer's expect_tx alone) and each stage's `full` (one arrival) and
-// `empty` (every thread of `consumer_warpgroups`, or empty_count arrivals where given), fences
-// them, then a CTA barrier. Barriers the
+// `empty` (every thread of `consumer_warpgroups`), fences them, then a CTA barrier. Barriers the
 // caller's thread 0 initializes before the call are covered by the same fence.
 template <int kStages>
 __device__ __forceinline__ void init_pipeline(uint64_t* once, uint64_t (&full)[kStages], uint64_t (&empty)[kStages],
-                                              int consumer_warpgroups, int once_count = 1, int empty_count = 0) {
+                                              int consumer_warpgroups, int once_count = 1) {
   if (threadIdx.x == 0) {
     sm90::mbar_init(once, once_count);
     for (int i = 0; i < kStages; ++i) {
       sm90::mbar_init(&full[i], 1);
-      sm90::mbar_init(&empty[i], empty_count > 0 ? empty_count : consumer_warpgroups * 128);
+      sm90::mbar_init(&empty[i], consumer_warpgroups * 128);
     }
     sm90::fence_barrier_init();
   }

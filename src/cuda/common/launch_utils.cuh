@@ -56,25 +56,6 @@ cudaError_t launch_programmatic(bool programmatic, void (*kernel)(KernelArgs...)
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
-// Launches `kernel` on `stream` in clusters of `cluster` CTAs along x (grid.x a multiple of it).
-template <typename... KernelArgs, typename... Args>
-cudaError_t launch_clusters(unsigned cluster, void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
-                            cudaStream_t stream, Args&&... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-}
-
 // Grid for a grid-stride kernel: every CTA resident at once (a second wave of CTAs would each
 // carry a full share of the work and double the run time), capped by the work available.
 // Occupancy is cached per kernel: it depends only on the kernel and the architecture.
