@@ -413,7 +413,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   attn::init_pipeline(&s.kv_full, s.full, s.empty, kConsumers);
   if (threadIdx.x == 0) {
     if (kPersistent) sm90::mbar_init(&s.kv_empty, kConsumers * kWarpgroupThreads);
-    for (int i = 0; i < kKvStages; ++i) sm90::mbar_init(&s.info_ready[i], 1);
+    for (int i = 0; i < kKvStages; ++i) sm90::mbar_init(&s.info_ready[i], 32);  // the patching warp's lanes
     sm90::fence_barrier_init();
   }
   __syncthreads();
@@ -424,13 +424,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The producer warpgroup's second warp: once a Q-tile stage has landed, multiplies its 128
       // query infos' x by the item's K tile scale and z by its V tile scale in place (four a lane),
       // so that the consumers' math reads the products (32 multiplications a thread and 64-query half
-      // fewer, off the chain from the shared load to the FFMA), then completes info_ready.
+      // fewer, off the chain from the shared load to the FFMA), then completes info_ready (every
+      // lane arrives for its own writes). It waits for the consumers' release of the stage's
+      // previous fill first, as the producer thread does: implied by `full`, but so the order is a
+      // direct one (compute-sanitizer's racecheck flagged the patch with one lane arriving after a
+      // __syncwarp and no `empty` wait; clean with both changes).
       const int lane = tid % 32;
       auto patch = [&](const Item& w, int n_q, int it) {
         const int64_t tile_idx = int64_t(w.h) * (p.Pk / kTile) + p.cu_k_sf[w.b] / kTile + w.blk;
         const float ks = p.k_scale[tile_idx], vs = p.v_scale[tile_idx];
         for (int j = 0; j < n_q; ++j) {
           const int stage = (it + j) % kKvStages;
+          sm90::mbar_wait(&s.empty[stage], (((it + j) / kKvStages) & 1) ^ 1);
           sm90::mbar_wait(&s.full[stage], ((it + j) / kKvStages) & 1);
           float4* info = s.st[stage].info;
 #pragma unroll
@@ -440,8 +445,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             v.z *= vs;
             info[lane + 32 * i] = v;
           }
-          __syncwarp();
-          if (lane == 0) sm90::mbar_arrive(&s.info_ready[stage]);
+          sm90::mbar_arrive(&s.info_ready[stage]);  // every lane, for its own writes
         }
       };
       if constexpr (kPersistent) {
