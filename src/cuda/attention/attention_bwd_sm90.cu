@@ -394,6 +394,28 @@ __device__ __forceinline__ void diag_undefined(float (&x)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "=f"(x[i]));
 }
+// The dK/dV kernel's items of this CTA that have Q tiles (n_q > 0), in order: fn(w, n_q, it, kv_i),
+// `it` Q tiles and `kv_i` K/V tiles loaded before (persistent CTAs walk many items). The producer
+// thread and the info-patching warp walk the same stages through it.
+template <bool kPersistent, typename Fn>
+__device__ __forceinline__ void for_each_loaded_item(const BwdParams& p, Fn&& fn) {
+  if constexpr (kPersistent) {
+    int it = 0, kv_i = 0;
+    for (unsigned index = blockIdx.x; index < unsigned(p.num_items); index += gridDim.x) {
+      const Item w = item_of<true>(p, index);
+      const int n_q = (w.Lq + kTile - 1) / kTile;
+      if (n_q == 0) continue;
+      fn(w, n_q, it, kv_i);
+      it += n_q;
+      ++kv_i;
+    }
+  } else {
+    const Item w = item_of<true>(p, blockIdx.x);
+    const int n_q = (w.Lq + kTile - 1) / kTile;
+    if (n_q > 0) fn(w, n_q, 0, 0);
+  }
+}
+
 template <bool kPersistent, bool kDvPerHalf = false, bool kTrace = false, bool kTileScales = false, int kDiag = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_bwd_dkdv_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -430,7 +452,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // direct one (compute-sanitizer's racecheck flagged the patch with one lane arriving after a
       // __syncwarp and no `empty` wait; clean with both changes).
       const int lane = tid % 32;
-      auto patch = [&](const Item& w, int n_q, int it) {
+      for_each_loaded_item<kPersistent>(p, [&](const Item& w, int n_q, int it, int) {
         const int64_t tile_idx = int64_t(w.h) * (p.Pk / kTile) + p.cu_k_sf[w.b] / kTile + w.blk;
         const float ks = p.k_scale[tile_idx], vs = p.v_scale[tile_idx];
         for (int j = 0; j < n_q; ++j) {
@@ -447,19 +469,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
           sm90::mbar_arrive(&s.info_ready[stage]);  // every lane, for its own writes
         }
-      };
-      if constexpr (kPersistent) {
-        int it = 0;
-        for (unsigned index = blockIdx.x; index < unsigned(p.num_items); index += gridDim.x) {
-          const Item w = item_of<true>(p, index);
-          const int n_q = (w.Lq + kTile - 1) / kTile;
-          patch(w, n_q, it);
-          it += n_q;
-        }
-      } else {
-        const Item w = item_of<true>(p, blockIdx.x);
-        patch(w, (w.Lq + kTile - 1) / kTile, 0);
-      }
+      });
       return;
     }
     if (tid != 0) return;
@@ -486,21 +496,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                         kHeadDim * sizeof(float), &s.full[stage]);
       }
     };
-    if constexpr (kPersistent) {
-      int it = 0, kv_i = 0;
-      for (unsigned index = blockIdx.x; index < unsigned(p.num_items); index += gridDim.x) {
-        const Item w = item_of<true>(p, index);
-        const int n_q = (w.Lq + kTile - 1) / kTile;
-        if (n_q == 0) continue;
-        produce(w, n_q, it, kv_i);
-        it += n_q;
-        ++kv_i;
-      }
-    } else {
-      const Item w = item_of<true>(p, blockIdx.x);
-      const int n_q = (w.Lq + kTile - 1) / kTile;
-      if (n_q > 0) produce(w, n_q, 0, 0);
-    }
+    for_each_loaded_item<kPersistent>(p, produce);
     return;
   }
 
