@@ -14,7 +14,13 @@
 //   that stays in L2, or sweeping a 4 GB buffer (DRAM): what the attention kernels' operand loads
 //   cost in energy per byte, beside the GEMMs or alone; `l2 mcast`: the same bytes delivered to
 //   each CTA, in clusters of two whose CTAs each load half of every chunk with TMA multicast into
-//   both (what two CTAs sharing their K/V or Q-side tiles would pay).
+//   both (what two CTAs sharing their K/V or Q-side tiles would pay); `l2 reduce`: the same thread
+//   adds 32 KB of shared memory into global memory by bulk reductions (cp.reduce.async.bulk .add,
+//   f32 or with `f16` f16, four in flight) over a 16 MB window that stays in L2 (`hot`: every CTA
+//   into the same 256 KB; `deep`: 16 in flight), what a fused backward's dQ reductions pay; `dsmem push`: in clusters of
+//   two, each CTA's thread sends 32 KB chunks into its peer's shared memory (cp.async.bulk
+//   shared::cluster, four slots, the receiver returning a credit per slot by a remote mbarrier
+//   arrive), what a cluster's partial dQ sums through distributed shared memory would pay.
 // With `--energy S`, each run is also repeated for S seconds while a thread reads the board's energy
 // counter (NVML; tools/common/nvml.h): its mean power, SM clock and, for a run of one stream, the
 // board's energy per unit of that stream's work (per FP8 FLOP, per MUFU.EX2 or FFMA lane
@@ -48,8 +54,12 @@ enum Stream : int {
   kTensor = 1, kMufu = 2, kFma = 4, kMufu2 = 8, kRs = 16, kCvt = 32, kAlu = 64, kCvt16 = 128,
   kN64 = 256, kN32 = 512,  // the tensor stream's N (default 128)
   kLoad = 1024, kDram = 2048,  // warpgroup 1 streams bulk copies (from L2, or with kDram from DRAM)
-  kMcast = 4096  // the loads in clusters of two CTAs: each loads half of a chunk, multicast to both
+  kMcast = 4096,  // the loads in clusters of two CTAs: each loads half of a chunk, multicast to both
+  kReduce = 8192, kF16 = 16384, kHot = 32768,  // bulk reductions into L2 (f32, or f16; hot: one 256 KB)
+  kDsmem = 65536,  // chunks pushed into the cluster peer's shared memory (clusters of two)
+  kDeep = 131072  // the reductions with 16 in flight instead of 4 (from the same four buffers)
 };
+constexpr int kCluster = kMcast | kDsmem;  // the runs launched in clusters of two
 constexpr int kLoadSlots = 4;
 constexpr uint32_t kLoadChunk = 32768;
 constexpr size_t kL2Window = size_t(16) << 20, kDramBytes = size_t(4) << 30;
@@ -58,8 +68,17 @@ struct alignas(1024) Smem {
   uint8_t a[64 * 128];   // 64 rows x 128 bytes, 128-byte swizzle (contents: e4m3 1.0)
   uint8_t b[128 * 128];  // 128 rows x 128 bytes
   alignas(128) uint8_t ld[kLoadSlots][kLoadChunk];  // the load stream's destinations
+  alignas(128) uint8_t out[kLoadChunk];              // the push stream's source
   uint64_t bar[kLoadSlots];
+  uint64_t credit[kLoadSlots];  // dsmem push: the peer has taken the chunk in this slot
 };
+
+// This CTA's shared-memory address `a` as the address of the same variable in cluster CTA `rank`.
+__device__ __forceinline__ uint32_t peer_addr(uint32_t a, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  return r;
+}
 
 // D(64x32, fp32) (+)= A(64x32 e4m3, shared) * B(32x32 e4m3, shared)^T (only the probe uses this shape).
 __device__ __forceinline__ void wgmma_m64n32k32_ss(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int scale_d) {
@@ -119,18 +138,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   Smem& s = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
   for (int i = threadIdx.x; i < int((sizeof(s.a) + sizeof(s.b)) / 4); i += blockDim.x)
     reinterpret_cast<uint32_t*>(&s)[i] = random ? (uint32_t(i) * 2654435761u) & 0x77777777u : 0x38383838u;
+  for (int i = threadIdx.x; i < int((sizeof(s.ld) + sizeof(s.out)) / 4); i += blockDim.x)
+    reinterpret_cast<uint32_t*>(s.ld)[i] = 0x14001400u;  // f16 pairs of 2^-10 (tiny f32): sums stay finite
   if (threadIdx.x == 0) {
     for (int i = 0; i < kLoadSlots; ++i) mxflash::sm90::mbar_init(&s.bar[i], 1);
+    for (int i = 0; i < kLoadSlots; ++i) mxflash::sm90::mbar_init(&s.credit[i], 1);
     mxflash::sm90::fence_barrier_init();
   }
   mxflash::sm90::fence_proxy_async_smem();
   __syncthreads();
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
   const bool on = wg == 0   ? (streams & kTensor)
-                  : wg == 1 ? (streams & (kMufu | kLoad))
+                  : wg == 1 ? (streams & (kMufu | kLoad | kReduce | kDsmem))
                   : wg == 2 ? (streams & (kFma | kAlu))
                             : (streams & (kMufu2 | kCvt));
-  const bool mcast = (streams & kMcast) != 0;
+  const bool mcast = (streams & kCluster) != 0;  // (every clustered run: the syncs below)
   auto cluster_sync = [] {
     asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
   };
@@ -156,7 +178,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int slot = it % kLoadSlots;
         if (it >= kLoadSlots) mxflash::sm90::mbar_wait(&s.bar[slot], uint32_t((it / kLoadSlots - 1) & 1));
         mxflash::sm90::mbar_arrive_expect_tx(&s.bar[slot], kLoadChunk);
-        if (mcast) {  // this CTA's half of the pair's chunk, into both CTAs' slot
+        if (streams & kMcast) {  // this CTA's half of the pair's chunk, into both CTAs' slot
           uint32_t rank;
           asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
           const size_t c = (size_t(blockIdx.x / 2) * 4 + size_t(it)) % chunks;
@@ -175,6 +197,56 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       for (int it = std::max(0, n_load - kLoadSlots); it < n_load; ++it)
         mxflash::sm90::mbar_wait(&s.bar[it % kLoadSlots], uint32_t((it / kLoadSlots) & 1));
+      acc = float(s.ld[0][t]);
+    }
+  } else if (wg == 1 && (streams & kReduce)) {
+    if (t == 0) {  // 32 KB of shared memory added into chunk c of the window, four reductions in flight
+      const size_t chunks = kL2Window / kLoadChunk;
+      uint8_t* dst = const_cast<uint8_t*>(src);
+      for (int it = 0; it < n_load; ++it) {
+        if (streams & kDeep) {
+          if (it >= 16) mxflash::sm90::bulk_wait_read<15>();  // (only read: the sources never change)
+        } else if (it >= kLoadSlots) {
+          mxflash::sm90::bulk_wait_read<kLoadSlots - 1>();
+        }
+        const size_t c = (streams & kHot) ? size_t(it % 8) : (size_t(blockIdx.x) * 4 + size_t(it)) % chunks;
+        const uint32_t from = mxflash::sm90::smem_u32(s.ld[it % kLoadSlots]);
+        if (streams & kF16)
+          asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.noftz.f16 [%0], [%1], %2;" ::"l"(
+                           dst + c * kLoadChunk),
+                       "r"(from), "r"(kLoadChunk)
+                       : "memory");
+        else
+          asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(
+                           dst + c * kLoadChunk),
+                       "r"(from), "r"(kLoadChunk)
+                       : "memory");
+        mxflash::sm90::bulk_commit();
+      }
+      mxflash::sm90::bulk_wait<0>();
+      acc = float(s.ld[0][t]);
+    }
+  } else if (wg == 1 && (streams & kDsmem)) {
+    if (t == 0) {  // chunk it into the peer's slot it % 4; the peer's chunk it into ours
+      uint32_t rank;
+      asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+      const uint32_t peer = rank ^ 1u;
+      for (int it = 0; it < n_load; ++it) {
+        const int slot = it % kLoadSlots;
+        const uint32_t k = uint32_t(it / kLoadSlots);
+        if (it >= kLoadSlots) mxflash::sm90::mbar_wait(&s.credit[slot], (k - 1) & 1);  // the peer took chunk it - 4
+        asm volatile(
+            "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                peer_addr(mxflash::sm90::smem_u32(s.ld[slot]), peer)),
+            "r"(mxflash::sm90::smem_u32(s.out)), "r"(kLoadChunk),
+            "r"(peer_addr(mxflash::sm90::smem_u32(&s.bar[slot]), peer))
+            : "memory");
+        mxflash::sm90::mbar_arrive_expect_tx(&s.bar[slot], kLoadChunk);
+        mxflash::sm90::mbar_wait(&s.bar[slot], k & 1);  // the peer's chunk it has landed here
+        asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(
+                         peer_addr(mxflash::sm90::smem_u32(&s.credit[slot]), peer))
+                     : "memory");
+      }
       acc = float(s.ld[0][t]);
     }
   } else if (wg == 2 && (streams & kAlu)) {
@@ -251,12 +323,12 @@ __global__ void fill_kernel(uint32_t* p, size_t n) {
 cudaError_t launch(bool rs, int sms, size_t smem, int streams, int n_tensor, int n_mufu, int n_fma, int n_load,
                    const uint8_t* src, unsigned long long* cycles, float* sink, bool random) {
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned((streams & kMcast) ? sms & ~1 : sms));
+  cfg.gridDim = dim3(unsigned((streams & kCluster) ? sms & ~1 : sms));
   cfg.blockDim = dim3(unsigned(kThreads));
   cfg.dynamicSmemBytes = smem;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = (streams & kMcast) ? 2 : 1;
+  attr[0].val.clusterDim.x = (streams & kCluster) ? 2 : 1;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
@@ -336,6 +408,11 @@ int main(int argc, char** argv) {
       // Bulk copies into shared memory (wg 1's thread 0): from L2, from DRAM, beside the GEMMs.
       {"l2 read", kLoad}, {"dram read", kLoad | kDram}, {"tensor (SS) + l2 read", kTensor | kLoad},
       {"l2 mcast", kLoad | kMcast}, {"tensor (SS) + l2 mcast", kTensor | kLoad | kMcast},
+      // Bulk reductions into L2 (f32, f16, every CTA into one 256 KB) and pushes to a cluster peer.
+      {"l2 reduce", kReduce}, {"l2 reduce f16", kReduce | kF16}, {"l2 reduce hot", kReduce | kHot},
+      {"l2 reduce deep", kReduce | kDeep},
+      {"tensor (SS) + l2 reduce", kTensor | kReduce}, {"tensor (SS) + l2 reduce f16", kTensor | kReduce | kF16},
+      {"dsmem push", kDsmem}, {"tensor (SS) + dsmem push", kTensor | kDsmem},
   };
   auto selected = [&](const char* name) {
     if (only.empty()) return true;
@@ -374,10 +451,11 @@ int main(int argc, char** argv) {
     };
     const int n = (r.streams & kN64) ? 64 : (r.streams & kN32) ? 32 : 128;  // the tensor stream's N
     const double work[kWarpgroups] = {double(n_tensor) * kWgmmaPerGroup * 64 * n * 32 * 2,
-                                      (r.streams & kLoad) ? double(n_load) * kLoadChunk : double(n_mufu) * 16 * 128,
+                                      (r.streams & (kLoad | kReduce | kDsmem)) ? double(n_load) * kLoadChunk
+                                                                               : double(n_mufu) * 16 * 128,
                                       double(n_fma) * 16 * 128,
                                       double(n_mufu) * ((r.streams & kCvt) ? 8 : 16) * 128};
-    const int bit[kWarpgroups] = {kTensor, kMufu | kLoad, kFma | kAlu, kMufu2 | kCvt};
+    const int bit[kWarpgroups] = {kTensor, kMufu | kLoad | kReduce | kDsmem, kFma | kAlu, kMufu2 | kCvt};
     std::printf("%-28s", r.name);
     for (int wg = 0; wg < kWarpgroups; ++wg) {
       if (r.streams & bit[wg]) std::printf(" %14.1f", work[wg] / median(wg));
@@ -424,7 +502,7 @@ int main(int argc, char** argv) {
       // on all SMs (one stream only).
       const double joules = e.watts() * elapsed / double(launches);
       static const char* const kUnit[kWarpgroups] = {"FP8 FLOP", "MUFU.EX2", "FFMA", "MUFU.EX2"};
-      const char* unit = which == 1 && (r.streams & kLoad)  ? "byte"
+      const char* unit = which == 1 && (r.streams & (kLoad | kReduce | kDsmem)) ? "byte"
                          : which == 2 && (r.streams & kAlu) ? "ALU element"
                          : which == 3 && (r.streams & kCvt) ? "F2FP pair"
                          : which >= 0                      ? kUnit[which]
