@@ -342,6 +342,7 @@ const char* to_string(Method m) {
     case Method::kMxHopper: return "mxhx";
     case Method::kMxHopperFusedDq: return "mxhf";
     case Method::kMxHopperDumpDq: return "mxhd";
+    case Method::kMxHopperDkFromDq: return "mxhk";
     case Method::kMxFwdSeq: return "mxfs";
     case Method::kMxFwdTile: return "mxft";
     case Method::kMxFwdTileV: return "mxfv";
@@ -352,7 +353,7 @@ const char* to_string(Method m) {
 bool parse_method(const std::string& name, Method* m) {
   for (Method x : {Method::kBf16, Method::kFp8, Method::kMx, Method::kGpu, Method::kMx16, Method::kMxDynP,
                    Method::kMxHopper, Method::kMxHopperFusedDq, Method::kMxFwdSeq, Method::kMxFwdTile, Method::kMxFwdTileV,
-                   Method::kMxHopperDumpDq})
+                   Method::kMxHopperDumpDq, Method::kMxHopperDkFromDq})
     if (name == to_string(x)) {
       *m = x;
       return true;
@@ -381,7 +382,9 @@ against floors (pass / borderline / fail). Runs on the CPU; no GPU needed.
                        dV in 1x32 blocks with their own scales), mxhx (the backward's Hopper execution
                        form: re-expressed operands, coarser dS blocks), mxhf (mxhx with dQ's dS in
                        64x128 blocks: the fused-dQ experiment), mxhd (mxhx with dQ's dS the dK
-                       operand re-expressed per 128-key tile: the dS-dump experiment), mxfs / mxft / mxfv (the forward's
+                       operand re-expressed per 128-key tile: the dS-dump experiment), mxhk (mxhx with dK's dS the dQ
+                       operand re-expressed per 128 x 128 tile: a dK/dV kernel fed by the dQ
+                       kernel's bytes), mxfs / mxft / mxfv (the forward's
                        Hopper execution form, V per (sequence, channel) / per (128-key tile, channel)
                        / per 128-key tile; use with --forward-only). fp8 = per-tensor FP8;
                        mx = exact MX; gpu = our GPU path (forward and backward, on a CUDA build with a GPU)
@@ -477,7 +480,7 @@ Status parse_args(const std::vector<std::string>& args, Config* cfg, bool* help)
       for (const std::string& s : split(v, ',')) {
         Method m;
         if (!parse_method(s, &m))
-          return Status::Invalid("--methods: unknown method '" + s + "' (bf16, fp8, mx, gpu, mx16, mxdp, mxhx, mxhf, mxhd, mxfs, mxft, mxfv)");
+          return Status::Invalid("--methods: unknown method '" + s + "' (bf16, fp8, mx, gpu, mx16, mxdp, mxhx, mxhf, mxhd, mxhk, mxfs, mxft, mxfv)");
         if (std::find(cfg->methods.begin(), cfg->methods.end(), m) == cfg->methods.end()) cfg->methods.push_back(m);
       }
     } else if (flag == "--thresholds") {
@@ -608,7 +611,9 @@ Status run_suite(const Config& cfg, std::vector<Record>* records, std::ostream* 
       ref::AttnOptions mopt = opt;
       if (m == Method::kMx16) mopt.dq_fp16_scale_log2 = cfg.dq16_scale_log2;
       mopt.dynamic_p = m == Method::kMxDynP;
-      mopt.hopper_exec = m == Method::kMxHopper || m == Method::kMxHopperFusedDq || m == Method::kMxHopperDumpDq;
+      mopt.hopper_exec = m == Method::kMxHopper || m == Method::kMxHopperFusedDq || m == Method::kMxHopperDumpDq ||
+                         m == Method::kMxHopperDkFromDq;
+      mopt.hopper_dk_from_dq = m == Method::kMxHopperDkFromDq;
       mopt.hopper_dq_rows = m == Method::kMxHopperFusedDq ? 64 : m == Method::kMxHopperDumpDq ? 0 : 1;
       mopt.hopper_fwd = m == Method::kMxFwdSeq    ? ref::HopperFwd::kVPerSequenceChannel
                         : m == Method::kMxFwdTile ? ref::HopperFwd::kVPerTileChannel
@@ -692,7 +697,8 @@ void print_table(std::ostream& os, const Config& cfg, const std::vector<Record>&
      << "accumulated in fp16 (--dq16-scale), mxdp = exact MX with per-block P scales for dV, mxhx = the\n"
      << "backward's Hopper execution form (re-expressed operands, coarser dS blocks), mxhf = mxhx with\n"
      << "dQ's dS in 64x128 blocks (the fused-dQ experiment), mxhd = mxhx with dQ's dS the dK operand\n"
-     << "re-expressed per 128-key tile (the dS-dump experiment), mxfs / mxft / mxfv = the forward's Hopper\n"
+     << "re-expressed per 128-key tile (the dS-dump experiment), mxhk = mxhx with dK's dS the dQ operand\n"
+     << "re-expressed per 128x128 tile (a dK/dV kernel fed by the dQ kernel), mxfs / mxft / mxfv = the forward's Hopper\n"
      << "execution form with V per (sequence, channel) / per (128-key tile, channel) / per 128-key tile.\n"
      << "Verdict (mx; floors out " << cfg.thresholds.out.cos << "/" << cfg.thresholds.out.sqnr_db << " dB, dQ "
      << cfg.thresholds.dq.cos << "/" << cfg.thresholds.dq.sqnr_db << ", dK " << cfg.thresholds.dk.cos << "/"

@@ -94,16 +94,18 @@ Verdict judge(Tensor t, const ErrorStats& s, const Thresholds& th);
 // kMxDynP P for dV in 1x32 blocks with their own scales (p_scale = dynamic), kMxHopper the backward's
 // Hopper execution form (ref::AttnOptions::hopper_exec: re-expressed operands, coarser dS blocks),
 // kMxHopperFusedDq that form with dQ's dS in 64 x 128 blocks (the fused-dQ experiment's numerics),
-// kMxHopperDumpDq with dQ's dS the dK operand re-expressed per 128-key tile (the dS-dump experiment).
+// kMxHopperDumpDq with dQ's dS the dK operand re-expressed per 128-key tile (the dS-dump experiment),
+// kMxHopperDkFromDq with dK's dS the dQ operand re-expressed per 128 x 128 tile (a dK/dV kernel fed
+// by the dQ kernel's bytes: ref::AttnOptions::hopper_dk_from_dq).
 // kMxFwdSeq / kMxFwdTile the forward's Hopper execution form with V per (sequence, channel) (the
 // fast kernel's prepare pass) or per (128-key tile, channel) (ref::HopperFwd; the backward of both
 // is exact MX's, so compare them with --forward-only); kMxFwdTileV with V per (128-key tile) alone,
 // as K.
 enum class Method : int {
   kBf16 = 0, kFp8, kMx, kGpu, kMx16, kMxDynP, kMxHopper, kMxHopperFusedDq, kMxFwdSeq, kMxFwdTile, kMxFwdTileV,
-  kMxHopperDumpDq
+  kMxHopperDumpDq, kMxHopperDkFromDq
 };
-const char* to_string(Method m);  // "bf16", "fp8", "mx", "gpu", "mx16", "mxdp", "mxhx", "mxhf", "mxfs", "mxft", "mxfv", "mxhd"
+const char* to_string(Method m);  // "bf16", "fp8", "mx", "gpu", "mx16", "mxdp", "mxhx", "mxhf", "mxfs", "mxft", "mxfv", "mxhd", "mxhk"
 bool parse_method(const std::string& name, Method* m);
 bool has_verdict(Method m);  // the MX methods (mx, gpu) are judged against the floors
 inline constexpr const char* kGpuNotBuilt = "n/a (not built yet)";

@@ -248,6 +248,10 @@ struct BwdParams {
   uint8_t* ds_dump;
   uint8_t* ds_scales;
   int dump_kt;  // the longest K/V sequence's tiles
+  // Diagnostic (MXFLASH_BWD_DUMP_WRAP=n, a power of two): every block index taken modulo n, so that
+  // the dump's writes and reads stay in an L2-sized window (dQ wrong): what an L2-resident ring of
+  // dS blocks between the two kernels would cost them. 0: off.
+  int64_t dump_wrap_mask;
 };
 
 struct Item {
@@ -365,6 +369,10 @@ inline constexpr int kDiagNoExp = 16, kDiagNoCvt = 32;
 // dSᵀ of every half (32 bytes) and its keys' scale bytes to global memory (BwdParams::ds_dump), and
 // dQ comes from those by a GEMM kernel (attention_bwd_dq_dump_kernel) instead of the dQ kernel.
 inline constexpr int kDiagDumpDs = 64;
+// consume_dq's kDiag 64 (experiments builds, MXFLASH_BWD_DQ_DUMP=slots, a power of two): the dQ
+// kernel also packs P and stores P's and dS's bytes into a window of that many 32 KB slots (dQ
+// right, the bytes go nowhere): what a dQ kernel feeding a GEMM-only dK/dV kernel would pay.
+inline constexpr int kDiagDumpPds = 64;
 // kDiagNoCvt's packing: pack_chunk's words from the top bytes of the floats (3 PRMT a word).
 template <int M>
 __device__ __forceinline__ void pack_chunk_bytes(const float* x, int c, uint32_t (&pa)[M]) {
@@ -684,8 +692,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             math(sc, dp, st, hh, first);
             stamp(2 * j + hh, 2);
             if constexpr ((kDiag & kDiagDumpDs) != 0) {
-              const int64_t block =
-                  (int64_t(w.h) * (p.Pq / kTile) + p.cu_q_sf[w.qb] / kTile + j) * p.dump_kt + w.blk;
+              int64_t block = (int64_t(w.h) * (p.Pq / kTile) + p.cu_q_sf[w.qb] / kTile + j) * p.dump_kt + w.blk;
+              if (p.dump_wrap_mask != 0) block &= p.dump_wrap_mask;
               uint4* dst =
                   reinterpret_cast<uint4*>(p.ds_dump + block * 16384 + hh * 8192 + (cw * kWarpgroupThreads + tid) * 32);
               dst[0] = make_uint4(da[0], da[1], da[2], da[3]);
@@ -908,8 +916,32 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
           const int r = (i % 4) / 2;
           return attn::fast_exp2(fmaf(sa[i], a[r], -in[r].y)) * fmaf(sb[i], c[r], -in[r].w);
         };
+        // kDiagDumpPds: both tiles' bytes (P = 256 p and dS as e4m3, 128 per thread) into a 32 KB slot
+        // per (CTA, tile) of an L2-sized window (p.ds_dump, p.dump_wrap_mask + 1 slots), chunk k of
+        // every thread contiguous; P's stored as soon as packed.
+        constexpr int kDumpStride = kConsumers * kWarpgroupThreads;
+        [[maybe_unused]] uint4* const dump =
+            (kDiag & kDiagDumpPds) != 0
+                ? reinterpret_cast<uint4*>(p.ds_dump + ((int64_t(blockIdx.x) * 64 + (it + j)) & p.dump_wrap_mask) * 32768) +
+                      cw * kWarpgroupThreads + tid
+                : nullptr;
         if constexpr ((kDiag & kDiagNoMath) != 0) {
           diag_sink(p, sa);
+        } else if ((kDiag & kDiagDumpPds) != 0 && valid >= kTile) {
+#pragma unroll
+          for (int cc = 0; cc < 4; ++cc) {
+            float e[16];
+#pragma unroll
+            for (int k = 0; k < 16; ++k) {
+              const int i = 16 * cc + k, r = (i % 4) / 2;
+              e[k] = attn::fast_exp2(fmaf(sa[i], a[r], -in[r].y));
+              sb[i] = e[k] * fmaf(sb[i], c[r], -in[r].w);
+              amax[r] = fmaxf(amax[r], fabsf(sb[i]));
+            }
+            uint32_t pp[16];
+            attn::pack_chunk(e, cc, pp);
+            dump[cc * kDumpStride] = make_uint4(pp[4 * cc], pp[4 * cc + 1], pp[4 * cc + 2], pp[4 * cc + 3]);
+          }
         } else if (valid >= kTile) {
 #pragma unroll
           for (int i = 0; i < 64; ++i) {
@@ -936,6 +968,11 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
         uint32_t da[16];
 #pragma unroll
         for (int cc = 0; cc < 4; ++cc) attn::pack_chunk(sb + 16 * cc, cc, da);
+        if constexpr ((kDiag & kDiagDumpPds) != 0) {
+#pragma unroll
+          for (int k = 0; k < 4; ++k)
+            dump[(4 + k) * kDumpStride] = make_uint4(da[4 * k], da[4 * k + 1], da[4 * k + 2], da[4 * k + 3]);
+        }
         const uint64_t desc_kt = sm90::make_desc_k128b(st[stage].kt);
         if constexpr ((kDiag & kDiagNoGrad) != 0) {
           diag_sink(p, da);
@@ -1204,8 +1241,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       sm90::mbar_wait(&s.empty[stage], ((j / kDumpStages) & 1) ^ 1);
       sm90::mbar_arrive_expect_tx(&s.full[stage], kTileBytes + sizeof(st.ds) + sizeof(st.sc));
       sm90::tma_load_2d(st.kt, &tm_kt, &s.full[stage], int(p.cu_k_sf[w.b] + int64_t(j) * kTile), w.h * kHeadDim);
-      sm90::bulk_load(st.ds, p.ds_dump + (block0 + j) * 16384, sizeof(st.ds), &s.full[stage]);
-      sm90::bulk_load(st.sc, p.ds_scales + (block0 + j) * 256, sizeof(st.sc), &s.full[stage]);
+      const int64_t block = p.dump_wrap_mask != 0 ? (block0 + j) & p.dump_wrap_mask : block0 + j;
+      sm90::bulk_load(st.ds, p.ds_dump + block * 16384, sizeof(st.ds), &s.full[stage]);
+      sm90::bulk_load(st.sc, p.ds_scales + block * 256, sizeof(st.sc), &s.full[stage]);
     }
     return;
   }
@@ -1618,6 +1656,13 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     bp.ds_dump = ws + w.ds_dump;
     bp.ds_scales = ws + w.ds_scales;
     bp.dump_kt = dump_ds(p) ? dump_k_tiles(p) : 0;
+    bp.dump_wrap_mask = 0;
+#if MXFLASH_FWD_EXPERIMENTS
+    if (const char* e = std::getenv("MXFLASH_BWD_DUMP_WRAP")) {
+      const int64_t n = std::atoll(e);
+      if (n > 0 && (n & (n - 1)) == 0) bp.dump_wrap_mask = n - 1;
+    }
+#endif
     bp.dk_f32 = mx ? f32(w.dk_f32) : nullptr;
     bp.dv_f32 = mx ? f32(w.dv_f32) : nullptr;
     if (!kv_items.empty()) {
@@ -1650,6 +1695,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       // Bits 20-23 (exec operands): kDiag, parts of the dK/dV consumers' work left out (garbage dK, dV).
       if (p.exec) switch (dkdv_diag(variant)) {
           case 1: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 1>; break;
+          case 3: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 3>; break;
           case 2: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 2>; break;
           case 4: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 4>; break;
           case 8: kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, 8>; break;
@@ -1722,6 +1768,23 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
             case 10: kernel = bwd::attention_bwd_dq_kernel<true, 10>; break;
             default: break;
           }
+        // MXFLASH_BWD_DQ_DUMP=slots (a power of two; exec operands): kDiagDumpPds into a window of
+        // that many 32 KB slots (allocated once, never freed: a diagnostic).
+        if (const char* e = std::getenv("MXFLASH_BWD_DQ_DUMP"); e != nullptr && p.exec) {
+          const int64_t slots = std::atoll(e);
+          static uint8_t* window = nullptr;
+          static int64_t window_slots = 0;
+          if (slots > 0 && (slots & (slots - 1)) == 0) {
+            if (slots > window_slots) {
+              if (window != nullptr) cudaFree(window);
+              MXFLASH_RETURN_IF_ERROR(cuda_error(cudaMalloc(&window, size_t(slots) * 32768), "dump window"));
+              window_slots = slots;
+            }
+            bp.ds_dump = window;
+            bp.dump_wrap_mask = slots - 1;
+            kernel = bwd::attention_bwd_dq_kernel<true, bwd::kDiagDumpPds>;
+          }
+        }
 #endif
         MXFLASH_RETURN_IF_ERROR(cuda_error(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kQSmemBytes)),
