@@ -382,9 +382,9 @@ against floors (pass / borderline / fail). Runs on the CPU; no GPU needed.
                        dV in 1x32 blocks with their own scales), mxhx (the backward's Hopper execution
                        form: re-expressed operands, coarser dS blocks), mxhf (mxhx with dQ's dS in
                        64x128 blocks: the fused-dQ experiment), mxhd (mxhx with dQ's dS the dK
-                       operand re-expressed per 128-key tile: the dS-dump experiment), mxhk (mxhx with dK's dS the dQ
-                       operand re-expressed per 128 x 128 tile: a dK/dV kernel fed by the dQ
-                       kernel's bytes), mxfs / mxft / mxfv (the forward's
+                       operand re-expressed per 128-key tile: the dS-dump experiment), mxhk (mxhx with dQ's and dK's dS
+                       one operand in 64 x 128 blocks: a dK/dV kernel fed by the dQ kernel's
+                       bytes), mxfs / mxft / mxfv (the forward's
                        Hopper execution form, V per (sequence, channel) / per (128-key tile, channel)
                        / per 128-key tile; use with --forward-only). fp8 = per-tensor FP8;
                        mx = exact MX; gpu = our GPU path (forward and backward, on a CUDA build with a GPU)
@@ -697,8 +697,8 @@ void print_table(std::ostream& os, const Config& cfg, const std::vector<Record>&
      << "accumulated in fp16 (--dq16-scale), mxdp = exact MX with per-block P scales for dV, mxhx = the\n"
      << "backward's Hopper execution form (re-expressed operands, coarser dS blocks), mxhf = mxhx with\n"
      << "dQ's dS in 64x128 blocks (the fused-dQ experiment), mxhd = mxhx with dQ's dS the dK operand\n"
-     << "re-expressed per 128-key tile (the dS-dump experiment), mxhk = mxhx with dK's dS the dQ operand\n"
-     << "re-expressed per 128x128 tile (a dK/dV kernel fed by the dQ kernel), mxfs / mxft / mxfv = the forward's Hopper\n"
+     << "re-expressed per 128-key tile (the dS-dump experiment), mxhk = mxhx with dQ's and dK's dS one\n"
+     << "operand in 64x128 blocks (a dK/dV kernel fed by the dQ kernel), mxfs / mxft / mxfv = the forward's Hopper\n"
      << "execution form with V per (sequence, channel) / per (128-key tile, channel) / per 128-key tile.\n"
      << "Verdict (mx; floors out " << cfg.thresholds.out.cos << "/" << cfg.thresholds.out.sqnr_db << " dB, dQ "
      << cfg.thresholds.dq.cos << "/" << cfg.thresholds.dq.sqnr_db << ", dK " << cfg.thresholds.dk.cos << "/"

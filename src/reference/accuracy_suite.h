@@ -95,8 +95,8 @@ Verdict judge(Tensor t, const ErrorStats& s, const Thresholds& th);
 // Hopper execution form (ref::AttnOptions::hopper_exec: re-expressed operands, coarser dS blocks),
 // kMxHopperFusedDq that form with dQ's dS in 64 x 128 blocks (the fused-dQ experiment's numerics),
 // kMxHopperDumpDq with dQ's dS the dK operand re-expressed per 128-key tile (the dS-dump experiment),
-// kMxHopperDkFromDq with dK's dS the dQ operand re-expressed per 128 x 128 tile (a dK/dV kernel fed
-// by the dQ kernel's bytes: ref::AttnOptions::hopper_dk_from_dq).
+// kMxHopperDkFromDq with dQ's and dK's dS one operand in 64 x 128 blocks (a dK/dV kernel fed by the
+// dQ kernel's bytes: ref::AttnOptions::hopper_dk_from_dq).
 // kMxFwdSeq / kMxFwdTile the forward's Hopper execution form with V per (sequence, channel) (the
 // fast kernel's prepare pass) or per (128-key tile, channel) (ref::HopperFwd; the backward of both
 // is exact MX's, so compare them with --forward-only); kMxFwdTileV with V per (128-key tile) alone,

@@ -637,26 +637,12 @@ Status backward_core(const AttnProblem& p, const Geometry& g, AttnMethod m, cons
         }
         case AttnMethod::kMx:
           dsq = dsk;
-          if (dk_from_dq) {
-            // dQ's operand per row over each 128-key tile; dK's the same bytes re-expressed to the
-            // largest row scale of the (128-row, 128-key) tile (rows whose dS are all zero take no
-            // part in it) and rounded once more to e4m3.
-            for (int64_t j0 = 0; j0 < lk; j0 += 128) {
-              const int w = int(std::min<int64_t>(128, lk - j0));
-              int top = -1;
-              for (int r = 0; r < n; ++r) {
-                const float amax = mx_block_inplace(dsq.data() + r * lk + j0, 1, w, lk);
-                if (amax > 0.f) top = std::max(top, int(e8m0_scale_byte(amax, ScalingMode::kRceil, kE8m0One)));
-              }
-              for (int r = 0; r < n; ++r)
-                for (int64_t j = j0; j < j0 + w; ++j) {
-                  const double x = dsq[r * lk + j];
-                  dsk[r * lk + j] =
-                      top < 0 ? 0.0
-                              : double(dequantize_element(quantize_element(float(x), e8m0_inv_scale(uint8_t(top))),
-                                                          uint8_t(top)));
-                }
-            }
+          if (dk_from_dq) {  // one scale per 64 rows x 128 keys, for dQ and dK alike
+            for (int r0 = 0; r0 < n; r0 += 64)
+              for (int64_t j0 = 0; j0 < lk; j0 += 128)
+                mx_block_inplace(dsq.data() + r0 * lk + j0, std::min(64, n - r0), int(std::min<int64_t>(128, lk - j0)),
+                                 lk);
+            dsk = dsq;
             break;
           }
           if (hopper && opt.hopper_dq_rows == 0) {

@@ -111,11 +111,10 @@ struct AttnOptions {
   // the 64-query tile) re-expressed to the largest of the 128-key tile's key scales, rounded once
   // more to e4m3 (the dQ-from-a-dS-dump experiment, MXFLASH_BWD_VARIANT bit 30).
   int hopper_dq_rows = 1;
-  // hopper_exec only (with hopper_dq_rows = 1): dK's operand made from dQ's instead of its own
-  // quantization: the bytes of each 128-row Q tile x 128-key tile (dS per row over the tile's keys)
-  // re-expressed to the largest row scale of the tile and rounded once more to e4m3, as a dK/dV
-  // kernel fed with the dQ kernel's bytes would use them (docs/backward.md, "The dQ kernel feeding
-  // a GEMM-only dK/dV kernel"); Q in 128-row tiles.
+  // hopper_exec only: dK's operand is dQ's, both dS in blocks of 64 query rows (half of a 128-row
+  // Q tile aligned to the sequence start) x 128 keys with one scale each, as a dK/dV kernel fed with
+  // the dQ kernel's bytes uses them (docs/backward.md, "The dQ kernel feeding a GEMM-only dK/dV
+  // kernel"); overrides hopper_dq_rows.
   bool hopper_dk_from_dq = false;
   // MX forward only: its operands in the Hopper execution form (Q per row, K per 128-key tile, V
   // per (sequence, channel) as the fast kernel's prepare pass writes them, or V per (128-key tile,

@@ -369,10 +369,53 @@ inline constexpr int kDiagNoExp = 16, kDiagNoCvt = 32;
 // dSᵀ of every half (32 bytes) and its keys' scale bytes to global memory (BwdParams::ds_dump), and
 // dQ comes from those by a GEMM kernel (attention_bwd_dq_dump_kernel) instead of the dQ kernel.
 inline constexpr int kDiagDumpDs = 64;
-// consume_dq's kDiag 64 (experiments builds, MXFLASH_BWD_DQ_DUMP=slots, a power of two): the dQ
-// kernel also packs P and stores P's and dS's bytes into a window of that many 32 KB slots (dQ
-// right, the bytes go nowhere): what a dQ kernel feeding a GEMM-only dK/dV kernel would pay.
-inline constexpr int kDiagDumpPds = 64;
+// consume_dq's kDiag 64 (experiments builds; docs/backward.md "The dQ kernel feeding a GEMM-only
+// dK/dV kernel"): the dQ kernel also stores each tile's P (e4m3 of 256 p) and dS bytes and dS's row
+// scale bytes into a dump block per (head, padded Q tile, K tile of the sequence), which the dK/dV
+// kernel's kFromPds form reads instead of computing S, dP, P and dS itself. With
+// MXFLASH_BWD_DQ_DUMP=slots (a power of two) the blocks wrap around that many slots: a diagnostic
+// of the stores' cost (the dK/dV kernel then reads other tiles' bytes).
+inline constexpr int kDumpPds = 64;
+// The dK/dV kernel's kDiag 256: dK and dV from the dump blocks (kDumpPds) instead of its own S, dP
+// GEMMs and math.
+inline constexpr int kFromPds = 256;
+// A dump block: P's 16 KB, dS's 16 KB, then dS's 128 row scale bytes (e8m0, 0 for a zero row).
+// Each 16 KB tile is 32 x 32 chunks of 16 bytes, chunk (QG, KG) at 16 pds_chunk(QG, KG): query group
+// QG = 8 cc + 4 h + m holds queries 32 cc + 16 h + 2 m + {0, 1, 8, 9}, key group KG likewise keys
+// 32 c + 16 h' + 2 m' + {0, 1, 8, 9} (the accumulator's column pairs: the bytes of one packed word
+// of pack_chunk); the chunk's four words are the queries 2 m + {0, 8, 1, 9} of its group, each word
+// the group's four keys in pack order. So the dQ kernel's thread stores its rows r and r + 8 as one
+// 8-byte pair per key group, and a dK/dV thread builds its two keys' words over four queries from
+// one 16-byte load and four byte permutes.
+inline constexpr int kPdsTileBytes = kTile * kTile;
+inline constexpr int64_t kPdsBlockBytes = 2 * kPdsTileBytes + kTile;
+__device__ __forceinline__ uint4 ld_shared_u32x4(const void* p) {
+  const float4 v = sm90::ld_shared_f32x4(p);
+  return make_uint4(__float_as_uint(v.x), __float_as_uint(v.y), __float_as_uint(v.z), __float_as_uint(v.w));
+}
+// The block of (head h, Q tile q_tile of the sequence q_seq, K tile k_tile of its K/V sequence).
+__device__ __forceinline__ int64_t pds_block_offset(const BwdParams& p, int h, int q_seq, int q_tile, int k_tile) {
+  int64_t block = (int64_t(h) * (p.Pq / kTile) + p.cu_q_sf[q_seq] / kTile + q_tile) * p.dump_kt + k_tile;
+  if (p.dump_wrap_mask != 0) block &= p.dump_wrap_mask;
+  return block * kPdsBlockBytes;
+}
+// Chunk (qg, kg)'s place in its tile, key group major: each 8-lane phase of a dK/dV warp's 16-byte
+// loads (four consecutive query groups of one key group, two lanes a chunk) reads 64 contiguous
+// bytes, one wavefront (query group major put all four on one bank group: four wavefronts, and
+// B's kernel took 2.2 ms instead of 1.35 on llm-long); the dQ kernel's warp still stores 64
+// contiguous bytes per key group (its four query groups).
+__device__ __forceinline__ int pds_chunk(int qg, int kg) { return 32 * kg + qg; }
+// The dQ kernel's consumer thread (warpgroup cw, warp, lane): its packed words of k32 block cc
+// (words[4 cc + 2 h + {0, 1}]: key group (cc, h, lane % 4), rows r, r + 8) into the tile.
+__device__ __forceinline__ void pds_store_words(uint8_t* tile, int cw, int warp, int lane, int cc,
+                                                const uint32_t (&words)[16]) {
+  const int qg = 8 * (2 * cw + warp / 2) + 4 * (warp % 2) + (lane / 4) / 2, u = (lane / 4) % 2;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int kg = 8 * cc + 4 * h + lane % 4;
+    *reinterpret_cast<uint2*>(tile + pds_chunk(qg, kg) * 16 + 8 * u) = make_uint2(words[4 * cc + 2 * h], words[4 * cc + 2 * h + 1]);
+  }
+}
 // kDiagNoCvt's packing: pack_chunk's words from the top bytes of the floats (3 PRMT a word).
 template <int M>
 __device__ __forceinline__ void pack_chunk_bytes(const float* x, int c, uint32_t (&pa)[M]) {
@@ -434,6 +477,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The dQ kernel, launched next with programmatic stream serialization, reads nothing this kernel
   // writes: its CTAs may take the SMs this kernel's CTAs leave in its last round.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  // kFromPds: P and dS from the dQ kernel's dump blocks (in the stage's Q and dO tiles, the row scale
+  // bytes in its info; the patching warp turns them into each 64-query half's scale).
+  constexpr bool kPds = (kDiag & kFromPds) != 0;
   extern __shared__ uint8_t smem_raw[];
   KvSmem& s = attn::aligned_shared<KvSmem>(smem_raw);
   uint8_t* const smem_base = reinterpret_cast<uint8_t*>(&s);
@@ -467,6 +513,17 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int stage = (it + j) % kKvStages;
           sm90::mbar_wait(&s.empty[stage], (((it + j) / kKvStages) & 1) ^ 1);
           sm90::mbar_wait(&s.full[stage], ((it + j) / kKvStages) & 1);
+          if constexpr (kPds) {
+            // Each 64-query half's dS scale (the dQ kernel's warpgroup scale, the byte of its first
+            // row) as a float at 256 + 4 hh (0 for a half whose dS are all zero).
+            uint8_t* b = reinterpret_cast<uint8_t*>(s.st[stage].info);
+            if (lane < 2) {
+              const uint32_t x = b[64 * lane];
+              *reinterpret_cast<float*>(b + 256 + 4 * lane) = x == 0 ? 0.f : __uint_as_float(x << 23);
+            }
+            sm90::mbar_arrive(&s.info_ready[stage]);
+            continue;
+          }
           float4* info = s.st[stage].info;
 #pragma unroll
           for (int i = 0; i < kTile / 32; ++i) {
@@ -493,8 +550,21 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int stage = (it + j) % kKvStages;
         KvStage& st = s.st[stage];
         sm90::mbar_wait(&s.empty[stage], (((it + j) / kKvStages) & 1) ^ 1);
-        sm90::mbar_arrive_expect_tx(&s.full[stage], kKvStageTx);
         const int64_t qr = q_pad0 + int64_t(j) * kTile, orow = w.o_pad0 + int64_t(j) * kTile;
+        if constexpr (kPds) {  // Qᵀ', dOᵀ', dO's channel scales and the dump block of (Q tile j, this K tile)
+          const uint8_t* blk = p.ds_dump + pds_block_offset(p, w.h, w.qb, j, w.blk);
+          sm90::mbar_arrive_expect_tx(&s.full[stage],
+                                      2 * kTileBytes + 2 * kPdsTileBytes + kTile + kHeadDim * sizeof(float));
+          sm90::tma_load_2d(st.qt, &tm_qt, &s.full[stage], int(qr), w.h * kHeadDim);
+          sm90::tma_load_2d(st.dot, &tm_dot, &s.full[stage], int(orow), w.h * kHeadDim);
+          sm90::bulk_load(st.q, blk, kPdsTileBytes, &s.full[stage]);
+          sm90::bulk_load(st.dout, blk + kPdsTileBytes, kPdsTileBytes, &s.full[stage]);
+          sm90::bulk_load(st.info, blk + 2 * kPdsTileBytes, kTile, &s.full[stage]);
+          sm90::bulk_load(st.dot_scale, p.do_t_scale + (w.h * (p.Po / kTile) + orow / kTile) * kHeadDim,
+                          kHeadDim * sizeof(float), &s.full[stage]);
+          continue;
+        }
+        sm90::mbar_arrive_expect_tx(&s.full[stage], kKvStageTx);
         sm90::tma_load_2d(st.q, &tm_q, &s.full[stage], 0, int(w.h * p.Pq + qr));
         sm90::tma_load_2d(st.dout, &tm_do, &s.full[stage], 0, int(w.h * p.Po + orow));
         sm90::tma_load_2d(st.qt, &tm_qt, &s.full[stage], int(qr), w.h * kHeadDim);
@@ -678,18 +748,44 @@ __global__ void __launch_bounds__(kThreads, 1)
           uint32_t pa0[8];  // the first half's Pᵀ, for the tile's dV (default order)
 #pragma unroll 1
           for (int hh = 0; hh < 2; ++hh) {
-            float sc[32], dp[32];
             stamp(2 * j + hh, 0);
-            issue_sdp(sc, dp, st, hh);
-            float4 first[2];
-            first_info(st, hh, first);
-            sm90::wgmma_wait<0>();
-            attn::fence_all(sc);
-            attn::fence_all(dp);
-            stamp(2 * j + hh, 1);
-            if (kPersistent && j == n_q - 1 && hh == 1) sm90::mbar_arrive(&s.kv_empty);  // K, V read for the last time
-            math_slot = 2 * j + hh;
-            math(sc, dp, st, hh, first);
+            if constexpr (kPds) {
+              // Pᵀ and dSᵀ words of this half from the dump tiles: per k32 block c and query group h
+              // one 16-byte chunk (four queries' words of this thread's key group) each, then two
+              // keys' words by byte permutes (pds_store_words' layout).
+              const uint8_t* b = reinterpret_cast<const uint8_t*>(st.info);
+              const int kg = 8 * (2 * cw + warp / 2) + 4 * (warp % 2) + (lane / 4) / 2, t = (lane / 4) % 2;
+              const uint32_t sel = uint32_t(t) | uint32_t(4 + t) << 4 | uint32_t(2 + t) << 8 | uint32_t(6 + t) << 12;
+#pragma unroll
+              for (int c = 0; c < 2; ++c) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                  const int qg = 8 * (2 * hh + c) + 4 * h + quad, at = pds_chunk(qg, kg) * 16;
+                  const uint4 pw = ld_shared_u32x4(st.q + at), dw = ld_shared_u32x4(st.dout + at);
+                  uint32_t x = __byte_perm(pw.x, pw.z, sel), y = __byte_perm(pw.y, pw.w, sel);
+                  pa[4 * c + 2 * h] = __byte_perm(x, y, 0x5410);
+                  pa[4 * c + 2 * h + 1] = __byte_perm(x, y, 0x7632);
+                  x = __byte_perm(dw.x, dw.z, sel);
+                  y = __byte_perm(dw.y, dw.w, sel);
+                  da[4 * c + 2 * h] = __byte_perm(x, y, 0x5410);
+                  da[4 * c + 2 * h + 1] = __byte_perm(x, y, 0x7632);
+                }
+              }
+              rs[0] = rs[1] = sm90::ld_shared_f32(reinterpret_cast<const float*>(b + 256 + 4 * hh));
+              if (kPersistent && j == n_q - 1 && hh == 1) sm90::mbar_arrive(&s.kv_empty);
+            } else {
+              float sc[32], dp[32];
+              issue_sdp(sc, dp, st, hh);
+              float4 first[2];
+              first_info(st, hh, first);
+              sm90::wgmma_wait<0>();
+              attn::fence_all(sc);
+              attn::fence_all(dp);
+              stamp(2 * j + hh, 1);
+              if (kPersistent && j == n_q - 1 && hh == 1) sm90::mbar_arrive(&s.kv_empty);  // K, V read for the last time
+              math_slot = 2 * j + hh;
+              math(sc, dp, st, hh, first);
+            }
             stamp(2 * j + hh, 2);
             if constexpr ((kDiag & kDiagDumpDs) != 0) {
               int64_t block = (int64_t(w.h) * (p.Pq / kTile) + p.cu_q_sf[w.qb] / kTile + j) * p.dump_kt + w.blk;
@@ -810,6 +906,7 @@ struct QSmem {
   alignas(8) uint64_t q_full;
   uint64_t full[kQStages];
   uint64_t empty[kQStages];
+  alignas(16) float wg_amax[2][kConsumers][4];  // kDumpPds: each warp's |dS| maximum, by tile parity
 };
 inline constexpr size_t kQSmemBytes = sizeof(QSmem) + 1024;
 
@@ -849,7 +946,8 @@ template <bool kTileScales, bool kPersistent, int kDiag = 0>
 __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&full_bar)[kQStages],
                                            uint64_t (&empty)[kQStages], uint8_t* q, uint8_t* dout,
                                            uint64_t* q_full, uint32_t q_phase, const float4* info, const BwdParams& p,
-                                           const Item& w, int cw, int tid, int it, const CUtensorMap* tm_dq = nullptr) {
+                                           const Item& w, int cw, int tid, int it, const CUtensorMap* tm_dq = nullptr,
+                                           float* wg_amax = nullptr) {
   const int n_k = (w.Lk + kTile - 1) / kTile;
   const int64_t o_row = w.o_pad0 + int64_t(w.blk) * kTile;  // padded output row of the Q tile
   const int warp = tid / 32, lane = tid % 32, quad = lane % 4;
@@ -916,31 +1014,27 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
           const int r = (i % 4) / 2;
           return attn::fast_exp2(fmaf(sa[i], a[r], -in[r].y)) * fmaf(sb[i], c[r], -in[r].w);
         };
-        // kDiagDumpPds: both tiles' bytes (P = 256 p and dS as e4m3, 128 per thread) into a 32 KB slot
-        // per (CTA, tile) of an L2-sized window (p.ds_dump, p.dump_wrap_mask + 1 slots), chunk k of
-        // every thread contiguous; P's stored as soon as packed.
-        constexpr int kDumpStride = kConsumers * kWarpgroupThreads;
-        [[maybe_unused]] uint4* const dump =
-            (kDiag & kDiagDumpPds) != 0
-                ? reinterpret_cast<uint4*>(p.ds_dump + ((int64_t(blockIdx.x) * 64 + (it + j)) & p.dump_wrap_mask) * 32768) +
-                      cw * kWarpgroupThreads + tid
-                : nullptr;
+        // kDumpPds: this tile's P (e4m3 of 256 p) and dS bytes (the dQ GEMM's operand) and dS's row
+        // scale bytes into its dump block (pds_block_offset): pds_store_words.
+        [[maybe_unused]] uint8_t* const pds = (kDiag & kDumpPds) != 0 ? p.ds_dump + pds_block_offset(p, w.h, w.qb, w.blk, j) : nullptr;
         if constexpr ((kDiag & kDiagNoMath) != 0) {
           diag_sink(p, sa);
-        } else if ((kDiag & kDiagDumpPds) != 0 && valid >= kTile) {
+        } else if constexpr ((kDiag & kDumpPds) != 0) {
 #pragma unroll
           for (int cc = 0; cc < 4; ++cc) {
             float e[16];
 #pragma unroll
             for (int k = 0; k < 16; ++k) {
               const int i = 16 * cc + k, r = (i % 4) / 2;
-              e[k] = attn::fast_exp2(fmaf(sa[i], a[r], -in[r].y));
-              sb[i] = e[k] * fmaf(sb[i], c[r], -in[r].w);
+              const int col = 8 * (i / 4) + 2 * quad + (i % 2);
+              const bool in_seq = valid >= kTile || col < valid;
+              e[k] = in_seq ? attn::fast_exp2(fmaf(sa[i], a[r], -in[r].y)) : 0.f;
+              sb[i] = in_seq ? e[k] * fmaf(sb[i], c[r], -in[r].w) : 0.f;
               amax[r] = fmaxf(amax[r], fabsf(sb[i]));
             }
             uint32_t pp[16];
             attn::pack_chunk(e, cc, pp);
-            dump[cc * kDumpStride] = make_uint4(pp[4 * cc], pp[4 * cc + 1], pp[4 * cc + 2], pp[4 * cc + 3]);
+            pds_store_words(pds, cw, warp, lane, cc, pp);
           }
         } else if (valid >= kTile) {
 #pragma unroll
@@ -956,9 +1050,22 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
             amax[(i % 4) / 2] = fmaxf(amax[(i % 4) / 2], fabsf(sb[i]));
           }
         }
+        if constexpr ((kDiag & kDumpPds) != 0) {
+          // One dS scale for the warpgroup's 64 rows x 128 keys (dQ's and dK's operand alike, so that
+          // the dK/dV kernel needs no re-expression): the warps' maxima through shared memory, a
+          // buffer per tile parity (a warp writes tile j + 2's only after every warp passed tile
+          // j + 1's barrier, i.e. read tile j's).
+          const float m = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(fmaxf(amax[0], amax[1]))));
+          float* const slot = wg_amax + ((it + j) % 2) * (kConsumers * 4) + cw * 4;
+          if (lane == 0) asm volatile("st.shared.f32 [%0], %1;" ::"r"(sm90::smem_u32(slot + warp)), "f"(m) : "memory");
+          sm90::named_barrier_sync(8 + cw, kWarpgroupThreads);
+          const float4 v = sm90::ld_shared_f32x4(slot);
+          amax[0] = amax[1] = fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w));
+        }
         float inv[2], rs[2];
         row_scales(amax, inv, rs);
         if constexpr ((kDiag & kDiagNoMath) != 0) inv[0] = inv[1] = rs[0] = rs[1] = 1.f;
+        [[maybe_unused]] const float rs_pre[2] = {rs[0], rs[1]};  // (kDumpPds: dS's own scales)
         if constexpr (kTileScales) {
           rs[0] *= k_tile;
           rs[1] *= k_tile;
@@ -968,10 +1075,14 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
         uint32_t da[16];
 #pragma unroll
         for (int cc = 0; cc < 4; ++cc) attn::pack_chunk(sb + 16 * cc, cc, da);
-        if constexpr ((kDiag & kDiagDumpPds) != 0) {
+        if constexpr ((kDiag & kDumpPds) != 0) {
 #pragma unroll
-          for (int k = 0; k < 4; ++k)
-            dump[(4 + k) * kDumpStride] = make_uint4(da[4 * k], da[4 * k + 1], da[4 * k + 2], da[4 * k + 3]);
+          for (int cc = 0; cc < 4; ++cc) pds_store_words(pds + kPdsTileBytes, cw, warp, lane, cc, da);
+          if (quad == 0) {  // the rows' dS scale bytes (the warpgroup's; 0: all its dS zero)
+            const int row = cw * kHalf + warp * 16 + lane / 4;
+            pds[2 * kPdsTileBytes + row] = amax[0] > 0.f ? uint8_t(__float_as_uint(rs_pre[0]) >> 23) : uint8_t(0);
+            pds[2 * kPdsTileBytes + row + 8] = amax[1] > 0.f ? uint8_t(__float_as_uint(rs_pre[1]) >> 23) : uint8_t(0);
+          }
         }
         const uint64_t desc_kt = sm90::make_desc_k128b(st[stage].kt);
         if constexpr ((kDiag & kDiagNoGrad) != 0) {
@@ -1092,7 +1203,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // ---------------------------------------------------------------------------------- consumers
   sm90::setmaxnreg_inc<kConsumerRegs>();
   consume_dq<kTileScales, false, kDiag>(s.st, s.full, s.empty, s.q, s.dout, &s.q_full, 0, p.info, p, w, wg - 1, tid,
-                                       0);
+                                       0, nullptr, &s.wg_amax[0][0][0]);
 }
 
 // The persistent dQ kernel (attention_bwd_dq_kernel_p; dq_persistent on the host): one CTA per SM,
@@ -1399,6 +1510,12 @@ int dkdv_diag(int variant) { return ((variant >> 20) & 15) | ((variant >> 24) & 
 bool dump_ds(const cuda::AttentionBwdProblem& p) {
   return (bwd_variant() & (1 << 30)) != 0 && p.exec != nullptr && !p.broadcast_q && p.Tq > 0 && p.Tk > 0;
 }
+// Experiments builds, MXFLASH_BWD_VARIANT bit 19 (kDumpPds / kFromPds): the dQ kernel first, storing
+// P and dS for every (Q tile, K tile) (a workspace of H x (Pq / 128) x (longest K tiles) x 32.1 KB),
+// then the dK/dV kernel on those bytes (exec operands, no broadcast Q; docs/backward.md).
+bool pds_mode(const cuda::AttentionBwdProblem& p) {
+  return (bwd_variant() & (1 << 19)) != 0 && p.exec != nullptr && !p.broadcast_q && p.Tq > 0 && p.Tk > 0;
+}
 int dump_k_tiles(const cuda::AttentionBwdProblem& p) {
   const std::vector<int32_t>& ck = *p.host_cu_k;
   int longest = 0;
@@ -1475,9 +1592,10 @@ BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n
   w.dv_f32 = take(mx ? size_t(p.Tk) * H * D * sizeof(float) : 0);
   w.dk_sq = take(mx ? size_t(p.Pk / kBlockSize) * H * 4 : 0);
   w.dv_sq = take(mx ? size_t(p.Pk / kBlockSize) * H * 4 : 0);
-  const size_t dump_blocks = dump_ds(p) ? size_t(H) * size_t(p.Pq / bwd::kTile) * size_t(dump_k_tiles(p)) : 0;
-  w.ds_dump = take(dump_blocks * 16384);
-  w.ds_scales = take(dump_blocks * 256);
+  const size_t dump_blocks =
+      dump_ds(p) || pds_mode(p) ? size_t(H) * size_t(p.Pq / bwd::kTile) * size_t(dump_k_tiles(p)) : 0;
+  w.ds_dump = take(dump_blocks * (pds_mode(p) ? size_t(bwd::kPdsBlockBytes) : size_t(16384)));
+  w.ds_scales = take(dump_ds(p) ? dump_blocks * 256 : 0);
   w.total = off;
   return w;
 }
@@ -1655,7 +1773,8 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     const bool mx = p.mxfp8_dkv;
     bp.ds_dump = ws + w.ds_dump;
     bp.ds_scales = ws + w.ds_scales;
-    bp.dump_kt = dump_ds(p) ? dump_k_tiles(p) : 0;
+    bp.dump_kt = dump_ds(p) || pds_mode(p) ? dump_k_tiles(p) : 0;
+    const bool pds = pds_mode(p);
     bp.dump_wrap_mask = 0;
 #if MXFLASH_FWD_EXPERIMENTS
     if (const char* e = std::getenv("MXFLASH_BWD_DUMP_WRAP")) {
@@ -1665,6 +1784,19 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
 #endif
     bp.dk_f32 = mx ? f32(w.dk_f32) : nullptr;
     bp.dv_f32 = mx ? f32(w.dv_f32) : nullptr;
+#if MXFLASH_FWD_EXPERIMENTS
+    if (pds && !q_items.empty()) {  // the dQ kernel first, storing P and dS for the dK/dV kernel
+      bp.items = reinterpret_cast<const int2*>(ws + w.q_items);
+      bp.heads_inner = heads_inner(H, plan.lk, 3 * kHeadDim);
+      auto kernel = bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds>;
+      MXFLASH_RETURN_IF_ERROR(cuda_error(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kQSmemBytes)),
+          "cudaFuncSetAttribute(attention_bwd_dq_kernel)"));
+      kernel<<<unsigned(int64_t(q_items.size()) * H), bwd::kThreads, bwd::kQSmemBytes, stream>>>(tm_q, tm_k, tm_v,
+                                                                                              tm_do, tm_kt, bp);
+      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_bwd_dq_kernel launch"));
+    }
+#endif
     if (!kv_items.empty()) {
       bp.items = reinterpret_cast<const int2*>(ws + w.kv_items);
       bp.heads_inner = heads_inner(H, plan.lq, 4 * kHeadDim + sizeof(float4));  // Q, Qᵀ, dO, dOᵀ, info
@@ -1691,6 +1823,9 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
 #endif
       // Exec operands: the default (persistent) kernel's kTileScales form, whatever the variant.
       if (p.exec) kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true>;
+#if MXFLASH_FWD_EXPERIMENTS
+      if (pds) kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, bwd::kFromPds>;
+#endif
 #if MXFLASH_FWD_EXPERIMENTS
       // Bits 20-23 (exec operands): kDiag, parts of the dK/dV consumers' work left out (garbage dK, dV).
       if (p.exec) switch (dkdv_diag(variant)) {
@@ -1736,7 +1871,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       kernel<<<unsigned(int64_t(q_items.size()) * H), bwd::kThreads, bwd::kDumpSmemBytes, stream>>>(tm_kt, bp);
       MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_bwd_dq_dump_kernel launch"));
 #endif
-    } else if (!q_items.empty()) {
+    } else if (!q_items.empty() && !pds) {
       bp.items = reinterpret_cast<const int2*>(ws + w.q_items);
       bp.heads_inner = heads_inner(H, plan.lk, 3 * kHeadDim);  // K, V, Kᵀ
       const int64_t n_q = int64_t(q_items.size()) * H;
@@ -1782,7 +1917,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
             }
             bp.ds_dump = window;
             bp.dump_wrap_mask = slots - 1;
-            kernel = bwd::attention_bwd_dq_kernel<true, bwd::kDiagDumpPds>;
+            kernel = bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds>;
           }
         }
 #endif
