@@ -252,6 +252,12 @@ struct BwdParams {
   // the dump's writes and reads stay in an L2-sized window (dQ wrong): what an L2-resident ring of
   // dS blocks between the two kernels would cost them. 0: off.
   int64_t dump_wrap_mask;
+  // Diagnostic (experiments builds, MXFLASH_BWD_VARIANT bit 12 with bit 19): a counter a dump block,
+  // to which the dQ kernel's signaler warp adds 8 (red.release.gpu) once its eight consumer warps have
+  // stored their shares (an mbarrier), awaited (>= 8, ld.acquire.gpu) by the dK/dV kernel's producer before
+  // loading the block: the per-step cost of a ring's hand-over (the kernels still run one after the
+  // other, so every wait succeeds at once; the counters are not reset between calls).
+  unsigned* pds_flags;
 };
 
 struct Item {
@@ -549,6 +555,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int j = 0; j < n_q; ++j) {
         const int stage = (it + j) % kKvStages;
         KvStage& st = s.st[stage];
+        if constexpr (kPds) {  // the dQ kernel's flag of the block, before the stage is free (its latency
+                               // under the consumers' work): its eight warps' releases
+          if (p.pds_flags != nullptr) {
+            const unsigned* flag =
+                p.pds_flags + pds_block_offset(p, w.h, w.qb, j, w.blk) / kPdsBlockBytes;
+            unsigned v = 0;
+            do {
+              asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+            } while (v < kConsumers * 4);  // (the eight warps of this call or earlier calls: a diagnostic)
+          }
+        }
         sm90::mbar_wait(&s.empty[stage], (((it + j) / kKvStages) & 1) ^ 1);
         const int64_t qr = q_pad0 + int64_t(j) * kTile, orow = w.o_pad0 + int64_t(j) * kTile;
         if constexpr (kPds) {  // Qᵀ', dOᵀ', dO's channel scales and the dump block of (Q tile j, this K tile)
@@ -907,6 +924,7 @@ struct QSmem {
   uint64_t full[kQStages];
   uint64_t empty[kQStages];
   alignas(16) float wg_amax[2][kConsumers][4];  // kDumpPds: each warp's |dS| maximum, by tile parity
+  uint64_t dump_done[8];  // kDumpPds with pds_flags: the consumer warps' tile stored, tile j in j % 8
 };
 inline constexpr size_t kQSmemBytes = sizeof(QSmem) + 1024;
 
@@ -947,7 +965,7 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
                                            uint64_t (&empty)[kQStages], uint8_t* q, uint8_t* dout,
                                            uint64_t* q_full, uint32_t q_phase, const float4* info, const BwdParams& p,
                                            const Item& w, int cw, int tid, int it, const CUtensorMap* tm_dq = nullptr,
-                                           float* wg_amax = nullptr) {
+                                           float* wg_amax = nullptr, uint64_t* dump_done = nullptr) {
   const int n_k = (w.Lk + kTile - 1) / kTile;
   const int64_t o_row = w.o_pad0 + int64_t(w.blk) * kTile;  // padded output row of the Q tile
   const int warp = tid / 32, lane = tid % 32, quad = lane % 4;
@@ -1083,6 +1101,10 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
             pds[2 * kPdsTileBytes + row] = amax[0] > 0.f ? uint8_t(__float_as_uint(rs_pre[0]) >> 23) : uint8_t(0);
             pds[2 * kPdsTileBytes + row + 8] = amax[1] > 0.f ? uint8_t(__float_as_uint(rs_pre[1]) >> 23) : uint8_t(0);
           }
+          if (p.pds_flags != nullptr) {  // each warp's share of the block stored: its arrival for the signaler
+            __syncwarp();
+            if (lane == 0) sm90::mbar_arrive(&dump_done[(it + j) % 8]);
+          }
         }
         const uint64_t desc_kt = sm90::make_desc_k128b(st[stage].kt);
         if constexpr ((kDiag & kDiagNoGrad) != 0) {
@@ -1190,8 +1212,28 @@ __global__ void __launch_bounds__(kThreads, 1)
   attn::init_pipeline(&s.q_full, s.full, s.empty, kConsumers);
   const int64_t o_row = w.o_pad0 + int64_t(w.blk) * kTile;  // padded output row of the Q tile
 
+  if constexpr ((kDiag & kDumpPds) != 0) {
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < 8; ++i) sm90::mbar_init(&s.dump_done[i], kConsumers * 4);
+      sm90::fence_barrier_init();
+    }
+    __syncthreads();
+  }
   if (wg == 0) {  // ---------------------------------------------------------------- producer
     sm90::setmaxnreg_dec<kProducerRegs>();
+    if constexpr ((kDiag & kDumpPds) != 0) {
+      // The signaler (the producer warpgroup's second warp): per tile, once the eight consumer warps
+      // have stored their share of the dump block, one release add on its counter, so that the
+      // consumers never wait on a gpu-scope fence (a release by each consumer warp cost the kernel
+      // 0.8 ms on llm-long, a 256-thread barrier and one fence 0.5 ms).
+      if (tid == 32 && p.pds_flags != nullptr) {
+        for (int j = 0; j < n_k; ++j) {
+          sm90::mbar_wait(&s.dump_done[j % 8], (j / 8) & 1);  // (consumers 8 tiles ahead would alias)
+          const int64_t block = pds_block_offset(p, w.h, w.qb, w.blk, j) / kPdsBlockBytes;
+          asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p.pds_flags + block), "r"(8u) : "memory");
+        }
+      }
+    }
     if (tid != 0 || n_k == 0) return;
     sm90::mbar_arrive_expect_tx(&s.q_full, 2 * kTileBytes);
     sm90::tma_load_2d(s.q, &tm_q, &s.q_full, 0, int(w.h * p.Pq + p.cu_q_sf[w.qb] + int64_t(w.blk) * kTile));
@@ -1203,7 +1245,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // ---------------------------------------------------------------------------------- consumers
   sm90::setmaxnreg_inc<kConsumerRegs>();
   consume_dq<kTileScales, false, kDiag>(s.st, s.full, s.empty, s.q, s.dout, &s.q_full, 0, p.info, p, w, wg - 1, tid,
-                                       0, nullptr, &s.wg_amax[0][0][0]);
+                                       0, nullptr, &s.wg_amax[0][0][0], s.dump_done);
 }
 
 // The persistent dQ kernel (attention_bwd_dq_kernel_p; dq_persistent on the host): one CTA per SM,
@@ -1595,7 +1637,7 @@ BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n
   const size_t dump_blocks =
       dump_ds(p) || pds_mode(p) ? size_t(H) * size_t(p.Pq / bwd::kTile) * size_t(dump_k_tiles(p)) : 0;
   w.ds_dump = take(dump_blocks * (pds_mode(p) ? size_t(bwd::kPdsBlockBytes) : size_t(16384)));
-  w.ds_scales = take(dump_ds(p) ? dump_blocks * 256 : 0);
+  w.ds_scales = take(dump_ds(p) ? dump_blocks * 256 : pds_mode(p) && (bwd_variant() & 4096) ? dump_blocks * 4 : 0);
   w.total = off;
   return w;
 }
@@ -1776,6 +1818,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     bp.dump_kt = dump_ds(p) || pds_mode(p) ? dump_k_tiles(p) : 0;
     const bool pds = pds_mode(p);
     bp.dump_wrap_mask = 0;
+    bp.pds_flags = pds_mode(p) && (bwd_variant() & 4096) ? reinterpret_cast<unsigned*>(ws + w.ds_scales) : nullptr;
 #if MXFLASH_FWD_EXPERIMENTS
     if (const char* e = std::getenv("MXFLASH_BWD_DUMP_WRAP")) {
       const int64_t n = std::atoll(e);
