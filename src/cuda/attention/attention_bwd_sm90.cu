@@ -378,9 +378,8 @@ inline constexpr int kDiagDumpDs = 64;
 // consume_dq's kDiag 64 (experiments builds; docs/backward.md "The dQ kernel feeding a GEMM-only
 // dK/dV kernel"): the dQ kernel also stores each tile's P (e4m3 of 256 p) and dS bytes and dS's row
 // scale bytes into a dump block per (head, padded Q tile, K tile of the sequence), which the dK/dV
-// kernel's kFromPds form reads instead of computing S, dP, P and dS itself. With
-// MXFLASH_BWD_DQ_DUMP=slots (a power of two) the blocks wrap around that many slots: a diagnostic
-// of the stores' cost (the dK/dV kernel then reads other tiles' bytes).
+// kernel's kFromPds form reads instead of computing S, dP, P and dS itself (with
+// MXFLASH_BWD_DUMP_WRAP the blocks wrap around a window: dump_block).
 inline constexpr int kDumpPds = 64;
 // The dK/dV kernel's kDiag 256: dK and dV from the dump blocks (kDumpPds) instead of its own S, dP
 // GEMMs and math.
@@ -399,11 +398,12 @@ __device__ __forceinline__ uint4 ld_shared_u32x4(const void* p) {
   const float4 v = sm90::ld_shared_f32x4(p);
   return make_uint4(__float_as_uint(v.x), __float_as_uint(v.y), __float_as_uint(v.z), __float_as_uint(v.w));
 }
-// The block of (head h, Q tile q_tile of the sequence q_seq, K tile k_tile of its K/V sequence).
-__device__ __forceinline__ int64_t pds_block_offset(const BwdParams& p, int h, int q_seq, int q_tile, int k_tile) {
-  int64_t block = (int64_t(h) * (p.Pq / kTile) + p.cu_q_sf[q_seq] / kTile + q_tile) * p.dump_kt + k_tile;
-  if (p.dump_wrap_mask != 0) block &= p.dump_wrap_mask;
-  return block * kPdsBlockBytes;
+// The dump block of (head h, Q tile q_tile of the sequence q_seq, K tile k_tile of its K/V
+// sequence), for both dumps (kDiagDumpDs, kDumpPds): H x (Pq / 128) x dump_kt blocks, the index
+// taken modulo dump_wrap_mask + 1 when that is set (MXFLASH_BWD_DUMP_WRAP).
+__device__ __forceinline__ int64_t dump_block(const BwdParams& p, int h, int q_seq, int q_tile, int k_tile) {
+  const int64_t block = (int64_t(h) * (p.Pq / kTile) + p.cu_q_sf[q_seq] / kTile + q_tile) * p.dump_kt + k_tile;
+  return p.dump_wrap_mask != 0 ? block & p.dump_wrap_mask : block;
 }
 // Chunk (qg, kg)'s place in its tile, key group major: each 8-lane phase of a dK/dV warp's 16-byte
 // loads (four consecutive query groups of one key group, two lanes a chunk) reads 64 contiguous
@@ -558,8 +558,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (kPds) {  // the dQ kernel's flag of the block, before the stage is free (its latency
                                // under the consumers' work): its eight warps' releases
           if (p.pds_flags != nullptr) {
-            const unsigned* flag =
-                p.pds_flags + pds_block_offset(p, w.h, w.qb, j, w.blk) / kPdsBlockBytes;
+            const unsigned* flag = p.pds_flags + dump_block(p, w.h, w.qb, j, w.blk);
             unsigned v = 0;
             do {
               asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
@@ -569,7 +568,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         sm90::mbar_wait(&s.empty[stage], (((it + j) / kKvStages) & 1) ^ 1);
         const int64_t qr = q_pad0 + int64_t(j) * kTile, orow = w.o_pad0 + int64_t(j) * kTile;
         if constexpr (kPds) {  // Qᵀ', dOᵀ', dO's channel scales and the dump block of (Q tile j, this K tile)
-          const uint8_t* blk = p.ds_dump + pds_block_offset(p, w.h, w.qb, j, w.blk);
+          const uint8_t* blk = p.ds_dump + dump_block(p, w.h, w.qb, j, w.blk) * kPdsBlockBytes;
           sm90::mbar_arrive_expect_tx(&s.full[stage],
                                       2 * kTileBytes + 2 * kPdsTileBytes + kTile + kHeadDim * sizeof(float));
           sm90::tma_load_2d(st.qt, &tm_qt, &s.full[stage], int(qr), w.h * kHeadDim);
@@ -805,8 +804,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
             stamp(2 * j + hh, 2);
             if constexpr ((kDiag & kDiagDumpDs) != 0) {
-              int64_t block = (int64_t(w.h) * (p.Pq / kTile) + p.cu_q_sf[w.qb] / kTile + j) * p.dump_kt + w.blk;
-              if (p.dump_wrap_mask != 0) block &= p.dump_wrap_mask;
+              const int64_t block = dump_block(p, w.h, w.qb, j, w.blk);
               uint4* dst =
                   reinterpret_cast<uint4*>(p.ds_dump + block * 16384 + hh * 8192 + (cw * kWarpgroupThreads + tid) * 32);
               dst[0] = make_uint4(da[0], da[1], da[2], da[3]);
@@ -1033,8 +1031,9 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
           return attn::fast_exp2(fmaf(sa[i], a[r], -in[r].y)) * fmaf(sb[i], c[r], -in[r].w);
         };
         // kDumpPds: this tile's P (e4m3 of 256 p) and dS bytes (the dQ GEMM's operand) and dS's row
-        // scale bytes into its dump block (pds_block_offset): pds_store_words.
-        [[maybe_unused]] uint8_t* const pds = (kDiag & kDumpPds) != 0 ? p.ds_dump + pds_block_offset(p, w.h, w.qb, w.blk, j) : nullptr;
+        // scale bytes into its dump block: pds_store_words.
+        [[maybe_unused]] uint8_t* const pds =
+            (kDiag & kDumpPds) != 0 ? p.ds_dump + dump_block(p, w.h, w.qb, w.blk, j) * kPdsBlockBytes : nullptr;
         if constexpr ((kDiag & kDiagNoMath) != 0) {
           diag_sink(p, sa);
         } else if constexpr ((kDiag & kDumpPds) != 0) {
@@ -1229,8 +1228,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (tid == 32 && p.pds_flags != nullptr) {
         for (int j = 0; j < n_k; ++j) {
           sm90::mbar_wait(&s.dump_done[j % 8], (j / 8) & 1);  // (consumers 8 tiles ahead would alias)
-          const int64_t block = pds_block_offset(p, w.h, w.qb, w.blk, j) / kPdsBlockBytes;
-          asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p.pds_flags + block), "r"(8u) : "memory");
+          asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p.pds_flags + dump_block(p, w.h, w.qb, w.blk, j)),
+                       "r"(8u)
+                       : "memory");
         }
       }
     }
@@ -1382,6 +1382,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const Item w = item_of<false>(p, blockIdx.x);
   const int n_k = (w.Lk + kTile - 1) / kTile;
   attn::init_pipeline<kDumpStages>(&s.once, s.full, s.empty, kConsumers);
+  // dump_block(p, w.h, w.qb, w.blk, j), its unwrapped part hoisted (the form measured; computed in
+  // the loop, ptxas rescheduled this kernel).
   const int64_t qt = p.cu_q_sf[w.qb] / kTile + w.blk;  // the padded Q tile
   const int64_t block0 = (int64_t(w.h) * (p.Pq / kTile) + qt) * p.dump_kt;
 
@@ -1818,7 +1820,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     bp.dump_kt = dump_ds(p) || pds_mode(p) ? dump_k_tiles(p) : 0;
     const bool pds = pds_mode(p);
     bp.dump_wrap_mask = 0;
-    bp.pds_flags = pds_mode(p) && (bwd_variant() & 4096) ? reinterpret_cast<unsigned*>(ws + w.ds_scales) : nullptr;
+    bp.pds_flags = pds && (bwd_variant() & 4096) ? reinterpret_cast<unsigned*>(ws + w.ds_scales) : nullptr;
 #if MXFLASH_FWD_EXPERIMENTS
     if (const char* e = std::getenv("MXFLASH_BWD_DUMP_WRAP")) {
       const int64_t n = std::atoll(e);
@@ -1946,23 +1948,6 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
             case 10: kernel = bwd::attention_bwd_dq_kernel<true, 10>; break;
             default: break;
           }
-        // MXFLASH_BWD_DQ_DUMP=slots (a power of two; exec operands): kDiagDumpPds into a window of
-        // that many 32 KB slots (allocated once, never freed: a diagnostic).
-        if (const char* e = std::getenv("MXFLASH_BWD_DQ_DUMP"); e != nullptr && p.exec) {
-          const int64_t slots = std::atoll(e);
-          static uint8_t* window = nullptr;
-          static int64_t window_slots = 0;
-          if (slots > 0 && (slots & (slots - 1)) == 0) {
-            if (slots > window_slots) {
-              if (window != nullptr) cudaFree(window);
-              MXFLASH_RETURN_IF_ERROR(cuda_error(cudaMalloc(&window, size_t(slots) * 32768), "dump window"));
-              window_slots = slots;
-            }
-            bp.ds_dump = window;
-            bp.dump_wrap_mask = slots - 1;
-            kernel = bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds>;
-          }
-        }
 #endif
         MXFLASH_RETURN_IF_ERROR(cuda_error(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kQSmemBytes)),
