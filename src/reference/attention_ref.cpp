@@ -576,6 +576,8 @@ Status backward_core(const AttnProblem& p, const Geometry& g, AttnMethod m, cons
   // hopper_exec_operands).
   const bool hopper = m == AttnMethod::kMx && opt.hopper_exec;
   const bool dk_from_dq = hopper && opt.hopper_dk_from_dq;
+  // dQ's dS block height (hopper_dk_from_dq: 64, and dK takes the same operand).
+  const int dq_rows = dk_from_dq ? 64 : opt.hopper_dq_rows;
   const int kRowsBlk = dk_from_dq ? 128 : hopper ? 64 : kBlockSize;
   const double* do_dv = ops.do_dv ? ops.do_dv : ops.do_g;
 
@@ -637,15 +639,7 @@ Status backward_core(const AttnProblem& p, const Geometry& g, AttnMethod m, cons
         }
         case AttnMethod::kMx:
           dsq = dsk;
-          if (dk_from_dq) {  // one scale per 64 rows x 128 keys, for dQ and dK alike
-            for (int r0 = 0; r0 < n; r0 += 64)
-              for (int64_t j0 = 0; j0 < lk; j0 += 128)
-                mx_block_inplace(dsq.data() + r0 * lk + j0, std::min(64, n - r0), int(std::min<int64_t>(128, lk - j0)),
-                                 lk);
-            dsk = dsq;
-            break;
-          }
-          if (hopper && opt.hopper_dq_rows == 0) {
+          if (hopper && dq_rows == 0) {
             // dK's operand re-expressed: each key's block (its scale byte kept; keys whose dS are all
             // zero take no part in the tile's largest), then each value over its tile's largest.
             std::vector<int> key_scale(size_t(lk), -1);
@@ -665,9 +659,10 @@ Status backward_core(const AttnProblem& p, const Geometry& g, AttnMethod m, cons
             }
             break;
           }
-          for (int64_t j = 0; j < lk; ++j) mx_block_inplace(dsk.data() + j, n, 1, lk);  // 1x32 along Q
-          if (hopper) {  // per hopper_dq_rows rows (1: per row) over 128-key tiles
-            const int rows = std::max(1, opt.hopper_dq_rows);
+          if (!dk_from_dq)
+            for (int64_t j = 0; j < lk; ++j) mx_block_inplace(dsk.data() + j, n, 1, lk);  // 1x32 along Q
+          if (hopper) {  // per dq_rows rows (1: per row) over 128-key tiles
+            const int rows = std::max(1, dq_rows);
             for (int r0 = 0; r0 < n; r0 += rows)
               for (int64_t j0 = 0; j0 < lk; j0 += 128)
                 mx_block_inplace(dsq.data() + r0 * lk + j0, std::min(rows, n - r0), int(std::min<int64_t>(128, lk - j0)),
@@ -676,6 +671,7 @@ Status backward_core(const AttnProblem& p, const Geometry& g, AttnMethod m, cons
             for (int64_t j0 = 0; j0 < lk; j0 += kBlockSize)
               mx_block_inplace(dsq.data() + j0, n, int(std::min<int64_t>(kBlockSize, lk - j0)), lk);
           }
+          if (dk_from_dq) dsk = dsq;  // one operand for dQ and dK
           break;
       }
 
