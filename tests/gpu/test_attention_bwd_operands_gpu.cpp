@@ -277,6 +277,12 @@ TEST_F(AttentionBwdOperandsGpu, JaggedHostileLengthsBf16) {
   run_case({{300, 1, 700, 0, 129, 64}, {257, 1000, 1, 64, 0, 383}, 2, false, true}, 11);
 }
 
+TEST_F(AttentionBwdOperandsGpu, UniformLengthsBf16) {
+  // every sequence 1024 tokens on both sides (8 full tiles): the shape of the llm presets, and the
+  // one the experiments builds' ring mode takes (MXFLASH_BWD_VARIANT=532480; docs/backward.md)
+  run_case({{1024, 1024}, {1024, 1024}, 2, false, true}, 13);
+}
+
 TEST_F(AttentionBwdOperandsGpu, BroadcastQFp32) {
   run_case({{300}, {700, 0, 129, 1}, 3, true, false}, 12);
 }

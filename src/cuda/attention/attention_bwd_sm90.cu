@@ -258,7 +258,57 @@ struct BwdParams {
   // loading the block: the per-step cost of a ring's hand-over (the kernels still run one after the
   // other, so every wait succeeds at once; the counters are not reset between calls).
   unsigned* pds_flags;
+  // Ring mode (experiments builds, MXFLASH_BWD_VARIANT bit 13 with bit 19, uniform shapes; the kernels'
+  // kRing forms): the two kernels run at once, the dK/dV kernel (kRingDkdvCtas persistent CTAs)
+  // first, the dQ kernel as its programmatic dependent on the other SMs, and the dump blocks go
+  // through a ring of ring_groups x ring_steps x ring_n blocks in ds_dump. ring_n: the tiles of
+  // every sequence (0: off); a group = one (sequence, head), in the same order on both sides. Q tile
+  // i takes K tile (i + t) mod n at step t, K tile j Q tile (j - t) mod n, so that each step hands
+  // every K-tile unit of the group one block; ring_ready / ring_free: each slot's epoch (g n + t + 1).
+  int ring_n;
+  int ring_groups;
+  int ring_steps;  // a power of two dividing ring_n: how far a group's dQ side may run ahead of its dK/dV side
+  int ring_poll_ns;  // ring_wait's sleep between polls (0: acquire loads back to back)
+  unsigned* ring_ready;
+  unsigned* ring_free;
 };
+// Group gid's first slot (its ring_steps x ring_n slots: step t mod ring_steps, then K tile).
+__device__ __forceinline__ int64_t ring_slot0(const BwdParams& p, int gid) {
+  return int64_t(gid % p.ring_groups) * p.ring_steps * p.ring_n;
+}
+__device__ __forceinline__ int ring_slot_in(const BwdParams& p, int t, int kt) {
+  return (t & (p.ring_steps - 1)) * p.ring_n + kt;
+}
+// The epoch of step t of group gid, and that of the slot's previous use (the same group ring_steps
+// steps before, or the group ring_groups before at step n - ring_steps + t), 0 for none.
+__device__ __forceinline__ unsigned ring_epoch(const BwdParams& p, int gid, int t) {
+  return unsigned(gid * p.ring_n + t + 1);
+}
+__device__ __forceinline__ unsigned ring_prev_epoch(const BwdParams& p, int gid, int t) {
+  const int e = int(ring_epoch(p, gid, t));
+  const int prev = t >= p.ring_steps ? e - p.ring_steps : e - (p.ring_groups - 1) * p.ring_n - p.ring_steps;
+  return prev > 0 ? unsigned(prev) : 0u;
+}
+// Waits until *a >= want. poll_ns 0: acquire loads until then; otherwise relaxed loads with
+// poll_ns of sleep between them, then one acquire fence (MXFLASH_BWD_RING_POLL).
+__device__ __forceinline__ void ring_wait(const unsigned* a, unsigned want, int poll_ns) {
+  unsigned v;
+  if (poll_ns == 0) {
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(a) : "memory");
+    } while (v < want);
+    return;
+  }
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(a) : "memory");
+  while (v < want) {
+    __nanosleep(unsigned(poll_ns));
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(a) : "memory");
+  }
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
+__device__ __forceinline__ void ring_release(unsigned* a, unsigned v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(a), "r"(v) : "memory");
+}
 
 struct Item {
   int h, b, blk, qb;
@@ -301,6 +351,10 @@ struct KvStage {
   alignas(1024) uint8_t dot[kTileBytes];   // dOᵀ'
   alignas(16) float4 info[kTile];
   alignas(16) float dot_scale[kHeadDim];
+  // kDsOnly (experiments): the dump block's dS row scale bytes, and each half's scale as a float
+  // (in the stage's padding to 1 KB: the other fields keep their places).
+  alignas(16) uint8_t ds_rows[kTile];
+  float ds_scale[4];
 };
 inline constexpr int kKvStages = 2;
 inline constexpr uint32_t kKvStageTx = 4 * kTileBytes + kTile * sizeof(float4) + kHeadDim * sizeof(float);
@@ -384,6 +438,12 @@ inline constexpr int kDumpPds = 64;
 // The dK/dV kernel's kDiag 256: dK and dV from the dump blocks (kDumpPds) instead of its own S, dP
 // GEMMs and math.
 inline constexpr int kFromPds = 256;
+// Both kernels' kDiag 512 (with kDumpPds / kFromPds): ring mode (BwdParams::ring_n).
+inline constexpr int kRing = 512;
+// Both kernels' kDiag 1024 (with kDumpPds / kFromPds; MXFLASH_BWD_VARIANT bit 14): the dQ kernel stores
+// dS only (its block's P bytes left unwritten), and the dK/dV kernel computes Sᵀ and P itself (the
+// default kernel's S GEMM and exponentials, no dP GEMM or dS math) and takes dS from the block.
+inline constexpr int kDsOnly = 1024;
 // A dump block: P's 16 KB, dS's 16 KB, then dS's 128 row scale bytes (e8m0, 0 for a zero row).
 // Each 16 KB tile is 32 x 32 chunks of 16 bytes, chunk (QG, KG) at 16 pds_chunk(QG, KG): query group
 // QG = 8 cc + 4 h + m holds queries 32 cc + 16 h + 2 m + {0, 1, 8, 9}, key group KG likewise keys
@@ -420,6 +480,25 @@ __device__ __forceinline__ void pds_store_words(uint8_t* tile, int cw, int warp,
   for (int h = 0; h < 2; ++h) {
     const int kg = 8 * cc + 4 * h + lane % 4;
     *reinterpret_cast<uint2*>(tile + pds_chunk(qg, kg) * 16 + 8 * u) = make_uint2(words[4 * cc + 2 * h], words[4 * cc + 2 * h + 1]);
+  }
+}
+// The dK/dV kernel's consumer thread (warpgroup cw, warp, lane): its RS operand words of query half
+// hh from a tile in that layout in shared memory (P's or dS's): per k32 block c and query group h one
+// 16-byte chunk (four queries' words of this thread's key group), then its two keys' words by byte
+// permutes, in the query order of Qᵀ' and dOᵀ'.
+__device__ __forceinline__ void pds_load_words(const uint8_t* tile, int hh, int cw, int warp, int lane,
+                                               uint32_t (&words)[8]) {
+  const int kg = 8 * (2 * cw + warp / 2) + 4 * (warp % 2) + (lane / 4) / 2, t = (lane / 4) % 2, quad = lane % 4;
+  const uint32_t sel = uint32_t(t) | uint32_t(4 + t) << 4 | uint32_t(2 + t) << 8 | uint32_t(6 + t) << 12;
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint4 w = ld_shared_u32x4(tile + pds_chunk(8 * (2 * hh + c) + 4 * h + quad, kg) * 16);
+      const uint32_t x = __byte_perm(w.x, w.z, sel), y = __byte_perm(w.y, w.w, sel);
+      words[4 * c + 2 * h] = __byte_perm(x, y, 0x5410);
+      words[4 * c + 2 * h + 1] = __byte_perm(x, y, 0x7632);
+    }
   }
 }
 // kDiagNoCvt's packing: pack_chunk's words from the top bytes of the floats (3 PRMT a word).
@@ -486,6 +565,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // kFromPds: P and dS from the dQ kernel's dump blocks (in the stage's Q and dO tiles, the row scale
   // bytes in its info; the patching warp turns them into each 64-query half's scale).
   constexpr bool kPds = (kDiag & kFromPds) != 0;
+  constexpr bool kRingMode = (kDiag & kRing) != 0;  // (with kFromPds)
+  constexpr bool kDsOnlyMode = (kDiag & kDsOnly) != 0;  // (with kFromPds)
   extern __shared__ uint8_t smem_raw[];
   KvSmem& s = attn::aligned_shared<KvSmem>(smem_raw);
   uint8_t* const smem_base = reinterpret_cast<uint8_t*>(&s);
@@ -523,12 +604,23 @@ __global__ void __launch_bounds__(kThreads, 1)
             // Each 64-query half's dS scale (the dQ kernel's warpgroup scale, the byte of its first
             // row) as a float at 256 + 4 hh (0 for a half whose dS are all zero).
             uint8_t* b = reinterpret_cast<uint8_t*>(s.st[stage].info);
-            if (lane < 2) {
-              const uint32_t x = b[64 * lane];
-              *reinterpret_cast<float*>(b + 256 + 4 * lane) = x == 0 ? 0.f : __uint_as_float(x << 23);
+            if (kRingMode && lane == 2) {  // ring: the block is in shared memory, its slot free again
+              const int gid = w.b * p.heads + w.h;
+              ring_release(p.ring_free + ring_slot0(p, gid) + ring_slot_in(p, j, w.blk), ring_epoch(p, gid, j));
             }
-            sm90::mbar_arrive(&s.info_ready[stage]);
-            continue;
+            if constexpr (kDsOnlyMode) {  // the halves' dS scales; then the query infos as by default
+              if (lane < 2) {
+                const uint32_t x = s.st[stage].ds_rows[64 * lane];
+                s.st[stage].ds_scale[lane] = x == 0 ? 0.f : __uint_as_float(x << 23);
+              }
+            } else {
+              if (lane < 2) {
+                const uint32_t x = b[64 * lane];
+                *reinterpret_cast<float*>(b + 256 + 4 * lane) = x == 0 ? 0.f : __uint_as_float(x << 23);
+              }
+              sm90::mbar_arrive(&s.info_ready[stage]);
+              continue;
+            }
           }
           float4* info = s.st[stage].info;
 #pragma unroll
@@ -555,8 +647,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int j = 0; j < n_q; ++j) {
         const int stage = (it + j) % kKvStages;
         KvStage& st = s.st[stage];
-        if constexpr (kPds) {  // the dQ kernel's flag of the block, before the stage is free (its latency
-                               // under the consumers' work): its eight warps' releases
+        // Ring: Q tile qj = (this K tile - j) mod n at step j, its block in the ring's slot.
+        const int qj = kRingMode ? (w.blk >= j ? w.blk - j : w.blk - j + n_q) : j;
+        if constexpr (kRingMode) {  // the block of step j stored (before the stage is free: its latency
+                                    // under the consumers' work)
+          const int gid = w.b * p.heads + w.h;
+          ring_wait(p.ring_ready + ring_slot0(p, gid) + ring_slot_in(p, j, w.blk), ring_epoch(p, gid, j), p.ring_poll_ns);
+        } else if constexpr (kPds) {  // the dQ kernel's flag of the block, before the stage is free (its
+                                      // latency under the consumers' work): its eight warps' releases
           if (p.pds_flags != nullptr) {
             const unsigned* flag = p.pds_flags + dump_block(p, w.h, w.qb, j, w.blk);
             unsigned v = 0;
@@ -566,9 +664,25 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
         sm90::mbar_wait(&s.empty[stage], (((it + j) / kKvStages) & 1) ^ 1);
-        const int64_t qr = q_pad0 + int64_t(j) * kTile, orow = w.o_pad0 + int64_t(j) * kTile;
-        if constexpr (kPds) {  // Qᵀ', dOᵀ', dO's channel scales and the dump block of (Q tile j, this K tile)
-          const uint8_t* blk = p.ds_dump + dump_block(p, w.h, w.qb, j, w.blk) * kPdsBlockBytes;
+        const int64_t qr = q_pad0 + int64_t(qj) * kTile, orow = w.o_pad0 + int64_t(qj) * kTile;
+        if constexpr (kPds) {  // Qᵀ', dOᵀ', dO's channel scales and the dump block of (Q tile qj, this K tile)
+          const uint8_t* blk =
+              p.ds_dump + (kRingMode ? ring_slot0(p, w.b * p.heads + w.h) + ring_slot_in(p, j, w.blk)
+                                     : dump_block(p, w.h, w.qb, j, w.blk)) *
+                              kPdsBlockBytes;
+          if constexpr (kDsOnlyMode) {  // Q', Qᵀ', dOᵀ', the query infos, dO's channel scales, dS and its rows' scale bytes
+            sm90::mbar_arrive_expect_tx(&s.full[stage], 3 * kTileBytes + kPdsTileBytes + kTile +
+                                                            kTile * sizeof(float4) + kHeadDim * sizeof(float));
+            sm90::tma_load_2d(st.q, &tm_q, &s.full[stage], 0, int(w.h * p.Pq + qr));
+            sm90::tma_load_2d(st.qt, &tm_qt, &s.full[stage], int(qr), w.h * kHeadDim);
+            sm90::tma_load_2d(st.dot, &tm_dot, &s.full[stage], int(orow), w.h * kHeadDim);
+            sm90::bulk_load(st.dout, blk + kPdsTileBytes, kPdsTileBytes, &s.full[stage]);
+            sm90::bulk_load(st.ds_rows, blk + 2 * kPdsTileBytes, kTile, &s.full[stage]);
+            sm90::bulk_load(st.info, p.info + w.h * p.Po + orow, kTile * sizeof(float4), &s.full[stage]);
+            sm90::bulk_load(st.dot_scale, p.do_t_scale + (w.h * (p.Po / kTile) + orow / kTile) * kHeadDim,
+                            kHeadDim * sizeof(float), &s.full[stage]);
+            continue;
+          }
           sm90::mbar_arrive_expect_tx(&s.full[stage],
                                       2 * kTileBytes + 2 * kPdsTileBytes + kTile + kHeadDim * sizeof(float));
           sm90::tma_load_2d(st.qt, &tm_qt, &s.full[stage], int(qr), w.h * kHeadDim);
@@ -639,6 +753,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n64k32_ss(sc, desc_k + 2 * kk, desc_q + 2 * kk, kk);
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n64k32_ss(dp, desc_v + 2 * kk, desc_do + 2 * kk, kk);
+        sm90::wgmma_commit();
+      };
+      // Sᵀ alone (kDsOnly).
+      auto issue_s = [&](float (&sc)[32], const KvStage& st, int hh) {
+        const uint64_t desc_q = sm90::make_desc_k128b(st.q + hh * kHalf * kHeadDim);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 32; ++kk) sm90::wgmma_m64n64k32_ss(sc, desc_k + 2 * kk, desc_q + 2 * kk, kk);
         sm90::wgmma_commit();
       };
       // Pᵀ and dSᵀ: column c = query 64 hh + 8 (i / 4) + 2 quad + i % 2 of the tile. Fills pa (e4m3 of
@@ -758,35 +880,47 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int j = 0; j < n_q; ++j) {
           const int stage = (it + j) % kKvStages;
           const KvStage& st = s.st[stage];
-          const float q_tile = kTileScales ? q_tiles[j] : 1.f;  // the Q tile's Qᵀ' scale (kTileScales)
+          const int qj = kRingMode ? (w.blk >= j ? w.blk - j : w.blk - j + n_q) : j;  // (ring: rotated)
+          const float q_tile = kTileScales ? q_tiles[qj] : 1.f;  // the Q tile's Qᵀ' scale (kTileScales)
           sm90::mbar_wait(&s.full[stage], ((it + j) / kKvStages) & 1);
           sm90::mbar_wait(&s.info_ready[stage], ((it + j) / kKvStages) & 1);
           uint32_t pa0[8];  // the first half's Pᵀ, for the tile's dV (default order)
 #pragma unroll 1
           for (int hh = 0; hh < 2; ++hh) {
             stamp(2 * j + hh, 0);
-            if constexpr (kPds) {
+            if constexpr (kDsOnlyMode) {
+              // Sᵀ of the half (the S GEMM alone), Pᵀ from it as the default math computes it, dSᵀ
+              // words from the block's dS tile (as kFromPds takes them), the half's dS scale.
+              float sc[32];
+              issue_s(sc, st, hh);
+              float4 first[2];
+              first_info(st, hh, first);
+              sm90::wgmma_wait<0>();
+              attn::fence_all(sc);
+              if (kPersistent && j == n_q - 1 && hh == 1) sm90::mbar_arrive(&s.kv_empty);  // K read for the last time
+#pragma unroll
+              for (int jn = 0; jn < 8; ++jn) {
+                const float4 in0 = jn == 0 ? first[0] : sm90::ld_shared_f32x4(&st.info[hh * kHalf + 8 * jn + 2 * quad]);
+                const float4 in1 =
+                    jn == 0 ? first[1] : sm90::ld_shared_f32x4(&st.info[hh * kHalf + 8 * jn + 2 * quad + 1]);
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                  const int i0 = 4 * jn + 2 * r;
+                  sc[i0] = attn::fast_exp2(fmaf(sc[i0], in0.x, -in0.y));  // 256 p
+                  sc[i0 + 1] = attn::fast_exp2(fmaf(sc[i0 + 1], in1.x, -in1.y));
+                }
+              }
+#pragma unroll
+              for (int c = 0; c < 2; ++c) attn::pack_chunk(sc + 16 * c, c, pa);
+              pds_load_words(st.dout, hh, cw, warp, lane, da);
+              rs[0] = rs[1] = sm90::ld_shared_f32(&st.ds_scale[hh]);
+            } else if constexpr (kPds) {
               // Pᵀ and dSᵀ words of this half from the dump tiles: per k32 block c and query group h
               // one 16-byte chunk (four queries' words of this thread's key group) each, then two
               // keys' words by byte permutes (pds_store_words' layout).
               const uint8_t* b = reinterpret_cast<const uint8_t*>(st.info);
-              const int kg = 8 * (2 * cw + warp / 2) + 4 * (warp % 2) + (lane / 4) / 2, t = (lane / 4) % 2;
-              const uint32_t sel = uint32_t(t) | uint32_t(4 + t) << 4 | uint32_t(2 + t) << 8 | uint32_t(6 + t) << 12;
-#pragma unroll
-              for (int c = 0; c < 2; ++c) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                  const int qg = 8 * (2 * hh + c) + 4 * h + quad, at = pds_chunk(qg, kg) * 16;
-                  const uint4 pw = ld_shared_u32x4(st.q + at), dw = ld_shared_u32x4(st.dout + at);
-                  uint32_t x = __byte_perm(pw.x, pw.z, sel), y = __byte_perm(pw.y, pw.w, sel);
-                  pa[4 * c + 2 * h] = __byte_perm(x, y, 0x5410);
-                  pa[4 * c + 2 * h + 1] = __byte_perm(x, y, 0x7632);
-                  x = __byte_perm(dw.x, dw.z, sel);
-                  y = __byte_perm(dw.y, dw.w, sel);
-                  da[4 * c + 2 * h] = __byte_perm(x, y, 0x5410);
-                  da[4 * c + 2 * h + 1] = __byte_perm(x, y, 0x7632);
-                }
-              }
+              pds_load_words(st.q, hh, cw, warp, lane, pa);
+              pds_load_words(st.dout, hh, cw, warp, lane, da);
               rs[0] = rs[1] = sm90::ld_shared_f32(reinterpret_cast<const float*>(b + 256 + 4 * hh));
               if (kPersistent && j == n_q - 1 && hh == 1) sm90::mbar_arrive(&s.kv_empty);
             } else {
@@ -927,7 +1061,10 @@ struct QSmem {
 inline constexpr size_t kQSmemBytes = sizeof(QSmem) + 1024;
 
 // Producer thread of a dQ item: its K/V tiles (K', V', Kᵀ') into the stages; `it` tiles were loaded
-// before (persistent CTAs), which sets the stage and phase of the first one.
+// before (persistent CTAs), which sets the stage and phase of the first one. kRingMode: K tile
+// (blk + j) mod n at step j, loaded once the ring slot its block goes to is free (its consumers write
+// the block only after they have consumed these tiles).
+template <bool kRingMode = false>
 __device__ __forceinline__ void produce_dq_tiles(QStage (&st)[kQStages], uint64_t (&full)[kQStages],
                                                  uint64_t (&empty)[kQStages], const CUtensorMap* tm_k,
                                                  const CUtensorMap* tm_v, const CUtensorMap* tm_kt, const BwdParams& p,
@@ -936,9 +1073,16 @@ __device__ __forceinline__ void produce_dq_tiles(QStage (&st)[kQStages], uint64_
   for (int j = 0; j < n_k; ++j) {
     const int stage = (it + j) % kQStages;
     QStage& t = st[stage];
+    int kt = j;
+    if constexpr (kRingMode) {
+      kt = w.blk + j < n_k ? w.blk + j : w.blk + j - n_k;
+      const int gid = w.b * p.heads + w.h;
+      const unsigned prev = ring_prev_epoch(p, gid, j);
+      if (prev != 0) ring_wait(p.ring_free + ring_slot0(p, gid) + ring_slot_in(p, j, kt), prev, p.ring_poll_ns);
+    }
     sm90::mbar_wait(&empty[stage], (((it + j) / kQStages) & 1) ^ 1);
     sm90::mbar_arrive_expect_tx(&full[stage], 3 * kTileBytes);
-    const int64_t kr = k_pad0 + int64_t(j) * kTile;
+    const int64_t kr = k_pad0 + int64_t(kt) * kTile;
     sm90::tma_load_2d(t.k, tm_k, &full[stage], 0, int(w.h * p.Pk + kr));
     sm90::tma_load_2d(t.v, tm_v, &full[stage], 0, int(w.h * p.Pk + kr));
     sm90::tma_load_2d(t.kt, tm_kt, &full[stage], int(kr), w.h * kHeadDim);
@@ -1016,13 +1160,15 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
       // and packed, dQ's GEMM of tile j goes into sa and S(j + 1) into sb, then dQ is promoted.
       auto tile = [&](int j, float (&sa)[64], float (&sb)[64]) {
         const int stage = (it + j) % kQStages;
-        const float ks = p.k_scale[tile0 + j], vs = p.v_scale[tile0 + j];
-        const float k_tile = kTileScales ? p.kt_tile_scale[tile0 + j] : 1.f;
+        // The K tile (kRing: rotated, (blk + j) mod n).
+        const int kt = (kDiag & kRing) == 0 ? j : w.blk + j < n_k ? w.blk + j : w.blk + j - n_k;
+        const float ks = p.k_scale[tile0 + kt], vs = p.v_scale[tile0 + kt];
+        const float k_tile = kTileScales ? p.kt_tile_scale[tile0 + kt] : 1.f;
         issue_dp(sb, j);
         sm90::wgmma_wait<0>();
         attn::fence_all(sa);
         attn::fence_all(sb);
-        const int valid = w.Lk - j * kTile;
+        const int valid = w.Lk - kt * kTile;
         float a[2], c[2], amax[2] = {0.f, 0.f};
 #pragma unroll
         for (int r = 0; r < 2; ++r) a[r] = in[r].x * ks, c[r] = in[r].z * vs;
@@ -1033,7 +1179,10 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
         // kDumpPds: this tile's P (e4m3 of 256 p) and dS bytes (the dQ GEMM's operand) and dS's row
         // scale bytes into its dump block: pds_store_words.
         [[maybe_unused]] uint8_t* const pds =
-            (kDiag & kDumpPds) != 0 ? p.ds_dump + dump_block(p, w.h, w.qb, w.blk, j) * kPdsBlockBytes : nullptr;
+            (kDiag & kDumpPds) == 0 ? nullptr
+            : (kDiag & kRing) != 0
+                ? p.ds_dump + (ring_slot0(p, w.b * p.heads + w.h) + ring_slot_in(p, j, kt)) * kPdsBlockBytes
+                : p.ds_dump + dump_block(p, w.h, w.qb, w.blk, j) * kPdsBlockBytes;
         if constexpr ((kDiag & kDiagNoMath) != 0) {
           diag_sink(p, sa);
         } else if constexpr ((kDiag & kDumpPds) != 0) {
@@ -1049,9 +1198,11 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
               sb[i] = in_seq ? e[k] * fmaf(sb[i], c[r], -in[r].w) : 0.f;
               amax[r] = fmaxf(amax[r], fabsf(sb[i]));
             }
-            uint32_t pp[16];
-            attn::pack_chunk(e, cc, pp);
-            pds_store_words(pds, cw, warp, lane, cc, pp);
+            if constexpr ((kDiag & kDsOnly) == 0) {  // (kDsOnly: P left to the dK/dV kernel)
+              uint32_t pp[16];
+              attn::pack_chunk(e, cc, pp);
+              pds_store_words(pds, cw, warp, lane, cc, pp);
+            }
           }
         } else if (valid >= kTile) {
 #pragma unroll
@@ -1100,7 +1251,7 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
             pds[2 * kPdsTileBytes + row] = amax[0] > 0.f ? uint8_t(__float_as_uint(rs_pre[0]) >> 23) : uint8_t(0);
             pds[2 * kPdsTileBytes + row + 8] = amax[1] > 0.f ? uint8_t(__float_as_uint(rs_pre[1]) >> 23) : uint8_t(0);
           }
-          if (p.pds_flags != nullptr) {  // each warp's share of the block stored: its arrival for the signaler
+          if ((kDiag & kRing) != 0 || p.pds_flags != nullptr) {  // each warp's share stored: its arrival for the signaler
             __syncwarp();
             if (lane == 0) sm90::mbar_arrive(&dump_done[(it + j) % 8]);
           }
@@ -1225,9 +1376,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       // have stored their share of the dump block, one release add on its counter, so that the
       // consumers never wait on a gpu-scope fence (a release by each consumer warp cost the kernel
       // 0.8 ms on llm-long, a 256-thread barrier and one fence 0.5 ms).
-      if (tid == 32 && p.pds_flags != nullptr) {
+      if (tid == 32 && ((kDiag & kRing) != 0 || p.pds_flags != nullptr)) {
         for (int j = 0; j < n_k; ++j) {
           sm90::mbar_wait(&s.dump_done[j % 8], (j / 8) & 1);  // (consumers 8 tiles ahead would alias)
+          if constexpr ((kDiag & kRing) != 0) {  // ring: the slot's epoch
+            const int gid = w.b * p.heads + w.h, kt = w.blk + j < n_k ? w.blk + j : w.blk + j - n_k;
+            ring_release(p.ring_ready + ring_slot0(p, gid) + ring_slot_in(p, j, kt), ring_epoch(p, gid, j));
+            continue;
+          }
           asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p.pds_flags + dump_block(p, w.h, w.qb, w.blk, j)),
                        "r"(8u)
                        : "memory");
@@ -1238,7 +1394,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::mbar_arrive_expect_tx(&s.q_full, 2 * kTileBytes);
     sm90::tma_load_2d(s.q, &tm_q, &s.q_full, 0, int(w.h * p.Pq + p.cu_q_sf[w.qb] + int64_t(w.blk) * kTile));
     sm90::tma_load_2d(s.dout, &tm_do, &s.q_full, 0, int(w.h * p.Po + o_row));
-    produce_dq_tiles(s.st, s.full, s.empty, &tm_k, &tm_v, &tm_kt, p, w, n_k, 0);
+    produce_dq_tiles<(kDiag & kRing) != 0>(s.st, s.full, s.empty, &tm_k, &tm_v, &tm_kt, p, w, n_k, 0);
     return;
   }
 
@@ -1560,6 +1716,55 @@ bool dump_ds(const cuda::AttentionBwdProblem& p) {
 bool pds_mode(const cuda::AttentionBwdProblem& p) {
   return (bwd_variant() & (1 << 19)) != 0 && p.exec != nullptr && !p.broadcast_q && p.Tq > 0 && p.Tk > 0;
 }
+// Experiments builds, MXFLASH_BWD_VARIANT bit 13 with bit 19: ring mode (BwdParams::ring_n), where every
+// sequence has the same Q and K/V length, a multiple of 4 x 128. Returns the tiles per
+// sequence, or 0.
+int ring_tiles(const cuda::AttentionBwdProblem& p) {
+  if ((bwd_variant() & 8192) == 0 || !pds_mode(p)) return 0;
+  const std::vector<int32_t>& ck = *p.host_cu_k;
+  const int L = ck[1] - ck[0];
+  for (size_t b = 0; b + 1 < ck.size(); ++b)
+    if (ck[b + 1] - ck[b] != L) return 0;
+  // A group's K-tile units (and its Q-tile units) must all run at once: at most 64 tiles a sequence.
+  if (L % (4 * bwd::kTile) != 0 || p.Tq != p.Tk || L / bwd::kTile > 64) return 0;
+  return L / bwd::kTile;
+}
+// Ring mode's shape: the tiles a sequence n (0: off), the dK/dV kernel's CTAs (kRingDkdvCtas or
+// MXFLASH_BWD_RING_CTAS, each side >= n), the steps a group's dQ side may run ahead (4 or
+// MXFLASH_BWD_RING_STEPS, a power of two dividing n) and the ring's groups (the dQ side's groups in
+// flight + 2).
+struct RingConfig {
+  int n = 0, ctas = 0, steps = 4, groups = 1;
+  size_t blocks() const { return size_t(groups) * size_t(steps) * size_t(n); }
+};
+// Ring mode: the dK/dV kernel's persistent CTAs (a multiple of the tiles per sequence, so that every
+// group's K tiles run on distinct CTAs at once), the dQ kernel's CTAs taking the other SMs.
+inline constexpr int kRingDkdvCtas = 64;
+#if MXFLASH_FWD_EXPERIMENTS
+// MXFLASH_BWD_VARIANT bit 14 with bit 19: the kernels' kDsOnly forms (P computed by the dK/dV kernel).
+bool ds_only() { return (bwd_variant() & 16384) != 0; }
+// Ring mode's dQ kernel.
+auto ring_dq_kernel() {
+  return ds_only() ? bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kRing | bwd::kDsOnly>
+                   : bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kRing>;
+}
+#endif
+RingConfig ring_config(const cuda::AttentionBwdProblem& p, int sms) {
+  RingConfig c;
+  c.n = ring_tiles(p);
+  if (c.n == 0) return c;
+  c.ctas = kRingDkdvCtas;
+  if (const char* e = std::getenv("MXFLASH_BWD_RING_CTAS")) {
+    const int v = std::atoi(e);
+    if (v >= c.n && sms - v >= c.n) c.ctas = v;
+  }
+  if (const char* e = std::getenv("MXFLASH_BWD_RING_STEPS")) {
+    const int v = std::atoi(e);
+    if (v >= 4 && (v & (v - 1)) == 0 && c.n % v == 0) c.steps = v;
+  }
+  c.groups = (sms - c.ctas) / c.n + 2;
+  return c;
+}
 int dump_k_tiles(const cuda::AttentionBwdProblem& p) {
   const std::vector<int32_t>& ck = *p.host_cu_k;
   int longest = 0;
@@ -1636,10 +1841,20 @@ BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n
   w.dv_f32 = take(mx ? size_t(p.Tk) * H * D * sizeof(float) : 0);
   w.dk_sq = take(mx ? size_t(p.Pk / kBlockSize) * H * 4 : 0);
   w.dv_sq = take(mx ? size_t(p.Pk / kBlockSize) * H * 4 : 0);
+  const int ring_n = ring_tiles(p);
+  int sms = 132, dev = 0;  // (the launcher's sm_count: the same device)
+  if (ring_n > 0 && cudaGetDevice(&dev) == cudaSuccess)
+    (void)cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const size_t ring_blocks = ring_n > 0 ? ring_config(p, sms).blocks() : 0;
   const size_t dump_blocks =
-      dump_ds(p) || pds_mode(p) ? size_t(H) * size_t(p.Pq / bwd::kTile) * size_t(dump_k_tiles(p)) : 0;
+      ring_n > 0                 ? ring_blocks
+      : dump_ds(p) || pds_mode(p) ? size_t(H) * size_t(p.Pq / bwd::kTile) * size_t(dump_k_tiles(p))
+                                 : 0;
   w.ds_dump = take(dump_blocks * (pds_mode(p) ? size_t(bwd::kPdsBlockBytes) : size_t(16384)));
-  w.ds_scales = take(dump_ds(p) ? dump_blocks * 256 : pds_mode(p) && (bwd_variant() & 4096) ? dump_blocks * 4 : 0);
+  w.ds_scales = take(dump_ds(p)                             ? dump_blocks * 256
+                     : ring_n > 0                             ? 2 * ring_blocks * 4  // ready, free
+                     : pds_mode(p) && (bwd_variant() & 4096) ? dump_blocks * 4
+                                                              : 0);
   w.total = off;
   return w;
 }
@@ -1820,7 +2035,23 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     bp.dump_kt = dump_ds(p) || pds_mode(p) ? dump_k_tiles(p) : 0;
     const bool pds = pds_mode(p);
     bp.dump_wrap_mask = 0;
-    bp.pds_flags = pds && (bwd_variant() & 4096) ? reinterpret_cast<unsigned*>(ws + w.ds_scales) : nullptr;
+    bp.ring_n = ring_tiles(p);
+    bp.pds_flags = pds && (bwd_variant() & 4096) && bp.ring_n == 0 ? reinterpret_cast<unsigned*>(ws + w.ds_scales)
+                                                                    : nullptr;
+    const RingConfig ring = ring_config(p, sms);
+    bp.ring_groups = ring.groups;
+    bp.ring_steps = ring.steps;
+    bp.ring_poll_ns = 0;
+#if MXFLASH_FWD_EXPERIMENTS
+    if (const char* e = std::getenv("MXFLASH_BWD_RING_POLL")) bp.ring_poll_ns = std::max(0, std::atoi(e));
+#endif
+    if (bp.ring_n > 0) {  // the ready and free epochs from 0 each call
+      const size_t slots = ring.blocks();
+      bp.ring_ready = reinterpret_cast<unsigned*>(ws + w.ds_scales);
+      bp.ring_free = bp.ring_ready + slots;
+      MXFLASH_RETURN_IF_ERROR(
+          cuda_error(cudaMemsetAsync(bp.ring_ready, 0, 2 * slots * sizeof(unsigned), stream), "ring flags"));
+    }
 #if MXFLASH_FWD_EXPERIMENTS
     if (const char* e = std::getenv("MXFLASH_BWD_DUMP_WRAP")) {
       const int64_t n = std::atoll(e);
@@ -1830,10 +2061,11 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     bp.dk_f32 = mx ? f32(w.dk_f32) : nullptr;
     bp.dv_f32 = mx ? f32(w.dv_f32) : nullptr;
 #if MXFLASH_FWD_EXPERIMENTS
-    if (pds && !q_items.empty()) {  // the dQ kernel first, storing P and dS for the dK/dV kernel
+    if (pds && bp.ring_n == 0 && !q_items.empty()) {  // the dQ kernel first, storing P and dS for the dK/dV kernel
       bp.items = reinterpret_cast<const int2*>(ws + w.q_items);
       bp.heads_inner = heads_inner(H, plan.lk, 3 * kHeadDim);
-      auto kernel = bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds>;
+      auto kernel = ds_only() ? bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kDsOnly>
+                              : bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds>;
       MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kQSmemBytes)),
           "cudaFuncSetAttribute(attention_bwd_dq_kernel)"));
@@ -1869,7 +2101,9 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       // Exec operands: the default (persistent) kernel's kTileScales form, whatever the variant.
       if (p.exec) kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true>;
 #if MXFLASH_FWD_EXPERIMENTS
-      if (pds) kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true, bwd::kFromPds>;
+      if (pds)
+        kernel = ds_only() ? bwd::attention_bwd_dkdv_kernel<true, false, false, true, bwd::kFromPds | bwd::kDsOnly>
+                           : bwd::attention_bwd_dkdv_kernel<true, false, false, true, bwd::kFromPds>;
 #endif
 #if MXFLASH_FWD_EXPERIMENTS
       // Bits 20-23 (exec operands): kDiag, parts of the dK/dV consumers' work left out (garbage dK, dV).
@@ -1896,6 +2130,25 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
           "cudaFuncSetAttribute(attention_bwd_dkdv_kernel)"));
       int64_t grid = n_items;
       if (persistent) grid = std::min<int64_t>(n_items, sms);
+#if MXFLASH_FWD_EXPERIMENTS
+      if (bp.ring_n > 0) {
+        kernel = ds_only()
+                     ? bwd::attention_bwd_dkdv_kernel<true, false, false, true, bwd::kFromPds | bwd::kRing | bwd::kDsOnly>
+                     : bwd::attention_bwd_dkdv_kernel<true, false, false, true, bwd::kFromPds | bwd::kRing>;
+        bp.heads_inner = false;  // a group's tiles in a row
+        grid = std::min<int64_t>(n_items, ring.ctas);
+        // The dQ kernel must be loaded before the dK/dV kernel runs: under lazy module loading its
+        // first launch would load it then, which waits for the running dK/dV kernel, which waits for
+        // the dQ kernel's blocks (the first call of the first attempt: every ready wait timed out).
+        auto dq = ring_dq_kernel();
+        MXFLASH_RETURN_IF_ERROR(cuda_error(
+            cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kQSmemBytes)),
+            "cudaFuncSetAttribute(attention_bwd_dq_kernel)"));
+        MXFLASH_RETURN_IF_ERROR(
+            cuda_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+                       "cudaFuncSetAttribute(attention_bwd_dkdv_kernel)"));
+      }
+#endif
       kernel<<<unsigned(grid), bwd::kThreads, smem, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_dk, tm_dv, bp);
       MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_bwd_dkdv_kernel launch"));
 #if MXFLASH_FWD_EXPERIMENTS
@@ -1905,6 +2158,17 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       }
 #endif
     }
+#if MXFLASH_FWD_EXPERIMENTS
+    if (bp.ring_n > 0 && !q_items.empty()) {  // ring: the dQ kernel as the dK/dV kernel's programmatic dependent
+      bp.items = reinterpret_cast<const int2*>(ws + w.q_items);
+      bp.heads_inner = false;
+      MXFLASH_RETURN_IF_ERROR(cuda_error(
+          launch_programmatic(true, ring_dq_kernel(),
+                              dim3(unsigned(int64_t(q_items.size()) * H)), dim3(bwd::kThreads), bwd::kQSmemBytes,
+                              stream, tm_q, tm_k, tm_v, tm_do, tm_kt, bp),
+          "attention_bwd_dq_kernel launch (ring)"));
+    }
+#endif
     if (!q_items.empty() && dump_ds(p)) {
 #if MXFLASH_FWD_EXPERIMENTS
       bp.items = reinterpret_cast<const int2*>(ws + w.q_items);
