@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -444,6 +445,10 @@ inline constexpr int kRing = 512;
 // dS only (its block's P bytes left unwritten), and the dK/dV kernel computes Sᵀ and P itself (the
 // default kernel's S GEMM and exponentials, no dP GEMM or dS math) and takes dS from the block.
 inline constexpr int kDsOnly = 1024;
+// The dQ kernel's kDumpPds diagnostics (MXFLASH_BWD_DQ_DUMP_DIAG 1, 2, 3; dK, dV wrong): 2048 its global
+// stores of P and dS left out (P still packed), 4096 its warpgroup dS scale exchange left out (per-row
+// scales, as the default kernel).
+inline constexpr int kDumpNoStore = 2048, kDumpNoBar = 4096;
 // A dump block: P's 16 KB, dS's 16 KB, then dS's 128 row scale bytes (e8m0, 0 for a zero row).
 // Each 16 KB tile is 32 x 32 chunks of 16 bytes, chunk (QG, KG) at 16 pds_chunk(QG, KG): query group
 // QG = 8 cc + 4 h + m holds queries 32 cc + 16 h + 2 m + {0, 1, 8, 9}, key group KG likewise keys
@@ -1186,23 +1191,36 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
         if constexpr ((kDiag & kDiagNoMath) != 0) {
           diag_sink(p, sa);
         } else if constexpr ((kDiag & kDumpPds) != 0) {
+          // Two forms, as the default path below: full tiles without the per-key test (one form
+          // with the test on every tile executed 48% more instructions than the default kernel).
+          auto dump_math = [&](auto full) {
 #pragma unroll
-          for (int cc = 0; cc < 4; ++cc) {
-            float e[16];
+            for (int cc = 0; cc < 4; ++cc) {
+              float e[16];
 #pragma unroll
-            for (int k = 0; k < 16; ++k) {
-              const int i = 16 * cc + k, r = (i % 4) / 2;
-              const int col = 8 * (i / 4) + 2 * quad + (i % 2);
-              const bool in_seq = valid >= kTile || col < valid;
-              e[k] = in_seq ? attn::fast_exp2(fmaf(sa[i], a[r], -in[r].y)) : 0.f;
-              sb[i] = in_seq ? e[k] * fmaf(sb[i], c[r], -in[r].w) : 0.f;
-              amax[r] = fmaxf(amax[r], fabsf(sb[i]));
+              for (int k = 0; k < 16; ++k) {
+                const int i = 16 * cc + k, r = (i % 4) / 2;
+                const int col = 8 * (i / 4) + 2 * quad + (i % 2);
+                const bool in_seq = decltype(full)::value || col < valid;
+                e[k] = in_seq ? attn::fast_exp2(fmaf(sa[i], a[r], -in[r].y)) : 0.f;
+                sb[i] = in_seq ? e[k] * fmaf(sb[i], c[r], -in[r].w) : 0.f;
+                amax[r] = fmaxf(amax[r], fabsf(sb[i]));
+              }
+              if constexpr ((kDiag & kDsOnly) == 0) {  // (kDsOnly: P left to the dK/dV kernel)
+                uint32_t pp[16];
+                attn::pack_chunk(e, cc, pp);
+                if constexpr ((kDiag & kDumpNoStore) != 0) {
+                  diag_sink(p, pp);
+                } else {
+                  pds_store_words(pds, cw, warp, lane, cc, pp);
+                }
+              }
             }
-            if constexpr ((kDiag & kDsOnly) == 0) {  // (kDsOnly: P left to the dK/dV kernel)
-              uint32_t pp[16];
-              attn::pack_chunk(e, cc, pp);
-              pds_store_words(pds, cw, warp, lane, cc, pp);
-            }
+          };
+          if (valid >= kTile) {
+            dump_math(std::true_type{});
+          } else {
+            dump_math(std::false_type{});
           }
         } else if (valid >= kTile) {
 #pragma unroll
@@ -1218,7 +1236,7 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
             amax[(i % 4) / 2] = fmaxf(amax[(i % 4) / 2], fabsf(sb[i]));
           }
         }
-        if constexpr ((kDiag & kDumpPds) != 0) {
+        if constexpr ((kDiag & kDumpPds) != 0 && (kDiag & kDumpNoBar) == 0) {
           // One dS scale for the warpgroup's 64 rows x 128 keys (dQ's and dK's operand alike, so that
           // the dK/dV kernel needs no re-expression): the warps' maxima through shared memory, a
           // buffer per tile parity (a warp writes tile j + 2's only after every warp passed tile
@@ -1244,9 +1262,11 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
 #pragma unroll
         for (int cc = 0; cc < 4; ++cc) attn::pack_chunk(sb + 16 * cc, cc, da);
         if constexpr ((kDiag & kDumpPds) != 0) {
+          if constexpr ((kDiag & kDumpNoStore) == 0) {
 #pragma unroll
-          for (int cc = 0; cc < 4; ++cc) pds_store_words(pds + kPdsTileBytes, cw, warp, lane, cc, da);
-          if (quad == 0) {  // the rows' dS scale bytes (the warpgroup's; 0: all its dS zero)
+            for (int cc = 0; cc < 4; ++cc) pds_store_words(pds + kPdsTileBytes, cw, warp, lane, cc, da);
+          }
+          if ((kDiag & kDumpNoStore) == 0 && quad == 0) {  // the rows' dS scale bytes (the warpgroup's; 0: all its dS zero)
             const int row = cw * kHalf + warp * 16 + lane / 4;
             pds[2 * kPdsTileBytes + row] = amax[0] > 0.f ? uint8_t(__float_as_uint(rs_pre[0]) >> 23) : uint8_t(0);
             pds[2 * kPdsTileBytes + row + 8] = amax[1] > 0.f ? uint8_t(__float_as_uint(rs_pre[1]) >> 23) : uint8_t(0);
@@ -2066,6 +2086,12 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       bp.heads_inner = heads_inner(H, plan.lk, 3 * kHeadDim);
       auto kernel = ds_only() ? bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kDsOnly>
                               : bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds>;
+      if (const char* e = std::getenv("MXFLASH_BWD_DQ_DUMP_DIAG")) switch (std::atoi(e)) {  // (dK, dV wrong)
+          case 1: kernel = bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kDumpNoStore>; break;
+          case 2: kernel = bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kDumpNoBar>; break;
+          case 3: kernel = bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kDumpNoStore | bwd::kDumpNoBar>; break;
+          default: break;
+        }
       MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kQSmemBytes)),
           "cudaFuncSetAttribute(attention_bwd_dq_kernel)"));
