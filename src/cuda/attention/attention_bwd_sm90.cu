@@ -273,13 +273,6 @@ struct BwdParams {
   unsigned* ring_ready;
   unsigned* ring_free;
 };
-// Group gid's first slot (its ring_steps x ring_n slots: step t mod ring_steps, then K tile).
-__device__ __forceinline__ int64_t ring_slot0(const BwdParams& p, int gid) {
-  return int64_t(gid % p.ring_groups) * p.ring_steps * p.ring_n;
-}
-__device__ __forceinline__ int ring_slot_in(const BwdParams& p, int t, int kt) {
-  return (t & (p.ring_steps - 1)) * p.ring_n + kt;
-}
 // The epoch of step t of group gid, and that of the slot's previous use (the same group ring_steps
 // steps before, or the group ring_groups before at step n - ring_steps + t), 0 for none.
 __device__ __forceinline__ unsigned ring_epoch(const BwdParams& p, int gid, int t) {
@@ -290,7 +283,8 @@ __device__ __forceinline__ unsigned ring_prev_epoch(const BwdParams& p, int gid,
   const int prev = t >= p.ring_steps ? e - p.ring_steps : e - (p.ring_groups - 1) * p.ring_n - p.ring_steps;
   return prev > 0 ? unsigned(prev) : 0u;
 }
-// Waits until *a >= want. poll_ns 0: acquire loads until then; otherwise relaxed loads with
+// Waits until *a >= want (the ring's ready and free epochs, the bit-12 diagnostic's counters).
+// poll_ns 0: acquire loads until then; otherwise relaxed loads with
 // poll_ns of sleep between them, then one acquire fence (MXFLASH_BWD_RING_POLL).
 __device__ __forceinline__ void ring_wait(const unsigned* a, unsigned want, int poll_ns) {
   unsigned v;
@@ -316,6 +310,16 @@ struct Item {
   int Lq, Lk;
   int64_t o_pad0;  // padded output row of the sequence's row 0
 };
+// Ring mode: item w's group (one (sequence, head), numbered alike on both sides); the K tile that Q
+// tile q takes at step t and the Q tile that K tile k takes ((q + t) and (k - t) mod n); the slot of
+// group gid's block of step t and K tile kt (a group's ring_steps x ring_n slots: step t mod
+// ring_steps, then K tile).
+__device__ __forceinline__ int ring_gid(const BwdParams& p, const Item& w) { return w.b * p.heads + w.h; }
+__device__ __forceinline__ int ring_k_tile(int q, int t, int n) { return q + t < n ? q + t : q + t - n; }
+__device__ __forceinline__ int ring_q_tile(int k, int t, int n) { return k >= t ? k - t : k - t + n; }
+__device__ __forceinline__ int64_t ring_slot(const BwdParams& p, int gid, int t, int kt) {
+  return (int64_t(gid % p.ring_groups) * p.ring_steps + (t & (p.ring_steps - 1))) * p.ring_n + kt;
+}
 
 // kKvTiles: the items are K/V tiles (dK/dV kernel), otherwise Q tiles (dQ kernel).
 template <bool kKvTiles>
@@ -352,7 +356,7 @@ struct KvStage {
   alignas(1024) uint8_t dot[kTileBytes];   // dOᵀ'
   alignas(16) float4 info[kTile];
   alignas(16) float dot_scale[kHeadDim];
-  // kDsOnly (experiments): the dump block's dS row scale bytes, and each half's scale as a float
+  // kFromPds (experiments): the dump block's dS row scale bytes, and each half's scale as a float
   // (in the stage's padding to 1 KB: the other fields keep their places).
   alignas(16) uint8_t ds_rows[kTile];
   float ds_scale[4];
@@ -568,7 +572,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // writes: its CTAs may take the SMs this kernel's CTAs leave in its last round.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   // kFromPds: P and dS from the dQ kernel's dump blocks (in the stage's Q and dO tiles, the row scale
-  // bytes in its info; the patching warp turns them into each 64-query half's scale).
+  // bytes in ds_rows; the patching warp turns them into each 64-query half's scale, ds_scale).
   constexpr bool kPds = (kDiag & kFromPds) != 0;
   constexpr bool kRingMode = (kDiag & kRing) != 0;  // (with kFromPds)
   constexpr bool kDsOnlyMode = (kDiag & kDsOnly) != 0;  // (with kFromPds)
@@ -607,22 +611,18 @@ __global__ void __launch_bounds__(kThreads, 1)
           sm90::mbar_wait(&s.full[stage], ((it + j) / kKvStages) & 1);
           if constexpr (kPds) {
             // Each 64-query half's dS scale (the dQ kernel's warpgroup scale, the byte of its first
-            // row) as a float at 256 + 4 hh (0 for a half whose dS are all zero).
-            uint8_t* b = reinterpret_cast<uint8_t*>(s.st[stage].info);
+            // row) as a float (0 for a half whose dS are all zero); kDsOnly then patches the query
+            // infos as by default.
+            KvStage& st = s.st[stage];
             if (kRingMode && lane == 2) {  // ring: the block is in shared memory, its slot free again
-              const int gid = w.b * p.heads + w.h;
-              ring_release(p.ring_free + ring_slot0(p, gid) + ring_slot_in(p, j, w.blk), ring_epoch(p, gid, j));
+              const int gid = ring_gid(p, w);
+              ring_release(p.ring_free + ring_slot(p, gid, j, w.blk), ring_epoch(p, gid, j));
             }
-            if constexpr (kDsOnlyMode) {  // the halves' dS scales; then the query infos as by default
-              if (lane < 2) {
-                const uint32_t x = s.st[stage].ds_rows[64 * lane];
-                s.st[stage].ds_scale[lane] = x == 0 ? 0.f : __uint_as_float(x << 23);
-              }
-            } else {
-              if (lane < 2) {
-                const uint32_t x = b[64 * lane];
-                *reinterpret_cast<float*>(b + 256 + 4 * lane) = x == 0 ? 0.f : __uint_as_float(x << 23);
-              }
+            if (lane < 2) {
+              const uint32_t x = st.ds_rows[64 * lane];
+              st.ds_scale[lane] = x == 0 ? 0.f : __uint_as_float(x << 23);
+            }
+            if constexpr (!kDsOnlyMode) {
               sm90::mbar_arrive(&s.info_ready[stage]);
               continue;
             }
@@ -653,58 +653,42 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int stage = (it + j) % kKvStages;
         KvStage& st = s.st[stage];
         // Ring: Q tile qj = (this K tile - j) mod n at step j, its block in the ring's slot.
-        const int qj = kRingMode ? (w.blk >= j ? w.blk - j : w.blk - j + n_q) : j;
+        const int qj = kRingMode ? ring_q_tile(w.blk, j, n_q) : j;
         if constexpr (kRingMode) {  // the block of step j stored (before the stage is free: its latency
                                     // under the consumers' work)
-          const int gid = w.b * p.heads + w.h;
-          ring_wait(p.ring_ready + ring_slot0(p, gid) + ring_slot_in(p, j, w.blk), ring_epoch(p, gid, j), p.ring_poll_ns);
+          const int gid = ring_gid(p, w);
+          ring_wait(p.ring_ready + ring_slot(p, gid, j, w.blk), ring_epoch(p, gid, j), p.ring_poll_ns);
         } else if constexpr (kPds) {  // the dQ kernel's flag of the block, before the stage is free (its
                                       // latency under the consumers' work): its eight warps' releases
-          if (p.pds_flags != nullptr) {
-            const unsigned* flag = p.pds_flags + dump_block(p, w.h, w.qb, j, w.blk);
-            unsigned v = 0;
-            do {
-              asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
-            } while (v < kConsumers * 4);  // (the eight warps of this call or earlier calls: a diagnostic)
-          }
+          // (>= 8: the eight warps of this call or earlier calls, a diagnostic)
+          if (p.pds_flags != nullptr) ring_wait(p.pds_flags + dump_block(p, w.h, w.qb, j, w.blk), kConsumers * 4, 0);
         }
         sm90::mbar_wait(&s.empty[stage], (((it + j) / kKvStages) & 1) ^ 1);
         const int64_t qr = q_pad0 + int64_t(qj) * kTile, orow = w.o_pad0 + int64_t(qj) * kTile;
-        if constexpr (kPds) {  // Qᵀ', dOᵀ', dO's channel scales and the dump block of (Q tile qj, this K tile)
-          const uint8_t* blk =
-              p.ds_dump + (kRingMode ? ring_slot0(p, w.b * p.heads + w.h) + ring_slot_in(p, j, w.blk)
-                                     : dump_block(p, w.h, w.qb, j, w.blk)) *
-                              kPdsBlockBytes;
-          if constexpr (kDsOnlyMode) {  // Q', Qᵀ', dOᵀ', the query infos, dO's channel scales, dS and its rows' scale bytes
-            sm90::mbar_arrive_expect_tx(&s.full[stage], 3 * kTileBytes + kPdsTileBytes + kTile +
-                                                            kTile * sizeof(float4) + kHeadDim * sizeof(float));
-            sm90::tma_load_2d(st.q, &tm_q, &s.full[stage], 0, int(w.h * p.Pq + qr));
-            sm90::tma_load_2d(st.qt, &tm_qt, &s.full[stage], int(qr), w.h * kHeadDim);
-            sm90::tma_load_2d(st.dot, &tm_dot, &s.full[stage], int(orow), w.h * kHeadDim);
-            sm90::bulk_load(st.dout, blk + kPdsTileBytes, kPdsTileBytes, &s.full[stage]);
-            sm90::bulk_load(st.ds_rows, blk + 2 * kPdsTileBytes, kTile, &s.full[stage]);
-            sm90::bulk_load(st.info, p.info + w.h * p.Po + orow, kTile * sizeof(float4), &s.full[stage]);
-            sm90::bulk_load(st.dot_scale, p.do_t_scale + (w.h * (p.Po / kTile) + orow / kTile) * kHeadDim,
-                            kHeadDim * sizeof(float), &s.full[stage]);
-            continue;
-          }
-          sm90::mbar_arrive_expect_tx(&s.full[stage],
-                                      2 * kTileBytes + 2 * kPdsTileBytes + kTile + kHeadDim * sizeof(float));
-          sm90::tma_load_2d(st.qt, &tm_qt, &s.full[stage], int(qr), w.h * kHeadDim);
-          sm90::tma_load_2d(st.dot, &tm_dot, &s.full[stage], int(orow), w.h * kHeadDim);
-          sm90::bulk_load(st.q, blk, kPdsTileBytes, &s.full[stage]);
-          sm90::bulk_load(st.dout, blk + kPdsTileBytes, kPdsTileBytes, &s.full[stage]);
-          sm90::bulk_load(st.info, blk + 2 * kPdsTileBytes, kTile, &s.full[stage]);
-          sm90::bulk_load(st.dot_scale, p.do_t_scale + (w.h * (p.Po / kTile) + orow / kTile) * kHeadDim,
-                          kHeadDim * sizeof(float), &s.full[stage]);
-          continue;
-        }
-        sm90::mbar_arrive_expect_tx(&s.full[stage], kKvStageTx);
-        sm90::tma_load_2d(st.q, &tm_q, &s.full[stage], 0, int(w.h * p.Pq + qr));
-        sm90::tma_load_2d(st.dout, &tm_do, &s.full[stage], 0, int(w.h * p.Po + orow));
+        // The stage: Q' and the query infos where this kernel computes S and P (not kFromPds, or
+        // kDsOnly), dO' (not kFromPds), Qᵀ', dOᵀ', dO's channel scales; kFromPds: the dump block of
+        // (Q tile qj, this K tile): P (not kDsOnly) into the Q' slot, dS into the dO' slot, its row
+        // scale bytes.
+        constexpr bool kOwnP = !kPds || kDsOnlyMode;
+        constexpr uint32_t kTx = 2 * kTileBytes + kHeadDim * sizeof(float) +
+                                 (kOwnP ? kTileBytes + kTile * sizeof(float4) : 0) +
+                                 (kPds ? (kDsOnlyMode ? 1 : 2) * kPdsTileBytes + kTile : kTileBytes);
+        static_assert(kPds || kTx == kKvStageTx, "the default stage's bytes");
+        sm90::mbar_arrive_expect_tx(&s.full[stage], kTx);
+        if constexpr (kOwnP) sm90::tma_load_2d(st.q, &tm_q, &s.full[stage], 0, int(w.h * p.Pq + qr));
+        if constexpr (!kPds) sm90::tma_load_2d(st.dout, &tm_do, &s.full[stage], 0, int(w.h * p.Po + orow));
         sm90::tma_load_2d(st.qt, &tm_qt, &s.full[stage], int(qr), w.h * kHeadDim);
         sm90::tma_load_2d(st.dot, &tm_dot, &s.full[stage], int(orow), w.h * kHeadDim);
-        sm90::bulk_load(st.info, p.info + w.h * p.Po + orow, kTile * sizeof(float4), &s.full[stage]);
+        if constexpr (kPds) {
+          const uint8_t* blk =
+              p.ds_dump +
+              (kRingMode ? ring_slot(p, ring_gid(p, w), j, w.blk) : dump_block(p, w.h, w.qb, j, w.blk)) * kPdsBlockBytes;
+          if constexpr (!kDsOnlyMode) sm90::bulk_load(st.q, blk, kPdsTileBytes, &s.full[stage]);
+          sm90::bulk_load(st.dout, blk + kPdsTileBytes, kPdsTileBytes, &s.full[stage]);
+          sm90::bulk_load(st.ds_rows, blk + 2 * kPdsTileBytes, kTile, &s.full[stage]);
+        }
+        if constexpr (kOwnP)
+          sm90::bulk_load(st.info, p.info + w.h * p.Po + orow, kTile * sizeof(float4), &s.full[stage]);
         sm90::bulk_load(st.dot_scale, p.do_t_scale + (w.h * (p.Po / kTile) + orow / kTile) * kHeadDim,
                         kHeadDim * sizeof(float), &s.full[stage]);
       }
@@ -885,7 +869,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int j = 0; j < n_q; ++j) {
           const int stage = (it + j) % kKvStages;
           const KvStage& st = s.st[stage];
-          const int qj = kRingMode ? (w.blk >= j ? w.blk - j : w.blk - j + n_q) : j;  // (ring: rotated)
+          const int qj = kRingMode ? ring_q_tile(w.blk, j, n_q) : j;  // (ring: rotated)
           const float q_tile = kTileScales ? q_tiles[qj] : 1.f;  // the Q tile's Qᵀ' scale (kTileScales)
           sm90::mbar_wait(&s.full[stage], ((it + j) / kKvStages) & 1);
           sm90::mbar_wait(&s.info_ready[stage], ((it + j) / kKvStages) & 1);
@@ -923,10 +907,9 @@ __global__ void __launch_bounds__(kThreads, 1)
               // Pᵀ and dSᵀ words of this half from the dump tiles: per k32 block c and query group h
               // one 16-byte chunk (four queries' words of this thread's key group) each, then two
               // keys' words by byte permutes (pds_store_words' layout).
-              const uint8_t* b = reinterpret_cast<const uint8_t*>(st.info);
               pds_load_words(st.q, hh, cw, warp, lane, pa);
               pds_load_words(st.dout, hh, cw, warp, lane, da);
-              rs[0] = rs[1] = sm90::ld_shared_f32(reinterpret_cast<const float*>(b + 256 + 4 * hh));
+              rs[0] = rs[1] = sm90::ld_shared_f32(&st.ds_scale[hh]);
               if (kPersistent && j == n_q - 1 && hh == 1) sm90::mbar_arrive(&s.kv_empty);
             } else {
               float sc[32], dp[32];
@@ -1080,10 +1063,10 @@ __device__ __forceinline__ void produce_dq_tiles(QStage (&st)[kQStages], uint64_
     QStage& t = st[stage];
     int kt = j;
     if constexpr (kRingMode) {
-      kt = w.blk + j < n_k ? w.blk + j : w.blk + j - n_k;
-      const int gid = w.b * p.heads + w.h;
+      kt = ring_k_tile(w.blk, j, n_k);
+      const int gid = ring_gid(p, w);
       const unsigned prev = ring_prev_epoch(p, gid, j);
-      if (prev != 0) ring_wait(p.ring_free + ring_slot0(p, gid) + ring_slot_in(p, j, kt), prev, p.ring_poll_ns);
+      if (prev != 0) ring_wait(p.ring_free + ring_slot(p, gid, j, kt), prev, p.ring_poll_ns);
     }
     sm90::mbar_wait(&empty[stage], (((it + j) / kQStages) & 1) ^ 1);
     sm90::mbar_arrive_expect_tx(&full[stage], 3 * kTileBytes);
@@ -1166,7 +1149,7 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
       auto tile = [&](int j, float (&sa)[64], float (&sb)[64]) {
         const int stage = (it + j) % kQStages;
         // The K tile (kRing: rotated, (blk + j) mod n).
-        const int kt = (kDiag & kRing) == 0 ? j : w.blk + j < n_k ? w.blk + j : w.blk + j - n_k;
+        const int kt = (kDiag & kRing) == 0 ? j : ring_k_tile(w.blk, j, n_k);
         const float ks = p.k_scale[tile0 + kt], vs = p.v_scale[tile0 + kt];
         const float k_tile = kTileScales ? p.kt_tile_scale[tile0 + kt] : 1.f;
         issue_dp(sb, j);
@@ -1186,7 +1169,7 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
         [[maybe_unused]] uint8_t* const pds =
             (kDiag & kDumpPds) == 0 ? nullptr
             : (kDiag & kRing) != 0
-                ? p.ds_dump + (ring_slot0(p, w.b * p.heads + w.h) + ring_slot_in(p, j, kt)) * kPdsBlockBytes
+                ? p.ds_dump + ring_slot(p, ring_gid(p, w), j, kt) * kPdsBlockBytes
                 : p.ds_dump + dump_block(p, w.h, w.qb, w.blk, j) * kPdsBlockBytes;
         if constexpr ((kDiag & kDiagNoMath) != 0) {
           diag_sink(p, sa);
@@ -1400,8 +1383,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int j = 0; j < n_k; ++j) {
           sm90::mbar_wait(&s.dump_done[j % 8], (j / 8) & 1);  // (consumers 8 tiles ahead would alias)
           if constexpr ((kDiag & kRing) != 0) {  // ring: the slot's epoch
-            const int gid = w.b * p.heads + w.h, kt = w.blk + j < n_k ? w.blk + j : w.blk + j - n_k;
-            ring_release(p.ring_ready + ring_slot0(p, gid) + ring_slot_in(p, j, kt), ring_epoch(p, gid, j));
+            const int gid = ring_gid(p, w);
+            ring_release(p.ring_ready + ring_slot(p, gid, j, ring_k_tile(w.blk, j, n_k)), ring_epoch(p, gid, j));
             continue;
           }
           asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p.pds_flags + dump_block(p, w.h, w.qb, w.blk, j)),
@@ -1757,8 +1740,8 @@ struct RingConfig {
   int n = 0, ctas = 0, steps = 4, groups = 1;
   size_t blocks() const { return size_t(groups) * size_t(steps) * size_t(n); }
 };
-// Ring mode: the dK/dV kernel's persistent CTAs (a multiple of the tiles per sequence, so that every
-// group's K tiles run on distinct CTAs at once), the dQ kernel's CTAs taking the other SMs.
+// Ring mode: the dK/dV kernel's persistent CTAs (at least the tiles per sequence, so that a group's
+// K tiles can run at once), the dQ kernel's CTAs taking the other SMs.
 inline constexpr int kRingDkdvCtas = 64;
 #if MXFLASH_FWD_EXPERIMENTS
 // MXFLASH_BWD_VARIANT bit 14 with bit 19: the kernels' kDsOnly forms (P computed by the dK/dV kernel).
@@ -1865,7 +1848,7 @@ BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n
   int sms = 132, dev = 0;  // (the launcher's sm_count: the same device)
   if (ring_n > 0 && cudaGetDevice(&dev) == cudaSuccess)
     (void)cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  const size_t ring_blocks = ring_n > 0 ? ring_config(p, sms).blocks() : 0;
+  const size_t ring_blocks = ring_config(p, sms).blocks();  // (0 off ring mode)
   const size_t dump_blocks =
       ring_n > 0                 ? ring_blocks
       : dump_ds(p) || pds_mode(p) ? size_t(H) * size_t(p.Pq / bwd::kTile) * size_t(dump_k_tiles(p))
@@ -2055,10 +2038,10 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     bp.dump_kt = dump_ds(p) || pds_mode(p) ? dump_k_tiles(p) : 0;
     const bool pds = pds_mode(p);
     bp.dump_wrap_mask = 0;
-    bp.ring_n = ring_tiles(p);
+    const RingConfig ring = ring_config(p, sms);
+    bp.ring_n = ring.n;
     bp.pds_flags = pds && (bwd_variant() & 4096) && bp.ring_n == 0 ? reinterpret_cast<unsigned*>(ws + w.ds_scales)
                                                                     : nullptr;
-    const RingConfig ring = ring_config(p, sms);
     bp.ring_groups = ring.groups;
     bp.ring_steps = ring.steps;
     bp.ring_poll_ns = 0;
@@ -2127,7 +2110,11 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       // Exec operands: the default (persistent) kernel's kTileScales form, whatever the variant.
       if (p.exec) kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true>;
 #if MXFLASH_FWD_EXPERIMENTS
-      if (pds)
+      if (pds && bp.ring_n > 0)
+        kernel = ds_only()
+                     ? bwd::attention_bwd_dkdv_kernel<true, false, false, true, bwd::kFromPds | bwd::kRing | bwd::kDsOnly>
+                     : bwd::attention_bwd_dkdv_kernel<true, false, false, true, bwd::kFromPds | bwd::kRing>;
+      else if (pds)
         kernel = ds_only() ? bwd::attention_bwd_dkdv_kernel<true, false, false, true, bwd::kFromPds | bwd::kDsOnly>
                            : bwd::attention_bwd_dkdv_kernel<true, false, false, true, bwd::kFromPds>;
 #endif
@@ -2158,9 +2145,6 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       if (persistent) grid = std::min<int64_t>(n_items, sms);
 #if MXFLASH_FWD_EXPERIMENTS
       if (bp.ring_n > 0) {
-        kernel = ds_only()
-                     ? bwd::attention_bwd_dkdv_kernel<true, false, false, true, bwd::kFromPds | bwd::kRing | bwd::kDsOnly>
-                     : bwd::attention_bwd_dkdv_kernel<true, false, false, true, bwd::kFromPds | bwd::kRing>;
         bp.heads_inner = false;  // a group's tiles in a row
         grid = std::min<int64_t>(n_items, ring.ctas);
         // The dQ kernel must be loaded before the dK/dV kernel runs: under lazy module loading its
@@ -2170,9 +2154,6 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
         MXFLASH_RETURN_IF_ERROR(cuda_error(
             cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kQSmemBytes)),
             "cudaFuncSetAttribute(attention_bwd_dq_kernel)"));
-        MXFLASH_RETURN_IF_ERROR(
-            cuda_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-                       "cudaFuncSetAttribute(attention_bwd_dkdv_kernel)"));
       }
 #endif
       kernel<<<unsigned(grid), bwd::kThreads, smem, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_dk, tm_dv, bp);
