@@ -1747,9 +1747,14 @@ inline constexpr int kRingDkdvCtas = 64;
 // MXFLASH_BWD_VARIANT bit 14 with bit 19: the kernels' kDsOnly forms (P computed by the dK/dV kernel).
 bool ds_only() { return (bwd_variant() & 16384) != 0; }
 // Ring mode's dQ kernel.
+// MXFLASH_BWD_DQ_DUMP_DIAG=1 in ring mode: its kDumpNoStore form (the blocks never written: dK, dV wrong),
+// what the ring would run at if its hand-over's stores cost nothing.
 auto ring_dq_kernel() {
-  return ds_only() ? bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kRing | bwd::kDsOnly>
-                   : bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kRing>;
+  const char* e = std::getenv("MXFLASH_BWD_DQ_DUMP_DIAG");
+  const bool no_store = e != nullptr && std::atoi(e) == 1;
+  return ds_only()  ? bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kRing | bwd::kDsOnly>
+         : no_store ? bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kRing | bwd::kDumpNoStore>
+                    : bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kRing>;
 }
 #endif
 RingConfig ring_config(const cuda::AttentionBwdProblem& p, int sms) {
