@@ -343,6 +343,8 @@ const char* to_string(Method m) {
     case Method::kMxHopperFusedDq: return "mxhf";
     case Method::kMxHopperDumpDq: return "mxhd";
     case Method::kMxHopperDkFromDq: return "mxhk";
+    case Method::kMxHopperDsFromP8: return "mxhp";
+    case Method::kMxHopperDsFromP16: return "mxhb";
     case Method::kMxFwdSeq: return "mxfs";
     case Method::kMxFwdTile: return "mxft";
     case Method::kMxFwdTileV: return "mxfv";
@@ -353,7 +355,8 @@ const char* to_string(Method m) {
 bool parse_method(const std::string& name, Method* m) {
   for (Method x : {Method::kBf16, Method::kFp8, Method::kMx, Method::kGpu, Method::kMx16, Method::kMxDynP,
                    Method::kMxHopper, Method::kMxHopperFusedDq, Method::kMxFwdSeq, Method::kMxFwdTile, Method::kMxFwdTileV,
-                   Method::kMxHopperDumpDq, Method::kMxHopperDkFromDq})
+                   Method::kMxHopperDumpDq, Method::kMxHopperDkFromDq, Method::kMxHopperDsFromP8,
+                   Method::kMxHopperDsFromP16})
     if (name == to_string(x)) {
       *m = x;
       return true;
@@ -384,7 +387,8 @@ against floors (pass / borderline / fail). Runs on the CPU; no GPU needed.
                        64x128 blocks: the fused-dQ experiment), mxhd (mxhx with dQ's dS the dK
                        operand re-expressed per 128-key tile: the dS-dump experiment), mxhk (mxhx with dQ's and dK's dS
                        one operand in 64 x 128 blocks: a dK/dV kernel fed by the dQ kernel's
-                       bytes), mxfs / mxft / mxfv (the forward's
+                       bytes), mxhp / mxhb (mxhk with dS computed from P's e4m3 bytes / from P
+                       in bf16: a split whose dK/dV side computes dS), mxfs / mxft / mxfv (the forward's
                        Hopper execution form, V per (sequence, channel) / per (128-key tile, channel)
                        / per 128-key tile; use with --forward-only). fp8 = per-tensor FP8;
                        mx = exact MX; gpu = our GPU path (forward and backward, on a CUDA build with a GPU)
@@ -480,7 +484,7 @@ Status parse_args(const std::vector<std::string>& args, Config* cfg, bool* help)
       for (const std::string& s : split(v, ',')) {
         Method m;
         if (!parse_method(s, &m))
-          return Status::Invalid("--methods: unknown method '" + s + "' (bf16, fp8, mx, gpu, mx16, mxdp, mxhx, mxhf, mxhd, mxhk, mxfs, mxft, mxfv)");
+          return Status::Invalid("--methods: unknown method '" + s + "' (bf16, fp8, mx, gpu, mx16, mxdp, mxhx, mxhf, mxhd, mxhk, mxhp, mxhb, mxfs, mxft, mxfv)");
         if (std::find(cfg->methods.begin(), cfg->methods.end(), m) == cfg->methods.end()) cfg->methods.push_back(m);
       }
     } else if (flag == "--thresholds") {
@@ -612,8 +616,11 @@ Status run_suite(const Config& cfg, std::vector<Record>* records, std::ostream* 
       if (m == Method::kMx16) mopt.dq_fp16_scale_log2 = cfg.dq16_scale_log2;
       mopt.dynamic_p = m == Method::kMxDynP;
       mopt.hopper_exec = m == Method::kMxHopper || m == Method::kMxHopperFusedDq || m == Method::kMxHopperDumpDq ||
-                         m == Method::kMxHopperDkFromDq;
-      mopt.hopper_dk_from_dq = m == Method::kMxHopperDkFromDq;
+                         m == Method::kMxHopperDkFromDq || m == Method::kMxHopperDsFromP8 ||
+                         m == Method::kMxHopperDsFromP16;
+      mopt.hopper_dk_from_dq = m == Method::kMxHopperDkFromDq || m == Method::kMxHopperDsFromP8 ||
+                               m == Method::kMxHopperDsFromP16;
+      mopt.hopper_ds_p = m == Method::kMxHopperDsFromP8 ? 1 : m == Method::kMxHopperDsFromP16 ? 2 : 0;
       mopt.hopper_dq_rows = m == Method::kMxHopperFusedDq ? 64 : m == Method::kMxHopperDumpDq ? 0 : 1;
       mopt.hopper_fwd = m == Method::kMxFwdSeq    ? ref::HopperFwd::kVPerSequenceChannel
                         : m == Method::kMxFwdTile ? ref::HopperFwd::kVPerTileChannel
@@ -698,7 +705,8 @@ void print_table(std::ostream& os, const Config& cfg, const std::vector<Record>&
      << "backward's Hopper execution form (re-expressed operands, coarser dS blocks), mxhf = mxhx with\n"
      << "dQ's dS in 64x128 blocks (the fused-dQ experiment), mxhd = mxhx with dQ's dS the dK operand\n"
      << "re-expressed per 128-key tile (the dS-dump experiment), mxhk = mxhx with dQ's and dK's dS one\n"
-     << "operand in 64x128 blocks (a dK/dV kernel fed by the dQ kernel), mxfs / mxft / mxfv = the forward's Hopper\n"
+     << "operand in 64x128 blocks (a dK/dV kernel fed by the dQ kernel), mxhp / mxhb = mxhk with dS from P's\n"
+     << "e4m3 bytes / from P in bf16 (a dK/dV side that computes dS), mxfs / mxft / mxfv = the forward's Hopper\n"
      << "execution form with V per (sequence, channel) / per (128-key tile, channel) / per 128-key tile.\n"
      << "Verdict (mx; floors out " << cfg.thresholds.out.cos << "/" << cfg.thresholds.out.sqnr_db << " dB, dQ "
      << cfg.thresholds.dq.cos << "/" << cfg.thresholds.dq.sqnr_db << ", dK " << cfg.thresholds.dk.cos << "/"

@@ -96,16 +96,17 @@ Verdict judge(Tensor t, const ErrorStats& s, const Thresholds& th);
 // kMxHopperFusedDq that form with dQ's dS in 64 x 128 blocks (the fused-dQ experiment's numerics),
 // kMxHopperDumpDq with dQ's dS the dK operand re-expressed per 128-key tile (the dS-dump experiment),
 // kMxHopperDkFromDq with dQ's and dK's dS one operand in 64 x 128 blocks (a dK/dV kernel fed by the
-// dQ kernel's bytes: ref::AttnOptions::hopper_dk_from_dq).
+// dQ kernel's bytes: ref::AttnOptions::hopper_dk_from_dq), kMxHopperDsFromP8 / kMxHopperDsFromP16 that
+// with dS computed from P's e4m3 bytes / from P in bf16 (ref::AttnOptions::hopper_ds_p).
 // kMxFwdSeq / kMxFwdTile the forward's Hopper execution form with V per (sequence, channel) (the
 // fast kernel's prepare pass) or per (128-key tile, channel) (ref::HopperFwd; the backward of both
 // is exact MX's, so compare them with --forward-only); kMxFwdTileV with V per (128-key tile) alone,
 // as K.
 enum class Method : int {
   kBf16 = 0, kFp8, kMx, kGpu, kMx16, kMxDynP, kMxHopper, kMxHopperFusedDq, kMxFwdSeq, kMxFwdTile, kMxFwdTileV,
-  kMxHopperDumpDq, kMxHopperDkFromDq
+  kMxHopperDumpDq, kMxHopperDkFromDq, kMxHopperDsFromP8, kMxHopperDsFromP16
 };
-const char* to_string(Method m);  // "bf16", "fp8", "mx", "gpu", "mx16", "mxdp", "mxhx", "mxhf", "mxfs", "mxft", "mxfv", "mxhd", "mxhk"
+const char* to_string(Method m);  // "bf16", "fp8", "mx", "gpu", "mx16", "mxdp", "mxhx", "mxhf", "mxfs", "mxft", "mxfv", "mxhd", "mxhk", "mxhp", "mxhb"
 bool parse_method(const std::string& name, Method* m);
 bool has_verdict(Method m);  // the MX methods (mx, gpu) are judged against the floors
 inline constexpr const char* kGpuNotBuilt = "n/a (not built yet)";

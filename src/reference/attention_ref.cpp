@@ -608,7 +608,10 @@ Status backward_core(const AttnProblem& p, const Geometry& g, AttnMethod m, cons
             pij = lse == kNegInf ? 0.0 : to_f32(std::exp2(std::min(x, kPExp2Clamp)));
             dp = to_f32(dp);
           }
-          double ds = pij * (dp - dsum);
+          const double p_ds = !hopper || opt.hopper_ds_p == 0 ? pij
+                              : opt.hopper_ds_p == 1           ? round_p(pij, pr)
+                                                               : to_bf16(pij);
+          double ds = p_ds * (dp - dsum);
           if (!exact) ds = to_f32(ds);
           if (m == AttnMethod::kMx && lk == 1) ds = 0.0;  // softmax over one key: dS = 0 exactly
           ps[r * lk + j] = pij;

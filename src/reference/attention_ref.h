@@ -116,6 +116,11 @@ struct AttnOptions {
   // the dQ kernel's bytes uses them (docs/backward.md, "The dQ kernel feeding a GEMM-only dK/dV
   // kernel"); overrides hopper_dq_rows.
   bool hopper_dk_from_dq = false;
+  // hopper_exec only: the P in dS = P (dP - D): 0 the fp32 P; 1 the P the dV product takes (e4m3 of
+  // 256 p, over 256); 2 P rounded to bf16. 1 and 2 are the numerics of a split where the dQ side
+  // hands P over (as e4m3 or bf16 bytes) and the dK/dV side computes dP and dS from it
+  // (docs/backward.md, "The ring's hand-over, costed").
+  int hopper_ds_p = 0;
   // MX forward only: its operands in the Hopper execution form (Q per row, K per 128-key tile, V
   // per (sequence, channel) as the fast kernel's prepare pass writes them, or V per (128-key tile,
   // channel): a form a quantizer could write from one 128-token strip).
