@@ -1732,10 +1732,12 @@ int ring_tiles(const cuda::AttentionBwdProblem& p) {
   if (L % (4 * bwd::kTile) != 0 || p.Tq != p.Tk || L / bwd::kTile > 64) return 0;
   return L / bwd::kTile;
 }
-// Ring mode's shape: the tiles a sequence n (0: off), the dK/dV kernel's CTAs (kRingDkdvCtas or
-// MXFLASH_BWD_RING_CTAS, each side >= n), the steps a group's dQ side may run ahead (4 or
-// MXFLASH_BWD_RING_STEPS, a power of two dividing n) and the ring's groups (the dQ side's groups in
-// flight + 2).
+// Ring mode's shape: the tiles a sequence n (0: off), the dK/dV kernel's CTAs (kRingDkdvCtas, 56 where
+// n <= 16, or MXFLASH_BWD_RING_CTAS, each side >= n), the steps a group's dQ side may run ahead (8
+// where n is a multiple of 8, else 4, or MXFLASH_BWD_RING_STEPS, a power of two dividing n) and the
+// ring's groups (the dQ side's groups in flight + 2). The defaults are the best measured (H200,
+// 2026-11-30: llm-long 615-617 TFLOP/s with 8 steps against 601-610 with 4; llm 558 with 56 CTAs and
+// 8 steps against 528-537 with 64 and 4; docs/backward.md).
 struct RingConfig {
   int n = 0, ctas = 0, steps = 4, groups = 1;
   size_t blocks() const { return size_t(groups) * size_t(steps) * size_t(n); }
@@ -1761,7 +1763,8 @@ RingConfig ring_config(const cuda::AttentionBwdProblem& p, int sms) {
   RingConfig c;
   c.n = ring_tiles(p);
   if (c.n == 0) return c;
-  c.ctas = kRingDkdvCtas;
+  c.ctas = c.n <= 16 ? 56 : kRingDkdvCtas;
+  if (c.n % 8 == 0) c.steps = 8;
   if (const char* e = std::getenv("MXFLASH_BWD_RING_CTAS")) {
     const int v = std::atoi(e);
     if (v >= c.n && sms - v >= c.n) c.ctas = v;
