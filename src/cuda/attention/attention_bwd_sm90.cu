@@ -1748,15 +1748,18 @@ inline constexpr int kRingDkdvCtas = 64;
 #if MXFLASH_FWD_EXPERIMENTS
 // MXFLASH_BWD_VARIANT bit 14 with bit 19: the kernels' kDsOnly forms (P computed by the dK/dV kernel).
 bool ds_only() { return (bwd_variant() & 16384) != 0; }
-// Ring mode's dQ kernel.
-// MXFLASH_BWD_DQ_DUMP_DIAG=1 in ring mode: its kDumpNoStore form (the blocks never written: dK, dV wrong),
-// what the ring would run at if its hand-over's stores cost nothing.
-auto ring_dq_kernel() {
+// MXFLASH_BWD_DQ_DUMP_DIAG (0 when unset): the dQ kernel's kDumpPds diagnostics, 1 kDumpNoStore, 2
+// kDumpNoBar, 3 both (dK, dV wrong).
+int dq_dump_diag() {
   const char* e = std::getenv("MXFLASH_BWD_DQ_DUMP_DIAG");
-  const bool no_store = e != nullptr && std::atoi(e) == 1;
-  return ds_only()  ? bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kRing | bwd::kDsOnly>
-         : no_store ? bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kRing | bwd::kDumpNoStore>
-                    : bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kRing>;
+  return e != nullptr ? std::atoi(e) : 0;
+}
+// Ring mode's dQ kernel; with MXFLASH_BWD_DQ_DUMP_DIAG=1 its kDumpNoStore form (the blocks never
+// written), what the ring would run at if its hand-over's stores cost nothing.
+auto ring_dq_kernel() {
+  return ds_only()             ? bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kRing | bwd::kDsOnly>
+         : dq_dump_diag() == 1 ? bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kRing | bwd::kDumpNoStore>
+                               : bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kRing>;
 }
 #endif
 RingConfig ring_config(const cuda::AttentionBwdProblem& p, int sms) {
@@ -2077,12 +2080,12 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       bp.heads_inner = heads_inner(H, plan.lk, 3 * kHeadDim);
       auto kernel = ds_only() ? bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kDsOnly>
                               : bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds>;
-      if (const char* e = std::getenv("MXFLASH_BWD_DQ_DUMP_DIAG")) switch (std::atoi(e)) {  // (dK, dV wrong)
-          case 1: kernel = bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kDumpNoStore>; break;
-          case 2: kernel = bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kDumpNoBar>; break;
-          case 3: kernel = bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kDumpNoStore | bwd::kDumpNoBar>; break;
-          default: break;
-        }
+      switch (dq_dump_diag()) {  // (dK, dV wrong)
+        case 1: kernel = bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kDumpNoStore>; break;
+        case 2: kernel = bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kDumpNoBar>; break;
+        case 3: kernel = bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kDumpNoStore | bwd::kDumpNoBar>; break;
+        default: break;
+      }
       MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kQSmemBytes)),
           "cudaFuncSetAttribute(attention_bwd_dq_kernel)"));
