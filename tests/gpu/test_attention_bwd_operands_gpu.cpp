@@ -43,9 +43,11 @@ struct Case {
   int64_t heads;
   bool broadcast_q;
   bool bf16;
+  bool ring = false;  // the backward's ring forced (MXFLASH_BWD_RING=1; else unset: small shapes run without)
 };
 
 void run_case(const Case& c, uint64_t seed) {
+  const gputest::ScopedEnv ring_env("MXFLASH_BWD_RING", c.ring ? "1" : nullptr);
   JaggedMeta qm, km;
   ASSERT_TRUE(JaggedMeta::FromLengths(c.q_lengths, &qm).ok());
   ASSERT_TRUE(JaggedMeta::FromLengths(c.k_lengths, &km).ok());
@@ -196,7 +198,12 @@ void run_case(const Case& c, uint64_t seed) {
   // Refused before anything is written: a workspace one byte short, an operand of the wrong shape.
   const size_t ws_bytes = attention_backward_operands_workspace_size(qm, km, H, bo);
   ASSERT_GT(ws_bytes, 0u);
-  EXPECT_LT(ws_bytes, attention_backward_workspace_size(qm, km, H, bo)) << "the operands need no workspace room";
+  {  // (the ring's blocks aside, which only the operands' backward runs)
+    const gputest::ScopedEnv off("MXFLASH_BWD_RING", "0");
+    const size_t plain = attention_backward_operands_workspace_size(qm, km, H, bo);
+    EXPECT_LT(plain, attention_backward_workspace_size(qm, km, H, bo)) << "the operands need no workspace room";
+    if (c.ring) EXPECT_GT(ws_bytes, plain) << "the ring's blocks take workspace";
+  }
   DeviceBuffer ws(ws_bytes);
   for (DeviceBuffer* b : {&d_dq, &d_dk, &d_dv}) b->fill(gputest::kDevicePoison);
   st = run(ops, ws.get(), ws_bytes - 1);
@@ -252,6 +259,29 @@ void run_case(const Case& c, uint64_t seed) {
   }
   gputest::expect_same_bytes_in_every_work_order({&d_dq, &d_dk, &d_dv}, [&] { return run(ops, nullptr, 0); });
   gputest::expect_same_bytes_with_either_dq_kernel({&d_dq, &d_dk, &d_dv}, [&] { return run(ops, nullptr, 0); });
+  if (c.ring) {
+    // Against the two kernels one after the other (the ring off): the ring's dK/dV role takes dS as the
+    // dQ role quantized it (one scale per 64 queries x 128 keys, where the dK/dV kernel has one per
+    // key), so dK differs in the last bits (and shows that the ring ran), ~80 dB apart.
+    auto outputs = [&](const char* ring, const char* dq_ctas) {
+      const gputest::ScopedEnv r("MXFLASH_BWD_RING", ring), d("MXFLASH_BWD_RING_DQ_CTAS", dq_ctas);
+      for (DeviceBuffer* b : {&d_dq, &d_dk, &d_dv}) b->fill(gputest::kDevicePoison);
+      st = run(ops, nullptr, 0);
+      EXPECT_TRUE(st.ok()) << st.message();
+      EXPECT_TRUE(gputest::device_ok());
+      return std::vector<std::vector<uint8_t>>{d_dq.download(), d_dk.download(), d_dv.download()};
+    };
+    const std::vector<std::vector<uint8_t>> two = outputs("0", nullptr);
+    // A ring grid the device cannot hold at once: the cooperative launch is refused and the call
+    // runs the two kernels instead, their bytes.
+    EXPECT_EQ(outputs("1", "1000000"), two) << "the ring's fallback differs from the two kernels";
+    EXPECT_GT(sqnr_of("ring dQ vs two kernels", bits_of(two[0]), bits_of(first[0])), 40.0);
+    EXPECT_GT(sqnr_of("ring dK vs two kernels", bits_of(two[1]), bits_of(first[1])), 40.0);
+    EXPECT_GT(sqnr_of("ring dV vs two kernels", bits_of(two[2]), bits_of(first[2])), 40.0);
+    EXPECT_NE(two[1], first[1]) << "dK the two kernels' bytes: did the ring run?";
+    std::printf("    ring against two kernels: dQ %s, dV %s\n", two[0] == first[0] ? "same bytes" : "differs",
+                two[2] == first[2] ? "same bytes" : "differs");
+  }
 
   // Against the fast backward on MX tensors of the same inputs: the two differ only in Qᵀ' and Kᵀ'
   // (per 128-token tile here, per (sequence, channel) there), which for these inputs changes few
@@ -278,9 +308,20 @@ TEST_F(AttentionBwdOperandsGpu, JaggedHostileLengthsBf16) {
 }
 
 TEST_F(AttentionBwdOperandsGpu, UniformLengthsBf16) {
-  // every sequence 1024 tokens on both sides (8 full tiles): the shape of the llm presets, and the
-  // one the experiments builds' ring mode takes (MXFLASH_BWD_VARIANT=532480; docs/backward.md)
+  // every sequence 1024 tokens on both sides (8 full tiles): the shape of the llm presets (too small
+  // for the ring by default: its two kernels one after the other)
   run_case({{1024, 1024}, {1024, 1024}, 2, false, true}, 13);
+}
+
+TEST_F(AttentionBwdOperandsGpu, RingUniformLengthsBf16) {
+  // the backward's ring forced (its default takes it from 16 tiles and 16 (sequence, head) groups on):
+  // 8 tiles a sequence (8 steps, 56 dK/dV CTAs), dQ CTAs walking several items each
+  run_case({{1024, 1024}, {1024, 1024}, 2, false, true, true}, 14);
+}
+
+TEST_F(AttentionBwdOperandsGpu, RingShortestSequencesFp32) {
+  // the ring's shortest sequences (4 tiles, 4 steps), 9 groups in flight at once
+  run_case({{512, 512, 512}, {512, 512, 512}, 3, false, false, true}, 15);
 }
 
 TEST_F(AttentionBwdOperandsGpu, BroadcastQFp32) {

@@ -35,12 +35,12 @@ def sqnr_db(ref, x):
     return 10 * np.log10(np.sum(ref ** 2) / np.sum((x - ref) ** 2))
 
 
-def leaves(device, dtype, seed=0):
+def leaves(device, dtype, seed=0, q_lengths=Q_LENGTHS, k_lengths=K_LENGTHS):
     import torch
 
     g = torch.Generator().manual_seed(seed)
     make = lambda t: torch.randn(t, H, 128, generator=g).to(device=device, dtype=dtype).requires_grad_()  # noqa
-    return make(sum(Q_LENGTHS)), make(sum(K_LENGTHS)), make(sum(K_LENGTHS))
+    return make(sum(q_lengths)), make(sum(k_lengths)), make(sum(k_lengths))
 
 
 def run(device, dtype, seed=0):
@@ -112,19 +112,24 @@ def test_the_graph_keeps_operands_not_inputs(device, request):
     assert torch.equal(out.view(torch.int16), grads[0][0].view(torch.int16))
 
 
-def test_cuda_graph_capture_of_a_training_step(torch_cuda):
+@pytest.mark.parametrize("ring", [False, True], ids=["jagged", "ring"])
+def test_cuda_graph_capture_of_a_training_step(torch_cuda, ring, monkeypatch):
     """A training step (quantize, forward, backward) captured with torch.cuda.graph and replayed on
     new values of its inputs gives bit for bit what the eager step gives on them: nothing in it
     syncs with the host or copies from host memory that is gone by replay time (the work lists go
-    to the device inside kernel parameters)."""
+    to the device inside kernel parameters). ring: uniform lengths with the backward's ring forced
+    (MXFLASH_BWD_RING=1), whose kernel is a cooperative launch."""
     torch = torch_cuda
     from mxflash.autograd import mx_attention
 
-    qm, km = mxflash.JaggedMeta.from_lengths(Q_LENGTHS), mxflash.JaggedMeta.from_lengths(K_LENGTHS)
+    q_lengths, k_lengths = ([512, 512], [512, 512]) if ring else (Q_LENGTHS, K_LENGTHS)
+    if ring:
+        monkeypatch.setenv("MXFLASH_BWD_RING", "1")
+    qm, km = mxflash.JaggedMeta.from_lengths(q_lengths), mxflash.JaggedMeta.from_lengths(k_lengths)
     qm.upload()
     km.upload()
-    q, k, v = leaves("cuda", torch.bfloat16, seed=3)
-    dout = torch.randn(sum(Q_LENGTHS), H, 128, generator=torch.Generator().manual_seed(4)).cuda()
+    q, k, v = leaves("cuda", torch.bfloat16, seed=3, q_lengths=q_lengths, k_lengths=k_lengths)
+    dout = torch.randn(sum(q_lengths), H, 128, generator=torch.Generator().manual_seed(4)).cuda()
 
     def step():
         for x in (q, k, v):
@@ -155,6 +160,12 @@ def test_cuda_graph_capture_of_a_training_step(torch_cuda):
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16)), name + ": replay differs from the eager step"
     assert got[0].abs().sum() > 0, "the replayed step wrote no output"
+    if ring:  # the ring ran: dK differs from the two kernels' in the last bits (docs/backward.md)
+        monkeypatch.setenv("MXFLASH_BWD_RING", "0")
+        step()
+        torch.cuda.synchronize()
+        assert not torch.equal(k.grad, want[2]), "dK the two kernels' bytes: did the ring run?"
+        assert sqnr_db(want[2].float().cpu().numpy(), k.grad.float().cpu().numpy()) > 40
 
 
 def test_float16_inputs_give_the_float32_results_in_float16():

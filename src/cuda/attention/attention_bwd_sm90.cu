@@ -52,6 +52,8 @@ inline constexpr int kConsumers = 2;
 inline constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
 inline constexpr int kProducerRegs = 24;
 inline constexpr int kConsumerRegs = 240;
+inline constexpr int kLaunchRegs = 168;  // what __launch_bounds__(kThreads, 1) gives each thread
+static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (1 + kConsumers) * kLaunchRegs, "the register file");
 inline constexpr float kPScale = 256.f;  // P stored as e4m3(256 p)
 inline constexpr float kPScaleLog2 = 8.f;
 
@@ -259,14 +261,15 @@ struct BwdParams {
   // loading the block: the per-step cost of a ring's hand-over (the kernels still run one after the
   // other, so every wait succeeds at once; the counters are not reset between calls).
   unsigned* pds_flags;
-  // Ring mode (experiments builds, MXFLASH_BWD_VARIANT bit 13 with bit 19, uniform shapes; the kernels'
-  // kRing forms): the two kernels run at once, the dK/dV kernel (kRingDkdvCtas persistent CTAs)
-  // first, the dQ kernel as its programmatic dependent on the other SMs, and the dump blocks go
-  // through a ring of ring_groups x ring_steps x ring_n blocks in ds_dump. ring_n: the tiles of
-  // every sequence (0: off); a group = one (sequence, head), in the same order on both sides. Q tile
-  // i takes K tile (i + t) mod n at step t, K tile j Q tile (j - t) mod n, so that each step hands
-  // every K-tile unit of the group one block; ring_ready / ring_free: each slot's epoch (g n + t + 1).
+  // The ring (ring_config: uniform shapes on exec operands; attention_bwd_ring_kernel): the two
+  // kernels' kDumpPds / kFromPds forms run at once as the roles of one cooperative launch, the dK/dV
+  // role on ring_config's CTAs, the dQ role on the other SMs, and the dump blocks go through a ring of
+  // ring_groups x ring_steps x ring_n blocks in ds_dump. ring_n: the tiles of every sequence (0:
+  // off); a group = one (sequence, head), in the same order on both sides. Q tile i takes K tile
+  // (i + t) mod n at step t, K tile j Q tile (j - t) mod n, so that each step hands every K-tile unit
+  // of the group one block; ring_ready / ring_free: each slot's epoch (g n + t + 1).
   int ring_n;
+  int ring_ctas;  // the ring kernel's dK/dV role's CTAs (blockIdx.x < ring_ctas)
   int ring_groups;
   int ring_steps;  // a power of two dividing ring_n: how far a group's dQ side may run ahead of its dK/dV side
   int ring_poll_ns;  // ring_wait's sleep between polls (0: acquire loads back to back)
@@ -539,14 +542,21 @@ __device__ __forceinline__ void diag_undefined(float (&x)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "=f"(x[i]));
 }
+// The CTAs that walk the dK/dV work list: the grid's, or the ring kernel's dK/dV role's (kDiag with kRing),
+// whose CTAs come first in its grid.
+template <int kDiag>
+__device__ __forceinline__ unsigned dkdv_ctas(const BwdParams& p) {
+  if constexpr ((kDiag & kRing) != 0) return unsigned(p.ring_ctas);
+  return gridDim.x;
+}
 // The dK/dV kernel's items of this CTA that have Q tiles (n_q > 0), in order: fn(w, n_q, it, kv_i),
 // `it` Q tiles and `kv_i` K/V tiles loaded before (persistent CTAs walk many items). The producer
 // thread and the info-patching warp walk the same stages through it.
-template <bool kPersistent, typename Fn>
+template <bool kPersistent, int kDiag, typename Fn>
 __device__ __forceinline__ void for_each_loaded_item(const BwdParams& p, Fn&& fn) {
   if constexpr (kPersistent) {
     int it = 0, kv_i = 0;
-    for (unsigned index = blockIdx.x; index < unsigned(p.num_items); index += gridDim.x) {
+    for (unsigned index = blockIdx.x; index < unsigned(p.num_items); index += dkdv_ctas<kDiag>(p)) {
       const Item w = item_of<true>(p, index);
       const int n_q = (w.Lq + kTile - 1) / kTile;
       if (n_q == 0) continue;
@@ -561,16 +571,11 @@ __device__ __forceinline__ void for_each_loaded_item(const BwdParams& p, Fn&& fn
   }
 }
 
-template <bool kPersistent, bool kDvPerHalf = false, bool kTrace = false, bool kTileScales = false, int kDiag = 0>
-__global__ void __launch_bounds__(kThreads, 1)
-    attention_bwd_dkdv_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                              const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-                              const __grid_constant__ CUtensorMap tm_qt, const __grid_constant__ CUtensorMap tm_dot,
-                              const __grid_constant__ CUtensorMap tm_dk, const __grid_constant__ CUtensorMap tm_dv,
-                              const BwdParams p) {
-  // The dQ kernel, launched next with programmatic stream serialization, reads nothing this kernel
-  // writes: its CTAs may take the SMs this kernel's CTAs leave in its last round.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+// The dK/dV kernel's body (the kernel's, or the ring kernel's dK/dV role: kDiag with kRing).
+template <bool kPersistent, bool kDvPerHalf, bool kTrace, bool kTileScales, int kDiag>
+__device__ __forceinline__ void dkdv_body(const CUtensorMap& tm_q, const CUtensorMap& tm_k, const CUtensorMap& tm_v,
+                                          const CUtensorMap& tm_do, const CUtensorMap& tm_qt, const CUtensorMap& tm_dot,
+                                          const CUtensorMap& tm_dk, const CUtensorMap& tm_dv, const BwdParams& p) {
   // kFromPds: P and dS from the dQ kernel's dump blocks (in the stage's Q and dO tiles, the row scale
   // bytes in ds_rows; the patching warp turns them into each 64-query half's scale, ds_scale).
   constexpr bool kPds = (kDiag & kFromPds) != 0;
@@ -602,7 +607,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // direct one (compute-sanitizer's racecheck flagged the patch with one lane arriving after a
       // __syncwarp and no `empty` wait; clean with both changes).
       const int lane = tid % 32;
-      for_each_loaded_item<kPersistent>(p, [&](const Item& w, int n_q, int it, int) {
+      for_each_loaded_item<kPersistent, kDiag>(p, [&](const Item& w, int n_q, int it, int) {
         const int64_t tile_idx = int64_t(w.h) * (p.Pk / kTile) + p.cu_k_sf[w.b] / kTile + w.blk;
         const float ks = p.k_scale[tile_idx], vs = p.v_scale[tile_idx];
         for (int j = 0; j < n_q; ++j) {
@@ -693,7 +698,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                         kHeadDim * sizeof(float), &s.full[stage]);
       }
     };
-    for_each_loaded_item<kPersistent>(p, produce);
+    for_each_loaded_item<kPersistent, kDiag>(p, produce);
     return;
   }
 
@@ -1013,7 +1018,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   if constexpr (kPersistent) {
     int it = 0, kv_i = 0;
-    for (unsigned index = blockIdx.x; index < unsigned(p.num_items); index += gridDim.x) {
+    for (unsigned index = blockIdx.x; index < unsigned(p.num_items); index += dkdv_ctas<kDiag>(p)) {
       const Item w = item_of<true>(p, index);
       const int n_q = (w.Lq + kTile - 1) / kTile;
       consume(w, n_q, it, kv_i);
@@ -1027,6 +1032,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     consume(w, (w.Lq + kTile - 1) / kTile, 0, 0);
   }
   if (kPersistent && p.staged_dkdv && tid == 0) sm90::bulk_wait<0>();  // the last stores, likewise
+}
+
+template <bool kPersistent, bool kDvPerHalf = false, bool kTrace = false, bool kTileScales = false, int kDiag = 0>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_bwd_dkdv_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                              const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                              const __grid_constant__ CUtensorMap tm_qt, const __grid_constant__ CUtensorMap tm_dot,
+                              const __grid_constant__ CUtensorMap tm_dk, const __grid_constant__ CUtensorMap tm_dv,
+                              const BwdParams p) {
+  // The dQ kernel, launched next with programmatic stream serialization, reads nothing this kernel
+  // writes: its CTAs may take the SMs this kernel's CTAs leave in its last round.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  dkdv_body<kPersistent, kDvPerHalf, kTrace, kTileScales, kDiag>(tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_dk, tm_dv, p);
 }
 
 // ---------------------------------------------------------------- dQ
@@ -1352,15 +1370,48 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
 }
 
 // kTileScales: as the dK/dV kernel's (Kᵀ' per K tile in dQ's promotions).
-template <bool kTileScales, int kDiag = 0>
-__global__ void __launch_bounds__(kThreads, 1)
-    attention_bwd_dq_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                            const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-                            const __grid_constant__ CUtensorMap tm_kt, const BwdParams p) {
+// The producer warpgroup's part of a dQ item (dq_item): kDumpPds's signaler warp, then one thread's
+// loads of Q, dO and the K/V tiles.
+template <int kDiag>
+__device__ __forceinline__ void dq_item_producer(const CUtensorMap& tm_q, const CUtensorMap& tm_k, const CUtensorMap& tm_v,
+                                                 const CUtensorMap& tm_do, const CUtensorMap& tm_kt, const BwdParams& p,
+                                                 QSmem& s, const Item& w, int n_k, int64_t o_row, int tid) {
+  if constexpr ((kDiag & kDumpPds) != 0) {
+    // The signaler (the producer warpgroup's second warp): per tile, once the eight consumer warps
+    // have stored their share of the dump block, one release add on its counter, so that the
+    // consumers never wait on a gpu-scope fence (a release by each consumer warp cost the kernel
+    // 0.8 ms on llm-long, a 256-thread barrier and one fence 0.5 ms).
+    if (tid == 32 && ((kDiag & kRing) != 0 || p.pds_flags != nullptr)) {
+      for (int j = 0; j < n_k; ++j) {
+        sm90::mbar_wait(&s.dump_done[j % 8], (j / 8) & 1);  // (consumers 8 tiles ahead would alias)
+        if constexpr ((kDiag & kRing) != 0) {  // ring: the slot's epoch
+          const int gid = ring_gid(p, w);
+          ring_release(p.ring_ready + ring_slot(p, gid, j, ring_k_tile(w.blk, j, n_k)), ring_epoch(p, gid, j));
+          continue;
+        }
+        asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p.pds_flags + dump_block(p, w.h, w.qb, w.blk, j)),
+                     "r"(8u)
+                     : "memory");
+      }
+    }
+  }
+  if (tid != 0 || n_k == 0) return;
+  sm90::mbar_arrive_expect_tx(&s.q_full, 2 * kTileBytes);
+  sm90::tma_load_2d(s.q, &tm_q, &s.q_full, 0, int(w.h * p.Pq + p.cu_q_sf[w.qb] + int64_t(w.blk) * kTile));
+  sm90::tma_load_2d(s.dout, &tm_do, &s.q_full, 0, int(w.h * p.Po + o_row));
+  produce_dq_tiles<(kDiag & kRing) != 0>(s.st, s.full, s.empty, &tm_k, &tm_v, &tm_kt, p, w, n_k, 0);
+}
+
+// The CTA-per-item dQ kernel's item: its barriers initialised, then the producer warpgroup's loads
+// (and kDumpPds's signaler) and the consumers' dQ, each role's registers set first (setmaxnreg).
+template <bool kTileScales, int kDiag>
+__device__ __forceinline__ void dq_item(const CUtensorMap& tm_q, const CUtensorMap& tm_k, const CUtensorMap& tm_v,
+                                        const CUtensorMap& tm_do, const CUtensorMap& tm_kt, const BwdParams& p,
+                                        unsigned index) {
   extern __shared__ uint8_t smem_raw[];
   QSmem& s = attn::aligned_shared<QSmem>(smem_raw);
   const int wg = attn::warpgroup_index(), tid = threadIdx.x % kWarpgroupThreads;
-  const Item w = item_of<false>(p, blockIdx.x);
+  const Item w = item_of<false>(p, index);
   const int n_k = (w.Lk + kTile - 1) / kTile;
   attn::init_pipeline(&s.q_full, s.full, s.empty, kConsumers);
   const int64_t o_row = w.o_pad0 + int64_t(w.blk) * kTile;  // padded output row of the Q tile
@@ -1374,37 +1425,90 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (wg == 0) {  // ---------------------------------------------------------------- producer
     sm90::setmaxnreg_dec<kProducerRegs>();
-    if constexpr ((kDiag & kDumpPds) != 0) {
-      // The signaler (the producer warpgroup's second warp): per tile, once the eight consumer warps
-      // have stored their share of the dump block, one release add on its counter, so that the
-      // consumers never wait on a gpu-scope fence (a release by each consumer warp cost the kernel
-      // 0.8 ms on llm-long, a 256-thread barrier and one fence 0.5 ms).
-      if (tid == 32 && ((kDiag & kRing) != 0 || p.pds_flags != nullptr)) {
-        for (int j = 0; j < n_k; ++j) {
-          sm90::mbar_wait(&s.dump_done[j % 8], (j / 8) & 1);  // (consumers 8 tiles ahead would alias)
-          if constexpr ((kDiag & kRing) != 0) {  // ring: the slot's epoch
-            const int gid = ring_gid(p, w);
-            ring_release(p.ring_ready + ring_slot(p, gid, j, ring_k_tile(w.blk, j, n_k)), ring_epoch(p, gid, j));
-            continue;
-          }
-          asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p.pds_flags + dump_block(p, w.h, w.qb, w.blk, j)),
-                       "r"(8u)
-                       : "memory");
-        }
-      }
-    }
-    if (tid != 0 || n_k == 0) return;
-    sm90::mbar_arrive_expect_tx(&s.q_full, 2 * kTileBytes);
-    sm90::tma_load_2d(s.q, &tm_q, &s.q_full, 0, int(w.h * p.Pq + p.cu_q_sf[w.qb] + int64_t(w.blk) * kTile));
-    sm90::tma_load_2d(s.dout, &tm_do, &s.q_full, 0, int(w.h * p.Po + o_row));
-    produce_dq_tiles<(kDiag & kRing) != 0>(s.st, s.full, s.empty, &tm_k, &tm_v, &tm_kt, p, w, n_k, 0);
+    dq_item_producer<kDiag>(tm_q, tm_k, tm_v, tm_do, tm_kt, p, s, w, n_k, o_row, tid);
     return;
   }
-
   // ---------------------------------------------------------------------------------- consumers
   sm90::setmaxnreg_inc<kConsumerRegs>();
   consume_dq<kTileScales, false, kDiag>(s.st, s.full, s.empty, s.q, s.dout, &s.q_full, 0, p.info, p, w, wg - 1, tid,
                                        0, nullptr, &s.wg_amax[0][0][0], s.dump_done);
+}
+
+template <bool kTileScales, int kDiag = 0>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_bwd_dq_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                            const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                            const __grid_constant__ CUtensorMap tm_kt, const BwdParams p) {
+  dq_item<kTileScales, kDiag>(tm_q, tm_k, tm_v, tm_do, tm_kt, p, blockIdx.x);
+}
+
+// The ring (BwdParams::ring_n): one cooperative launch, so that every CTA is resident at once (the
+// ring's lockstep needs it: a group's dQ and dK/dV units wait on each other). CTAs below
+// pk.ring_ctas run the persistent dK/dV kernel's kFromPds form on pk's work list; the others, the
+// dQ role, take pq's items r, r + (grid - ring_ctas), ... (the r-th of them), in the list's (group)
+// order, each as one CTA of the CTA-per-item dQ kernel's kDumpPds form would.
+template <int kDqDiag, int kKvDiag>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_bwd_ring_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                              const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                              const __grid_constant__ CUtensorMap tm_qt, const __grid_constant__ CUtensorMap tm_dot,
+                              const __grid_constant__ CUtensorMap tm_dk, const __grid_constant__ CUtensorMap tm_dv,
+                              const __grid_constant__ CUtensorMap tm_kt, const BwdParams pk, const BwdParams pq) {
+  static_assert((kDqDiag & kDumpPds) != 0 && (kDqDiag & kRing) != 0, "the dQ role stores the ring's blocks");
+  static_assert((kKvDiag & kFromPds) != 0 && (kKvDiag & kRing) != 0, "the dK/dV role reads them");
+  const unsigned kv_ctas = unsigned(pk.ring_ctas);
+  if (blockIdx.x < kv_ctas) {
+    dkdv_body<true, false, false, true, kKvDiag>(tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_dk, tm_dv, pk);
+    return;
+  }
+  // The dQ role: each warpgroup's registers set once and its items in a loop of its own (a loop
+  // shared by both roles would meet them with two register counts: ptxas then ignores every
+  // setmaxnreg of the kernel, C7507). Per item thread 0 initialises the barriers (invalidated after
+  // the item before), and two CTA barriers, reached from each role's loop (barrier.sync without
+  // .aligned), bracket it.
+  extern __shared__ uint8_t smem_raw[];
+  QSmem& s = attn::aligned_shared<QSmem>(smem_raw);
+  const int wg = attn::warpgroup_index(), tid = threadIdx.x % kWarpgroupThreads;
+  const unsigned first = blockIdx.x - kv_ctas, stride = gridDim.x - kv_ctas;
+  auto begin_item = [&](bool again) {
+    if (threadIdx.x == 0) {
+      if (again) {
+        sm90::mbar_inval(&s.q_full);
+        for (int i = 0; i < kQStages; ++i) {
+          sm90::mbar_inval(&s.full[i]);
+          sm90::mbar_inval(&s.empty[i]);
+        }
+        for (int i = 0; i < 8; ++i) sm90::mbar_inval(&s.dump_done[i]);
+      }
+      sm90::mbar_init(&s.q_full, 1);
+      for (int i = 0; i < kQStages; ++i) {
+        sm90::mbar_init(&s.full[i], 1);
+        sm90::mbar_init(&s.empty[i], kConsumers * kWarpgroupThreads);
+      }
+      for (int i = 0; i < 8; ++i) sm90::mbar_init(&s.dump_done[i], kConsumers * 4);
+      sm90::fence_barrier_init();
+    }
+    sm90::cta_sync_unaligned();
+  };
+  if (wg == 0) {
+    sm90::setmaxnreg_dec<kProducerRegs>();
+    for (unsigned index = first; index < unsigned(pq.num_items); index += stride) {
+      const Item w = item_of<false>(pq, index);
+      begin_item(index != first);
+      dq_item_producer<kDqDiag>(tm_q, tm_k, tm_v, tm_do, tm_kt, pq, s, w, (w.Lk + kTile - 1) / kTile,
+                                w.o_pad0 + int64_t(w.blk) * kTile, tid);
+      sm90::cta_sync_unaligned();  // the item done: its barriers free for the next
+    }
+    return;
+  }
+  sm90::setmaxnreg_inc<kConsumerRegs>();
+  for (unsigned index = first; index < unsigned(pq.num_items); index += stride) {
+    const Item w = item_of<false>(pq, index);
+    begin_item(false);
+    consume_dq<true, false, kDqDiag>(s.st, s.full, s.empty, s.q, s.dout, &s.q_full, 0, pq.info, pq, w, wg - 1, tid, 0,
+                                     nullptr, &s.wg_amax[0][0][0], s.dump_done);
+    sm90::cta_sync_unaligned();
+  }
 }
 
 // The persistent dQ kernel (attention_bwd_dq_kernel_p; dq_persistent on the host): one CTA per SM,
@@ -1713,37 +1817,53 @@ int dkdv_diag(int variant) { return ((variant >> 20) & 15) | ((variant >> 24) & 
 bool dump_ds(const cuda::AttentionBwdProblem& p) {
   return (bwd_variant() & (1 << 30)) != 0 && p.exec != nullptr && !p.broadcast_q && p.Tq > 0 && p.Tk > 0;
 }
-// Experiments builds, MXFLASH_BWD_VARIANT bit 19 (kDumpPds / kFromPds): the dQ kernel first, storing
-// P and dS for every (Q tile, K tile) (a workspace of H x (Pq / 128) x (longest K tiles) x 32.1 KB),
-// then the dK/dV kernel on those bytes (exec operands, no broadcast Q; docs/backward.md).
-bool pds_mode(const cuda::AttentionBwdProblem& p) {
-  return (bwd_variant() & (1 << 19)) != 0 && p.exec != nullptr && !p.broadcast_q && p.Tq > 0 && p.Tk > 0;
+// The ring (attention_bwd_ring_kernel; docs/backward.md): MXFLASH_BWD_RING=0 turns it off, =1 takes
+// it wherever the shape allows (ring_tiles), unset (the default) where it measured faster.
+int ring_env() {
+  const char* e = std::getenv("MXFLASH_BWD_RING");
+  return e == nullptr ? -1 : std::atoi(e);
 }
-// Experiments builds, MXFLASH_BWD_VARIANT bit 13 with bit 19: ring mode (BwdParams::ring_n), where every
-// sequence has the same Q and K/V length, a multiple of 4 x 128. Returns the tiles per
-// sequence, or 0.
+// The tiles n of every sequence where the ring can run (0: it cannot, or is off): exec operands, no
+// broadcast Q, bf16 dK and dV, every Q and K/V sequence of one length L, a multiple of 4 x 128 of at
+// most 64 tiles (a group's Q-tile and K-tile units all run at once). By default (ring_env() < 0) also
+// n >= kRingMinTiles and at least kRingMinUnits tiles in all (groups x n). H200, 2026-11-30, the
+// whole backward on operands, ring against the two kernels one after the other, TFLOP/s (same
+// call): L=8192 B=2 H=16 615-617 / 582-583, B=1 H=16 626 / 582; L=4096 B=4 H=16 594 / 566; L=2048
+// B=8 H=16 550-553 / 529-531, B=8 H=4 502 / 503, B=2 H=8 442 / 468; L=1024 B=16 H=16 467 / 478;
+// L=512 B=32 H=16 348 / 398.
+inline constexpr int kRingMinTiles = 16, kRingMinUnits = 1024;
 int ring_tiles(const cuda::AttentionBwdProblem& p) {
-  if ((bwd_variant() & 8192) == 0 || !pds_mode(p)) return 0;
+  const int env = ring_env();
+  if (env == 0 || p.exec == nullptr || p.broadcast_q || p.mxfp8_dkv || p.Tq <= 0 || p.Tk <= 0 || p.Tq != p.Tk) return 0;
   const std::vector<int32_t>& ck = *p.host_cu_k;
+  const std::vector<int32_t>& cq = *p.host_cu_q;
+  if (ck.size() != cq.size()) return 0;
   const int L = ck[1] - ck[0];
   for (size_t b = 0; b + 1 < ck.size(); ++b)
-    if (ck[b + 1] - ck[b] != L) return 0;
-  // A group's K-tile units (and its Q-tile units) must all run at once: at most 64 tiles a sequence.
-  if (L % (4 * bwd::kTile) != 0 || p.Tq != p.Tk || L / bwd::kTile > 64) return 0;
-  return L / bwd::kTile;
+    if (ck[b + 1] - ck[b] != L || cq[b + 1] - cq[b] != L) return 0;
+  if (L % (4 * bwd::kTile) != 0 || L / bwd::kTile > 64) return 0;
+  const int n = L / bwd::kTile;
+  if (env < 0 && (n < kRingMinTiles || int64_t(ck.size() - 1) * p.heads * n < kRingMinUnits)) return 0;
+  return n;
 }
-// Ring mode's shape: the tiles a sequence n (0: off), the dK/dV kernel's CTAs (kRingDkdvCtas, 56 where
-// n <= 16, or MXFLASH_BWD_RING_CTAS, each side >= n), the steps a group's dQ side may run ahead (8
-// where n is a multiple of 8, else 4, or MXFLASH_BWD_RING_STEPS, a power of two dividing n) and the
-// ring's groups (the dQ side's groups in flight + 2). The defaults are the best measured (H200,
-// 2026-11-30: llm-long 615-617 TFLOP/s with 8 steps against 601-610 with 4; llm 558 with 56 CTAs and
-// 8 steps against 528-537 with 64 and 4; docs/backward.md).
+// Experiments builds, MXFLASH_BWD_VARIANT bit 19 (kDumpPds / kFromPds): where the ring does not run,
+// the dQ kernel first, storing P and dS for every (Q tile, K tile) (a workspace of H x (Pq / 128) x
+// (longest K tiles) x 32.1 KB), then the dK/dV kernel on those bytes (exec operands, no broadcast
+// Q; docs/backward.md). The ring's kernel uses the same two forms.
+bool ring_on(const cuda::AttentionBwdProblem& p);
+bool pds_mode(const cuda::AttentionBwdProblem& p) {
+  return ring_on(p) || ((bwd_variant() & (1 << 19)) != 0 && p.exec != nullptr && !p.broadcast_q && p.Tq > 0 && p.Tk > 0);
+}
+// The ring's shape: the tiles a sequence n (0: off), the dK/dV role's CTAs (56 where n <= 16, else
+// 64, or MXFLASH_BWD_RING_CTAS; each role >= n CTAs, else no ring), the steps a group's dQ side may
+// run ahead (8 where n is a multiple of 8, else 4, or MXFLASH_BWD_RING_STEPS, a power of two dividing
+// n) and the ring's groups (the dQ side's groups in flight + 2). The defaults are the best measured
+// (H200, 2026-11-30: llm-long 615-617 TFLOP/s with 8 steps against 601-610 with 4; llm 558 with 56
+// CTAs and 8 steps against 528-537 with 64 and 4; docs/backward.md).
 struct RingConfig {
   int n = 0, ctas = 0, steps = 4, groups = 1;
   size_t blocks() const { return size_t(groups) * size_t(steps) * size_t(n); }
 };
-// Ring mode: the dK/dV kernel's persistent CTAs (at least the tiles per sequence, so that a group's
-// K tiles can run at once), the dQ kernel's CTAs taking the other SMs.
 inline constexpr int kRingDkdvCtas = 64;
 #if MXFLASH_FWD_EXPERIMENTS
 // MXFLASH_BWD_VARIANT bit 14 with bit 19: the kernels' kDsOnly forms (P computed by the dK/dV kernel).
@@ -1754,14 +1874,21 @@ int dq_dump_diag() {
   const char* e = std::getenv("MXFLASH_BWD_DQ_DUMP_DIAG");
   return e != nullptr ? std::atoi(e) : 0;
 }
-// Ring mode's dQ kernel; with MXFLASH_BWD_DQ_DUMP_DIAG=1 its kDumpNoStore form (the blocks never
-// written), what the ring would run at if its hand-over's stores cost nothing.
-auto ring_dq_kernel() {
-  return ds_only()             ? bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kRing | bwd::kDsOnly>
-         : dq_dump_diag() == 1 ? bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kRing | bwd::kDumpNoStore>
-                               : bwd::attention_bwd_dq_kernel<true, bwd::kDumpPds | bwd::kRing>;
-}
 #endif
+// The ring's kernel; in experiments builds its kDsOnly forms (MXFLASH_BWD_VARIANT bit 14), or with
+// MXFLASH_BWD_DQ_DUMP_DIAG=1 the dQ role's kDumpNoStore form (the blocks never written, dK and dV
+// wrong): what the ring would run at if its hand-over's stores cost nothing.
+auto ring_kernel() {
+  auto kernel = bwd::attention_bwd_ring_kernel<bwd::kDumpPds | bwd::kRing, bwd::kFromPds | bwd::kRing>;
+#if MXFLASH_FWD_EXPERIMENTS
+  if (ds_only())
+    kernel = bwd::attention_bwd_ring_kernel<bwd::kDumpPds | bwd::kRing | bwd::kDsOnly,
+                                            bwd::kFromPds | bwd::kRing | bwd::kDsOnly>;
+  else if (dq_dump_diag() == 1)
+    kernel = bwd::attention_bwd_ring_kernel<bwd::kDumpPds | bwd::kRing | bwd::kDumpNoStore, bwd::kFromPds | bwd::kRing>;
+#endif
+  return kernel;
+}
 RingConfig ring_config(const cuda::AttentionBwdProblem& p, int sms) {
   RingConfig c;
   c.n = ring_tiles(p);
@@ -1776,9 +1903,17 @@ RingConfig ring_config(const cuda::AttentionBwdProblem& p, int sms) {
     const int v = std::atoi(e);
     if (v >= 4 && (v & (v - 1)) == 0 && c.n % v == 0) c.steps = v;
   }
+  if (c.ctas < c.n || sms - c.ctas < c.n) return RingConfig{};
   c.groups = (sms - c.ctas) / c.n + 2;
   return c;
 }
+// The current device's SMs (132 where it cannot be read: the launcher's sm_count then fails first).
+int device_sms() {
+  int sms = 132, dev = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess) (void)cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  return sms;
+}
+bool ring_on(const cuda::AttentionBwdProblem& p) { return ring_config(p, device_sms()).n > 0; }
 int dump_k_tiles(const cuda::AttentionBwdProblem& p) {
   const std::vector<int32_t>& ck = *p.host_cu_k;
   int longest = 0;
@@ -1855,11 +1990,9 @@ BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n
   w.dv_f32 = take(mx ? size_t(p.Tk) * H * D * sizeof(float) : 0);
   w.dk_sq = take(mx ? size_t(p.Pk / kBlockSize) * H * 4 : 0);
   w.dv_sq = take(mx ? size_t(p.Pk / kBlockSize) * H * 4 : 0);
-  const int ring_n = ring_tiles(p);
-  int sms = 132, dev = 0;  // (the launcher's sm_count: the same device)
-  if (ring_n > 0 && cudaGetDevice(&dev) == cudaSuccess)
-    (void)cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  const size_t ring_blocks = ring_config(p, sms).blocks();  // (0 off ring mode)
+  const RingConfig ring = ring_config(p, device_sms());  // (the launcher's sm_count: the same device)
+  const int ring_n = ring.n;
+  const size_t ring_blocks = ring.blocks();  // (0 off ring mode)
   const size_t dump_blocks =
       ring_n > 0                 ? ring_blocks
       : dump_ds(p) || pds_mode(p) ? size_t(H) * size_t(p.Pq / bwd::kTile) * size_t(dump_k_tiles(p))
@@ -2047,7 +2180,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     bp.ds_dump = ws + w.ds_dump;
     bp.ds_scales = ws + w.ds_scales;
     bp.dump_kt = dump_ds(p) || pds_mode(p) ? dump_k_tiles(p) : 0;
-    const bool pds = pds_mode(p);
+    bool pds = pds_mode(p);  // (false again where the ring's launch falls back)
     bp.dump_wrap_mask = 0;
     const RingConfig ring = ring_config(p, sms);
     bp.ring_n = ring.n;
@@ -2121,11 +2254,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       // Exec operands: the default (persistent) kernel's kTileScales form, whatever the variant.
       if (p.exec) kernel = bwd::attention_bwd_dkdv_kernel<true, false, false, true>;
 #if MXFLASH_FWD_EXPERIMENTS
-      if (pds && bp.ring_n > 0)
-        kernel = ds_only()
-                     ? bwd::attention_bwd_dkdv_kernel<true, false, false, true, bwd::kFromPds | bwd::kRing | bwd::kDsOnly>
-                     : bwd::attention_bwd_dkdv_kernel<true, false, false, true, bwd::kFromPds | bwd::kRing>;
-      else if (pds)
+      if (pds && bp.ring_n == 0)
         kernel = ds_only() ? bwd::attention_bwd_dkdv_kernel<true, false, false, true, bwd::kFromPds | bwd::kDsOnly>
                            : bwd::attention_bwd_dkdv_kernel<true, false, false, true, bwd::kFromPds>;
 #endif
@@ -2149,26 +2278,64 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
           default: break;
         }
 #endif
-      MXFLASH_RETURN_IF_ERROR(cuda_error(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-          "cudaFuncSetAttribute(attention_bwd_dkdv_kernel)"));
-      int64_t grid = n_items;
-      if (persistent) grid = std::min<int64_t>(n_items, sms);
-#if MXFLASH_FWD_EXPERIMENTS
+      bool ring_done = false;
       if (bp.ring_n > 0) {
-        bp.heads_inner = false;  // a group's tiles in a row
-        grid = std::min<int64_t>(n_items, ring.ctas);
-        // The dQ kernel must be loaded before the dK/dV kernel runs: under lazy module loading its
-        // first launch would load it then, which waits for the running dK/dV kernel, which waits for
-        // the dQ kernel's blocks (the first call of the first attempt: every ready wait timed out).
-        auto dq = ring_dq_kernel();
+        // The ring: one cooperative launch of both roles (every CTA resident at once, or the launch
+        // fails), the dK/dV role on ring.ctas CTAs, the dQ role on the other SMs; where the device
+        // cannot hold the grid at once (e.g. an MPS share of its SMs), the two kernels below instead.
+        bwd::BwdParams pq = bp;
+        pq.items = reinterpret_cast<const int2*>(ws + w.q_items);
+        pq.num_items = int(int64_t(q_items.size()) * H);
+        pq.heads_inner = bp.heads_inner = false;  // a group's tiles in a row, both roles
+        const size_t ring_smem = std::max(smem, bwd::kQSmemBytes);
+        const auto rk = ring_kernel();
+        MXFLASH_RETURN_IF_ERROR(
+            cuda_error(cudaFuncSetAttribute(rk, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ring_smem)),
+                       "cudaFuncSetAttribute(attention_bwd_ring_kernel)"));
+        // The dQ role's CTAs: the SMs the dK/dV role leaves, or MXFLASH_BWD_RING_DQ_CTAS (at least n, so
+        // that a group's Q-tile units run at once; more than the device holds take the fallback: the
+        // tests use it).
+        int64_t dq_ctas = std::min<int64_t>(sms - ring.ctas, pq.num_items);
+        if (const char* e = std::getenv("MXFLASH_BWD_RING_DQ_CTAS")) {
+          const int64_t v = std::atoll(e);
+          if (v >= ring.n) dq_ctas = v;
+        }
+        int per_sm = 0;
         MXFLASH_RETURN_IF_ERROR(cuda_error(
-            cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kQSmemBytes)),
-            "cudaFuncSetAttribute(attention_bwd_dq_kernel)"));
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rk, bwd::kThreads, ring_smem), "ring occupancy"));
+        cudaError_t e = cudaErrorCooperativeLaunchTooLarge;
+        bp.ring_ctas = ring.ctas;
+        if (ring.ctas + dq_ctas <= int64_t(per_sm) * sms) {
+          cudaLaunchConfig_t cfg = {};
+          cfg.gridDim = dim3(unsigned(ring.ctas + dq_ctas));
+          cfg.blockDim = dim3(bwd::kThreads);
+          cfg.dynamicSmemBytes = ring_smem;
+          cfg.stream = stream;
+          cudaLaunchAttribute attr[1];
+          attr[0].id = cudaLaunchAttributeCooperative;
+          attr[0].val.cooperative = 1;
+          cfg.attrs = attr;
+          cfg.numAttrs = 1;
+          e = cudaLaunchKernelEx(&cfg, rk, tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_dk, tm_dv, tm_kt, bp, pq);
+          if (e == cudaErrorCooperativeLaunchTooLarge) (void)cudaGetLastError();  // (clears it)
+        }
+        if (e == cudaErrorCooperativeLaunchTooLarge) {  // the two kernels instead
+          bp.ring_n = 0;
+          pds = false;
+          bp.heads_inner = heads_inner(H, plan.lq, 4 * kHeadDim + sizeof(float4));
+        } else {
+          MXFLASH_RETURN_IF_ERROR(cuda_error(e, "attention_bwd_ring_kernel launch"));
+          ring_done = true;
+        }
       }
-#endif
-      kernel<<<unsigned(grid), bwd::kThreads, smem, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_dk, tm_dv, bp);
-      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_bwd_dkdv_kernel launch"));
+      if (!ring_done) {
+        MXFLASH_RETURN_IF_ERROR(cuda_error(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+            "cudaFuncSetAttribute(attention_bwd_dkdv_kernel)"));
+        const int64_t grid = persistent ? std::min<int64_t>(n_items, sms) : n_items;
+        kernel<<<unsigned(grid), bwd::kThreads, smem, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_dk, tm_dv, bp);
+        MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_bwd_dkdv_kernel launch"));
+      }
 #if MXFLASH_FWD_EXPERIMENTS
       if ((variant & 1024) != 0) {
         static int calls = 0;  // the dK/dV consumers' timeline (MXFLASH_BWD_TRACE)
@@ -2176,17 +2343,6 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       }
 #endif
     }
-#if MXFLASH_FWD_EXPERIMENTS
-    if (bp.ring_n > 0 && !q_items.empty()) {  // ring: the dQ kernel as the dK/dV kernel's programmatic dependent
-      bp.items = reinterpret_cast<const int2*>(ws + w.q_items);
-      bp.heads_inner = false;
-      MXFLASH_RETURN_IF_ERROR(cuda_error(
-          launch_programmatic(true, ring_dq_kernel(),
-                              dim3(unsigned(int64_t(q_items.size()) * H)), dim3(bwd::kThreads), bwd::kQSmemBytes,
-                              stream, tm_q, tm_k, tm_v, tm_do, tm_kt, bp),
-          "attention_bwd_dq_kernel launch (ring)"));
-    }
-#endif
     if (!q_items.empty() && dump_ds(p)) {
 #if MXFLASH_FWD_EXPERIMENTS
       bp.items = reinterpret_cast<const int2*>(ws + w.q_items);
