@@ -324,6 +324,29 @@ TEST_F(AttentionBwdOperandsGpu, RingShortestSequencesFp32) {
   run_case({{512, 512, 512}, {512, 512, 512}, 3, false, false, true}, 15);
 }
 
+TEST_F(AttentionBwdOperandsGpu, RingTakenByDefaultWhereItMeasuredFaster) {
+  // The ring's blocks take workspace only where it runs: by default from 16 tiles a sequence and
+  // 1024 tiles in all (llm: 8 x 2048 tokens, 16 heads), not on 2 x 2048 x 8 heads (where it measured
+  // slower), nor on 8 x 2000 (not a multiple of 512) or broadcast Q; MXFLASH_BWD_RING=1 takes it on
+  // 2 x 2048 x 8 heads too, =0 nowhere.
+  auto ws = [](const std::vector<int64_t>& q, const std::vector<int64_t>& k, int64_t H, bool broadcast,
+               const char* ring) {
+    const gputest::ScopedEnv env("MXFLASH_BWD_RING", ring);
+    JaggedMeta qm, km;
+    EXPECT_TRUE(JaggedMeta::FromLengths(q, &qm).ok());
+    EXPECT_TRUE(JaggedMeta::FromLengths(k, &km).ok());
+    AttentionBackwardOptions bo;
+    bo.broadcast_q = broadcast;
+    return attention_backward_operands_workspace_size(qm, km, H, bo);
+  };
+  const std::vector<int64_t> llm(8, 2048), small(2, 2048), odd(8, 2000), k64(64, 16384);
+  EXPECT_GT(ws(llm, llm, 16, false, nullptr), ws(llm, llm, 16, false, "0"));
+  EXPECT_EQ(ws(small, small, 8, false, nullptr), ws(small, small, 8, false, "0"));
+  EXPECT_GT(ws(small, small, 8, false, "1"), ws(small, small, 8, false, "0"));
+  EXPECT_EQ(ws(odd, odd, 16, false, "1"), ws(odd, odd, 16, false, "0"));
+  EXPECT_EQ(ws({512}, k64, 3, true, "1"), ws({512}, k64, 3, true, "0"));
+}
+
 TEST_F(AttentionBwdOperandsGpu, BroadcastQFp32) {
   run_case({{300}, {700, 0, 129, 1}, 3, true, false}, 12);
 }

@@ -1480,14 +1480,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         for (int i = 0; i < 8; ++i) sm90::mbar_inval(&s.dump_done[i]);
       }
-      sm90::mbar_init(&s.q_full, 1);
-      for (int i = 0; i < kQStages; ++i) {
-        sm90::mbar_init(&s.full[i], 1);
-        sm90::mbar_init(&s.empty[i], kConsumers * kWarpgroupThreads);
-      }
       for (int i = 0; i < 8; ++i) sm90::mbar_init(&s.dump_done[i], kConsumers * 4);
-      sm90::fence_barrier_init();
     }
+    attn::init_pipeline_barriers(&s.q_full, s.full, s.empty, kConsumers);  // (and dump_done's fence)
     sm90::cta_sync_unaligned();
   };
   if (wg == 0) {
