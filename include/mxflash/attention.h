@@ -199,15 +199,21 @@ Status quantize_attention_training(const TensorView& q, const TensorView& k, con
                                    const JaggedMeta& q_meta, const JaggedMeta& k_meta, const AttentionFwdOperands& fwd,
                                    const AttentionBwdOperands& bwd, void* stream = nullptr);
 
-// Device workspace of the backward on operands (the MX-tensor backward's less the operands' room);
-// 0 for metadata the call would reject and in a build without CUDA.
+// Device workspace of the backward on operands (the MX-tensor backward's less the operands' room,
+// plus the ring's blocks where it runs: see below); 0 for metadata the call would reject and in a
+// build without CUDA. Read at the call: MXFLASH_BWD_RING changes it.
 size_t attention_backward_operands_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
                                                   const AttentionBackwardOptions& opt);
 
 // The backward on operands from quantize_attention_backward (same q_meta, k_meta); out, dout, lse,
 // options and outputs as for attention_backward on MX tensors. CPU tensors: the exact-MX reference
-// on the operands' values; CUDA: the fast kernels without their prepare passes. opt.exact_mx is not
-// supported here (the exact path takes MX tensors).
+// on the operands' values; CUDA: the fast kernels without their prepare passes. Where every Q and
+// K/V sequence has one length L, a multiple of 512 up to 8192, without broadcast_q, and from 2048
+// tokens and 1024 128-token tiles in all (MXFLASH_BWD_RING=0|1: off,
+// or wherever the shape allows), the two kernels run as one cooperative launch that hands P and dS
+// over through L2 (the ring, docs/backward.md): dK takes dS with one scale per 64 queries x 128 keys,
+// still deterministic, ~25-50 MB more workspace; a device that cannot hold its grid at once runs
+// the two kernels instead. opt.exact_mx is not supported here (the exact path takes MX tensors).
 Status attention_backward(const AttentionBwdOperands& ops, TensorView out, TensorView dout, TensorView lse,
                           const JaggedMeta& q_meta, const JaggedMeta& k_meta, const AttentionBackwardOptions& opt,
                           TensorView dq, TensorView dk, TensorView dv, TensorView dk_scales = {},

@@ -217,4 +217,13 @@ inline void expect_same_bytes_with_every_forward_kernel(const std::vector<Device
   }
 }
 
+// Dequantized MXFP8 dK or dV (output_mxfp8_dkv) as bf16 bits: payload (T, H, 128) e4m3, scales
+// (T, H, 4) e8m0 per token row.
+inline std::vector<uint16_t> dequantize_rows(const std::vector<uint8_t>& payload, const std::vector<uint8_t>& scales) {
+  std::vector<uint16_t> x(payload.size());
+  for (size_t i = 0; i < payload.size(); ++i)
+    x[i] = float_to_bf16(e4m3_to_float(payload[i]) * e8m0_to_float(scales[(i / kHeadDim) * 4 + (i % kHeadDim) / 32]));
+  return x;
+}
+
 }  // namespace mxflash::gputest

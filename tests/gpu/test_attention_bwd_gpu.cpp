@@ -75,14 +75,6 @@ struct Case {
   bool mxfp8_dkv = false;  // also compare output_mxfp8_dkv (fast kernel against the CPU reference)
 };
 
-// Dequantized MXFP8 dK or dV: payload (T, H, 128) e4m3, scales (T, H, 4) e8m0 per token row.
-std::vector<uint16_t> dequantize_rows(const std::vector<uint8_t>& payload, const std::vector<uint8_t>& scales) {
-  std::vector<uint16_t> x(payload.size());
-  for (size_t i = 0; i < payload.size(); ++i)
-    x[i] = float_to_bf16(e4m3_to_float(payload[i]) * e8m0_to_float(scales[(i / kHeadDim) * 4 + (i % kHeadDim) / 32]));
-  return x;
-}
-
 void run_case(const Case& c, uint64_t seed) {
   JaggedMeta qm, km;
   ASSERT_TRUE(JaggedMeta::FromLengths(c.q_lengths, &qm).ok());
@@ -215,8 +207,8 @@ void run_case(const Case& c, uint64_t seed) {
                           sc(sk, Device::kCUDA, g_sk.get()), sc(sv, Device::kCUDA, g_sv.get()));
   ASSERT_TRUE(st.ok()) << st.message();
   ASSERT_TRUE(gputest::device_ok());
-  EXPECT_GT(sqnr_of("MXFP8 dK", dequantize_rows(pk, sk), dequantize_rows(g_pk.download(), g_sk.download())), kFastMinDb);
-  EXPECT_GT(sqnr_of("MXFP8 dV", dequantize_rows(pv, sv), dequantize_rows(g_pv.download(), g_sv.download())), kFastMinDb);
+  EXPECT_GT(sqnr_of("MXFP8 dK", gputest::dequantize_rows(pk, sk), gputest::dequantize_rows(g_pk.download(), g_sk.download())), kFastMinDb);
+  EXPECT_GT(sqnr_of("MXFP8 dV", gputest::dequantize_rows(pv, sv), gputest::dequantize_rows(g_pv.download(), g_sv.download())), kFastMinDb);
 }
 
 class AttentionBwdGpu : public ::testing::Test {

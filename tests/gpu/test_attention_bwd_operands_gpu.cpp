@@ -272,6 +272,30 @@ void run_case(const Case& c, uint64_t seed) {
       return std::vector<std::vector<uint8_t>>{d_dq.download(), d_dk.download(), d_dv.download()};
     };
     const std::vector<std::vector<uint8_t>> two = outputs("0", nullptr);
+    {  // output_mxfp8_dkv: the ring's dK, dV in fp32, then the 32x32 quantizer; dV the two kernels'
+       // bytes (the same P bytes), dK as close as in bf16.
+      AttentionBackwardOptions mo = bo;
+      mo.output_mxfp8_dkv = true;
+      auto mx_outputs = [&](const char* ring) {
+        const gputest::ScopedEnv r("MXFLASH_BWD_RING", ring);
+        DeviceBuffer pk(size_t(Tk * row)), pv(size_t(Tk * row)), sk(size_t(Tk * H * 4)), sv(size_t(Tk * H * 4));
+        for (DeviceBuffer* b : {&pk, &pv, &sk, &sv}) b->fill(gputest::kDevicePoison);
+        auto pay = [&](DeviceBuffer& b) { return make_view(b.get(), DType::kE4M3, Device::kCUDA, {Tk, H, kHeadDim}); };
+        auto sc = [&](DeviceBuffer& b) { return make_view(b.get(), DType::kE8M0, Device::kCUDA, {Tk, H, kHeadDim / 32}); };
+        st = attention_backward(ops, dev_bf16(d_out, To), dev_bf16(d_dout, To), d_lse_view, qm, km, mo, dev_bf16(d_dq, Tq),
+                                pay(pk), pay(pv), sc(sk), sc(sv));
+        EXPECT_TRUE(st.ok()) << st.message();
+        EXPECT_TRUE(gputest::device_ok());
+        return std::vector<std::vector<uint8_t>>{pk.download(), sk.download(), pv.download(), sv.download()};
+      };
+      const auto ring_mx = mx_outputs("1"), two_mx = mx_outputs("0");
+      EXPECT_TRUE(ring_mx[2] == two_mx[2] && ring_mx[3] == two_mx[3]) << "MXFP8 dV differs from the two kernels'";
+      EXPECT_GT(sqnr_of("ring MXFP8 dK vs two kernels", gputest::dequantize_rows(two_mx[0], two_mx[1]),
+                        gputest::dequantize_rows(ring_mx[0], ring_mx[1])),
+                40.0);
+      EXPECT_GT(sqnr_of("ring MXFP8 dK vs its bf16 dK", bits_of(first[1]), gputest::dequantize_rows(ring_mx[0], ring_mx[1])),
+                20.0);
+    }
     // A ring grid the device cannot hold at once: the cooperative launch is refused and the call
     // runs the two kernels instead, their bytes.
     EXPECT_EQ(outputs("1", "1000000"), two) << "the ring's fallback differs from the two kernels";

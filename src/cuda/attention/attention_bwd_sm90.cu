@@ -1819,7 +1819,7 @@ int ring_env() {
   return e == nullptr ? -1 : std::atoi(e);
 }
 // The tiles n of every sequence where the ring can run (0: it cannot, or is off): exec operands, no
-// broadcast Q, bf16 dK and dV, every Q and K/V sequence of one length L, a multiple of 4 x 128 of at
+// broadcast Q, every Q and K/V sequence of one length L, a multiple of 4 x 128 of at
 // most 64 tiles (a group's Q-tile and K-tile units all run at once). By default (ring_env() < 0) also
 // n >= kRingMinTiles and at least kRingMinUnits tiles in all (groups x n). H200, 2026-11-30, the
 // whole backward on operands, ring against the two kernels one after the other, TFLOP/s (same
@@ -1829,7 +1829,7 @@ int ring_env() {
 inline constexpr int kRingMinTiles = 16, kRingMinUnits = 1024;
 int ring_tiles(const cuda::AttentionBwdProblem& p) {
   const int env = ring_env();
-  if (env == 0 || p.exec == nullptr || p.broadcast_q || p.mxfp8_dkv || p.Tq <= 0 || p.Tk <= 0 || p.Tq != p.Tk) return 0;
+  if (env == 0 || p.exec == nullptr || p.broadcast_q || p.Tq <= 0 || p.Tk <= 0 || p.Tq != p.Tk) return 0;
   const std::vector<int32_t>& ck = *p.host_cu_k;
   const std::vector<int32_t>& cq = *p.host_cu_q;
   if (ck.size() != cq.size()) return 0;
