@@ -10,6 +10,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -272,6 +273,11 @@ void run_case(const Case& c, uint64_t seed) {
       return std::vector<std::vector<uint8_t>>{d_dq.download(), d_dk.download(), d_dv.download()};
     };
     const std::vector<std::vector<uint8_t>> two = outputs("0", nullptr);
+    // The dQ role on as few CTAs as the ring allows (the tiles a sequence, n: its items then walked
+    // several a CTA, each CTA's barriers set up anew per item, as on llm's 27 a CTA): the same bytes.
+    const std::string n_tiles = std::to_string((c.q_lengths[0] + 127) / 128);
+    EXPECT_EQ(outputs("1", n_tiles.c_str()), (std::vector<std::vector<uint8_t>>{first[0], first[1], first[2]}))
+        << "the ring with its dQ role on " << n_tiles << " CTAs differs";
     {  // output_mxfp8_dkv: the ring's dK, dV in fp32, then the 32x32 quantizer; dV the two kernels'
        // bytes (the same P bytes), dK as close as in bf16.
       AttentionBackwardOptions mo = bo;
@@ -339,7 +345,7 @@ TEST_F(AttentionBwdOperandsGpu, UniformLengthsBf16) {
 
 TEST_F(AttentionBwdOperandsGpu, RingUniformLengthsBf16) {
   // the backward's ring forced (its default takes it from 16 tiles and 16 (sequence, head) groups on):
-  // 8 tiles a sequence (8 steps, 56 dK/dV CTAs), dQ CTAs walking several items each
+  // 8 tiles a sequence (8 steps, 56 dK/dV CTAs); with its dQ role on 8 CTAs, 4 items a CTA
   run_case({{1024, 1024}, {1024, 1024}, 2, false, true, true}, 14);
 }
 

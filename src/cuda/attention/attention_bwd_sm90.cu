@@ -1063,6 +1063,7 @@ struct QSmem {
   uint64_t empty[kQStages];
   alignas(16) float wg_amax[2][kConsumers][4];  // kDumpPds: each warp's |dS| maximum, by tile parity
   uint64_t dump_done[8];  // kDumpPds with pds_flags: the consumer warps' tile stored, tile j in j % 8
+  uint64_t q_empty;       // the ring kernel's dQ role: the consumers done with an item's Q and dO
 };
 inline constexpr size_t kQSmemBytes = sizeof(QSmem) + 1024;
 
@@ -1372,10 +1373,13 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
 // kTileScales: as the dK/dV kernel's (Kᵀ' per K tile in dQ's promotions).
 // The producer warpgroup's part of a dQ item (dq_item): kDumpPds's signaler warp, then one thread's
 // loads of Q, dO and the K/V tiles.
+// `it`: the K/V tiles this CTA loaded before (the ring kernel's dQ role, whose pipeline runs on
+// across items; q_empty then the consumers' release of the previous item's Q and dO, at `q_phase`).
 template <int kDiag>
 __device__ __forceinline__ void dq_item_producer(const CUtensorMap& tm_q, const CUtensorMap& tm_k, const CUtensorMap& tm_v,
                                                  const CUtensorMap& tm_do, const CUtensorMap& tm_kt, const BwdParams& p,
-                                                 QSmem& s, const Item& w, int n_k, int64_t o_row, int tid) {
+                                                 QSmem& s, const Item& w, int n_k, int64_t o_row, int tid, int it = 0,
+                                                 uint64_t* q_empty = nullptr, uint32_t q_phase = 0) {
   if constexpr ((kDiag & kDumpPds) != 0) {
     // The signaler (the producer warpgroup's second warp): per tile, once the eight consumer warps
     // have stored their share of the dump block, one release add on its counter, so that the
@@ -1383,7 +1387,7 @@ __device__ __forceinline__ void dq_item_producer(const CUtensorMap& tm_q, const 
     // 0.8 ms on llm-long, a 256-thread barrier and one fence 0.5 ms).
     if (tid == 32 && ((kDiag & kRing) != 0 || p.pds_flags != nullptr)) {
       for (int j = 0; j < n_k; ++j) {
-        sm90::mbar_wait(&s.dump_done[j % 8], (j / 8) & 1);  // (consumers 8 tiles ahead would alias)
+        sm90::mbar_wait(&s.dump_done[(it + j) % 8], ((it + j) / 8) & 1);  // (consumers 8 tiles ahead would alias)
         if constexpr ((kDiag & kRing) != 0) {  // ring: the slot's epoch
           const int gid = ring_gid(p, w);
           ring_release(p.ring_ready + ring_slot(p, gid, j, ring_k_tile(w.blk, j, n_k)), ring_epoch(p, gid, j));
@@ -1396,10 +1400,11 @@ __device__ __forceinline__ void dq_item_producer(const CUtensorMap& tm_q, const 
     }
   }
   if (tid != 0 || n_k == 0) return;
+  if (q_empty != nullptr) sm90::mbar_wait(q_empty, q_phase);
   sm90::mbar_arrive_expect_tx(&s.q_full, 2 * kTileBytes);
   sm90::tma_load_2d(s.q, &tm_q, &s.q_full, 0, int(w.h * p.Pq + p.cu_q_sf[w.qb] + int64_t(w.blk) * kTile));
   sm90::tma_load_2d(s.dout, &tm_do, &s.q_full, 0, int(w.h * p.Po + o_row));
-  produce_dq_tiles<(kDiag & kRing) != 0>(s.st, s.full, s.empty, &tm_k, &tm_v, &tm_kt, p, w, n_k, 0);
+  produce_dq_tiles<(kDiag & kRing) != 0>(s.st, s.full, s.empty, &tm_k, &tm_v, &tm_kt, p, w, n_k, it);
 }
 
 // The CTA-per-item dQ kernel's item: its barriers initialised, then the producer warpgroup's loads
@@ -1463,46 +1468,43 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   // The dQ role: each warpgroup's registers set once and its items in a loop of its own (a loop
   // shared by both roles would meet them with two register counts: ptxas then ignores every
-  // setmaxnreg of the kernel, C7507). Per item thread 0 initialises the barriers (invalidated after
-  // the item before), and two CTA barriers, reached from each role's loop (barrier.sync without
-  // .aligned), bracket it.
+  // setmaxnreg of the kernel, C7507). The K/V pipeline and the dump barriers run on across items
+  // (`it`: the tiles before), and the producer loads an item's Q and dO once the consumers have
+  // released the previous item's (q_empty): the next item's first K/V tiles load under this item's
+  // last tiles and epilogue, as in the persistent dQ kernel.
   extern __shared__ uint8_t smem_raw[];
   QSmem& s = attn::aligned_shared<QSmem>(smem_raw);
   const int wg = attn::warpgroup_index(), tid = threadIdx.x % kWarpgroupThreads;
   const unsigned first = blockIdx.x - kv_ctas, stride = gridDim.x - kv_ctas;
-  auto begin_item = [&](bool again) {
-    if (threadIdx.x == 0) {
-      if (again) {
-        sm90::mbar_inval(&s.q_full);
-        for (int i = 0; i < kQStages; ++i) {
-          sm90::mbar_inval(&s.full[i]);
-          sm90::mbar_inval(&s.empty[i]);
-        }
-        for (int i = 0; i < 8; ++i) sm90::mbar_inval(&s.dump_done[i]);
-      }
-      for (int i = 0; i < 8; ++i) sm90::mbar_init(&s.dump_done[i], kConsumers * 4);
-    }
-    attn::init_pipeline_barriers(&s.q_full, s.full, s.empty, kConsumers);  // (and dump_done's fence)
-    sm90::cta_sync_unaligned();
-  };
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < 8; ++i) sm90::mbar_init(&s.dump_done[i], kConsumers * 4);
+    sm90::mbar_init(&s.q_empty, kConsumers * kWarpgroupThreads);
+  }
+  attn::init_pipeline(&s.q_full, s.full, s.empty, kConsumers);  // (and the fence of the two above)
+  int it = 0;
+  unsigned n = 0;  // items with K/V tiles before
   if (wg == 0) {
     sm90::setmaxnreg_dec<kProducerRegs>();
+    if (tid != 0 && tid != 32) return;
     for (unsigned index = first; index < unsigned(pq.num_items); index += stride) {
       const Item w = item_of<false>(pq, index);
-      begin_item(index != first);
-      dq_item_producer<kDqDiag>(tm_q, tm_k, tm_v, tm_do, tm_kt, pq, s, w, (w.Lk + kTile - 1) / kTile,
-                                w.o_pad0 + int64_t(w.blk) * kTile, tid);
-      sm90::cta_sync_unaligned();  // the item done: its barriers free for the next
+      const int n_k = (w.Lk + kTile - 1) / kTile;
+      dq_item_producer<kDqDiag>(tm_q, tm_k, tm_v, tm_do, tm_kt, pq, s, w, n_k, w.o_pad0 + int64_t(w.blk) * kTile, tid,
+                                it, n > 0 ? &s.q_empty : nullptr, (n - 1) & 1);
+      if (n_k > 0) it += n_k, ++n;
     }
     return;
   }
   sm90::setmaxnreg_inc<kConsumerRegs>();
   for (unsigned index = first; index < unsigned(pq.num_items); index += stride) {
     const Item w = item_of<false>(pq, index);
-    begin_item(false);
-    consume_dq<true, false, kDqDiag>(s.st, s.full, s.empty, s.q, s.dout, &s.q_full, 0, pq.info, pq, w, wg - 1, tid, 0,
-                                     nullptr, &s.wg_amax[0][0][0], s.dump_done);
-    sm90::cta_sync_unaligned();
+    const int n_k = (w.Lk + kTile - 1) / kTile;
+    consume_dq<true, false, kDqDiag>(s.st, s.full, s.empty, s.q, s.dout, &s.q_full, n & 1, pq.info, pq, w, wg - 1, tid,
+                                     it, nullptr, &s.wg_amax[0][0][0], s.dump_done);
+    if (n_k > 0) {
+      sm90::mbar_arrive(&s.q_empty);
+      it += n_k, ++n;
+    }
   }
 }
 

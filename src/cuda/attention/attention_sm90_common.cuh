@@ -38,12 +38,11 @@ __device__ __forceinline__ T& aligned_shared(uint8_t* raw) {
 
 // Thread 0 initializes a TMA pipeline's mbarriers: `once` (the per-item operand, `once_count`
 // arrivals: by default the producer's expect_tx alone) and each stage's `full` (one arrival) and
-// `empty` (every thread of `consumer_warpgroups`), and fences them; barriers the caller's thread 0
-// initializes before the call are covered by the same fence. (init_pipeline adds the CTA barrier.)
+// `empty` (every thread of `consumer_warpgroups`), fences them, then a CTA barrier. Barriers the
+// caller's thread 0 initializes before the call are covered by the same fence.
 template <int kStages>
-__device__ __forceinline__ void init_pipeline_barriers(uint64_t* once, uint64_t (&full)[kStages],
-                                                       uint64_t (&empty)[kStages], int consumer_warpgroups,
-                                                       int once_count = 1) {
+__device__ __forceinline__ void init_pipeline(uint64_t* once, uint64_t (&full)[kStages], uint64_t (&empty)[kStages],
+                                              int consumer_warpgroups, int once_count = 1) {
   if (threadIdx.x == 0) {
     sm90::mbar_init(once, once_count);
     for (int i = 0; i < kStages; ++i) {
@@ -52,12 +51,6 @@ __device__ __forceinline__ void init_pipeline_barriers(uint64_t* once, uint64_t 
     }
     sm90::fence_barrier_init();
   }
-}
-// init_pipeline_barriers, then a CTA barrier.
-template <int kStages>
-__device__ __forceinline__ void init_pipeline(uint64_t* once, uint64_t (&full)[kStages], uint64_t (&empty)[kStages],
-                                              int consumer_warpgroups, int once_count = 1) {
-  init_pipeline_barriers(once, full, empty, consumer_warpgroups, once_count);
   __syncthreads();
 }
 

@@ -34,13 +34,6 @@ __device__ __forceinline__ float4 ld_shared_f32x4(const void* p) {
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
 }
-// Ends an mbarrier object's life, so that its shared memory may hold a new one (mbar_init again).
-__device__ __forceinline__ void mbar_inval(uint64_t* bar) {
-  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
-// The CTA's barrier 0 (as __syncthreads) without .aligned: legal where the CTA's warps reach it from
-// different code (each role of a warp-specialized loop its own).
-__device__ __forceinline__ void cta_sync_unaligned() { asm volatile("barrier.sync 0;" ::: "memory"); }
 __device__ __forceinline__ void fence_barrier_init() {
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
