@@ -52,8 +52,6 @@ inline constexpr int kConsumers = 2;
 inline constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
 inline constexpr int kProducerRegs = 24;
 inline constexpr int kConsumerRegs = 240;
-inline constexpr int kLaunchRegs = 168;  // what __launch_bounds__(kThreads, 1) gives each thread
-static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (1 + kConsumers) * kLaunchRegs, "the register file");
 inline constexpr float kPScale = 256.f;  // P stored as e4m3(256 p)
 inline constexpr float kPScaleLog2 = 8.f;
 
@@ -359,7 +357,7 @@ struct KvStage {
   alignas(1024) uint8_t dot[kTileBytes];   // dOᵀ'
   alignas(16) float4 info[kTile];
   alignas(16) float dot_scale[kHeadDim];
-  // kFromPds (experiments): the dump block's dS row scale bytes, and each half's scale as a float
+  // kFromPds (the ring; experiments): the dump block's dS row scale bytes, and each half's scale as a float
   // (in the stage's padding to 1 KB: the other fields keep their places).
   alignas(16) uint8_t ds_rows[kTile];
   float ds_scale[4];
@@ -1846,10 +1844,9 @@ int ring_tiles(const cuda::AttentionBwdProblem& p) {
 // Experiments builds, MXFLASH_BWD_VARIANT bit 19 (kDumpPds / kFromPds): where the ring does not run,
 // the dQ kernel first, storing P and dS for every (Q tile, K tile) (a workspace of H x (Pq / 128) x
 // (longest K tiles) x 32.1 KB), then the dK/dV kernel on those bytes (exec operands, no broadcast
-// Q; docs/backward.md). The ring's kernel uses the same two forms.
-bool ring_on(const cuda::AttentionBwdProblem& p);
-bool pds_mode(const cuda::AttentionBwdProblem& p) {
-  return ring_on(p) || ((bwd_variant() & (1 << 19)) != 0 && p.exec != nullptr && !p.broadcast_q && p.Tq > 0 && p.Tk > 0);
+// Q; docs/backward.md). The ring's kernel uses the same two forms (BwdPlan::pds: either).
+bool pds_experiment(const cuda::AttentionBwdProblem& p) {
+  return (bwd_variant() & (1 << 19)) != 0 && p.exec != nullptr && !p.broadcast_q && p.Tq > 0 && p.Tk > 0;
 }
 // The ring's shape: the tiles a sequence n (0: off), the dK/dV role's CTAs (56 where n <= 16, else
 // 64, or MXFLASH_BWD_RING_CTAS; each role >= n CTAs, else no ring), the steps a group's dQ side may
@@ -1910,7 +1907,6 @@ int device_sms() {
   if (cudaGetDevice(&dev) == cudaSuccess) (void)cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   return sms;
 }
-bool ring_on(const cuda::AttentionBwdProblem& p) { return ring_config(p, device_sms()).n > 0; }
 int dump_k_tiles(const cuda::AttentionBwdProblem& p) {
   const std::vector<int32_t>& ck = *p.host_cu_k;
   int longest = 0;
@@ -1952,7 +1948,8 @@ struct BwdWorkspace {
       kv_items, q_items, dq_part, dk_f32, dv_f32, dk_sq, dv_sq, ds_dump, ds_scales, total;
 };
 
-BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n_kv_items, size_t n_q_items) {
+BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n_kv_items, size_t n_q_items,
+                        const RingConfig& ring, bool pds) {
   BwdWorkspace w;
   size_t off = 0;
   auto take = [&](size_t bytes) {
@@ -1987,18 +1984,15 @@ BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n
   w.dv_f32 = take(mx ? size_t(p.Tk) * H * D * sizeof(float) : 0);
   w.dk_sq = take(mx ? size_t(p.Pk / kBlockSize) * H * 4 : 0);
   w.dv_sq = take(mx ? size_t(p.Pk / kBlockSize) * H * 4 : 0);
-  const RingConfig ring = ring_config(p, device_sms());  // (the launcher's sm_count: the same device)
-  const int ring_n = ring.n;
   const size_t ring_blocks = ring.blocks();  // (0 off ring mode)
-  const size_t dump_blocks =
-      ring_n > 0                 ? ring_blocks
-      : dump_ds(p) || pds_mode(p) ? size_t(H) * size_t(p.Pq / bwd::kTile) * size_t(dump_k_tiles(p))
-                                 : 0;
-  w.ds_dump = take(dump_blocks * (pds_mode(p) ? size_t(bwd::kPdsBlockBytes) : size_t(16384)));
-  w.ds_scales = take(dump_ds(p)                             ? dump_blocks * 256
-                     : ring_n > 0                             ? 2 * ring_blocks * 4  // ready, free
-                     : pds_mode(p) && (bwd_variant() & 4096) ? dump_blocks * 4
-                                                              : 0);
+  const size_t dump_blocks = ring.n > 0           ? ring_blocks
+                             : dump_ds(p) || pds ? size_t(H) * size_t(p.Pq / bwd::kTile) * size_t(dump_k_tiles(p))
+                                                 : 0;
+  w.ds_dump = take(dump_blocks * (pds ? size_t(bwd::kPdsBlockBytes) : size_t(16384)));
+  w.ds_scales = take(dump_ds(p)                      ? dump_blocks * 256
+                     : ring.n > 0                      ? 2 * ring_blocks * 4  // ready, free
+                     : pds && (bwd_variant() & 4096) ? dump_blocks * 4
+                                                       : 0);
   w.total = off;
   return w;
 }
@@ -2008,6 +2002,8 @@ struct BwdPlan {
   int64_t lq_pad = 0, Po = 0;  // broadcast_q: each output sequence padded to lq_pad rows
   std::vector<int> lq, lk;
   std::vector<int2> kv_items, q_items;
+  RingConfig ring;  // (n 0: no ring)
+  bool pds = false;  // the dQ kernel's kDumpPds and the dK/dV kernel's kFromPds forms: the ring, or pds_experiment
   BwdWorkspace w;
 };
 
@@ -2030,7 +2026,9 @@ BwdPlan plan_of(const AttentionBwdProblem& p) {
   }
   pl.kv_items = attn::work_list(k_tiles, pl.lq);  // dK/dV: K/V tiles
   pl.q_items = attn::work_list(q_tiles, pl.lk);   // dQ: Q tiles
-  pl.w = bwd_layout(p, pl.Po, pl.kv_items.size(), pl.q_items.size());
+  pl.ring = ring_config(p, device_sms());  // (the launcher's sm_count: the same device)
+  pl.pds = pl.ring.n > 0 || pds_experiment(p);
+  pl.w = bwd_layout(p, pl.Po, pl.kv_items.size(), pl.q_items.size(), pl.ring, pl.pds);
   return pl;
 }
 
@@ -2176,10 +2174,10 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     const bool mx = p.mxfp8_dkv;
     bp.ds_dump = ws + w.ds_dump;
     bp.ds_scales = ws + w.ds_scales;
-    bp.dump_kt = dump_ds(p) || pds_mode(p) ? dump_k_tiles(p) : 0;
-    bool pds = pds_mode(p);  // (false again where the ring's launch falls back)
+    bool pds = plan.pds;  // (false again where the ring's launch falls back)
+    bp.dump_kt = dump_ds(p) || pds ? dump_k_tiles(p) : 0;
     bp.dump_wrap_mask = 0;
-    const RingConfig ring = ring_config(p, sms);
+    const RingConfig& ring = plan.ring;
     bp.ring_n = ring.n;
     bp.pds_flags = pds && (bwd_variant() & 4096) && bp.ring_n == 0 ? reinterpret_cast<unsigned*>(ws + w.ds_scales)
                                                                     : nullptr;
