@@ -78,6 +78,8 @@ struct DoutPrep {
   uint8_t* do_t;      // (H, 128, Po) e4m3, tokens permuted per 32-group, per (tile, channel) scale
   float* do_t_scale;  // (H, Po / 128, 128)
   float4* info;       // (H, Po)
+  unsigned* zero;     // zero_words words zeroed on the way (the ring's flags: no memset of their own)
+  int64_t zero_words;
 };
 
 // The output sequence of a padded output row and where its rows live.
@@ -130,6 +132,16 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_dout_kernel(const DoutPr
   __shared__ uint32_t rows[kTile][kPitch];
   __shared__ float cmax[2][kHeadDim];
   const int64_t tile = blockIdx.x, h = blockIdx.y;
+  // A programmatic dependent of the work list's upload or the prepare passes (none of whose output
+  // it reads; the wait keeps the stream's order for what follows), and the main kernel's primary:
+  // that kernel may start its launch now and waits for this grid before its first read.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (p.zero_words > 0) {  // this CTA's share of the words to zero
+    const int64_t ctas = int64_t(gridDim.x) * gridDim.y, cta = h * gridDim.x + tile;
+    const int64_t per = (p.zero_words + ctas - 1) / ctas, end = min(p.zero_words, (cta + 1) * per);
+    for (int64_t i = cta * per + threadIdx.x; i < end; i += kPrepThreads) p.zero[i] = 0u;
+  }
   const OutRows o = out_rows_of(p.cu_q, p.cu_q_sf, p.out_seqs, p.broadcast_q, p.lq_pad, tile * kTile);
   const int chunk = threadIdx.x % 8, row0 = threadIdx.x / 8;
 #pragma unroll 1
@@ -1039,8 +1051,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                               const __grid_constant__ CUtensorMap tm_qt, const __grid_constant__ CUtensorMap tm_dot,
                               const __grid_constant__ CUtensorMap tm_dk, const __grid_constant__ CUtensorMap tm_dv,
                               const BwdParams p) {
-  // The dQ kernel, launched next with programmatic stream serialization, reads nothing this kernel
-  // writes: its CTAs may take the SMs this kernel's CTAs leave in its last round.
+  // Launched as a programmatic dependent of dO's preprocess (or of the upload before it): nothing
+  // read before this wait. The dQ kernel, launched next with programmatic stream serialization, reads
+  // nothing this kernel writes: its CTAs may take the SMs this kernel's CTAs leave in its last round
+  // (and they start after this wait: what the preprocess wrote is complete for them too).
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   dkdv_body<kPersistent, kDvPerHalf, kTrace, kTileScales, kDiag>(tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_dk, tm_dv, p);
 }
@@ -1459,6 +1474,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                               const __grid_constant__ CUtensorMap tm_kt, const BwdParams pk, const BwdParams pq) {
   static_assert((kDqDiag & kDumpPds) != 0 && (kDqDiag & kRing) != 0, "the dQ role stores the ring's blocks");
   static_assert((kKvDiag & kFromPds) != 0 && (kKvDiag & kRing) != 0, "the dK/dV role reads them");
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // as attention_bwd_dkdv_kernel (the flags too)
   const unsigned kv_ctas = unsigned(pk.ring_ctas);
   if (blockIdx.x < kv_ctas) {
     dkdv_body<true, false, false, true, kKvDiag>(tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_dk, tm_dv, pk);
@@ -2057,6 +2073,17 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
   auto run = [&]() -> Status {
     const int Bq = p.broadcast_q ? 1 : p.batch;
     auto f32 = [&](size_t off) { return reinterpret_cast<float*>(ws + off); };
+    // Both work lists (and the persistent dQ kernel's item counter after the Q tiles' list) in one
+    // upload, first: the kernels after it start as programmatic dependents of their predecessors.
+    {
+      std::vector<int2> lists(kv_items);
+      lists.resize((w.q_items - w.kv_items) / sizeof(int2), int2{0, 0});  // (the alignment's gap)
+      lists.insert(lists.end(), q_items.begin(), q_items.end());
+      lists.push_back(int2{0, 0});
+      MXFLASH_RETURN_IF_ERROR(upload_to_device(ws + w.kv_items, lists.data(), lists.size() * sizeof(int2), stream));
+    }
+    unsigned* const next_item = reinterpret_cast<unsigned*>(ws + w.q_items + q_items.size() * sizeof(int2));
+    const bool pdl = pdl_after_setup();
     // Operands re-expressed (attention_fwd_prepare.cuh): Q per row, K and V per 128-key tile, Q and
     // K along tokens per (sequence, channel).
     bool prepare = p.exec == nullptr;  // exec operands: written by the quantizer already
@@ -2119,12 +2146,17 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       d.do_t = ws + w.dot;
       d.do_t_scale = f32(w.dot_scale);
       d.info = reinterpret_cast<float4*>(ws + w.info);
-      bwd::prepare_dout_kernel<<<dim3(unsigned(Po / bwd::kTile), unsigned(H)), bwd::kPrepThreads, 0, stream>>>(d);
-      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "backward: prepare dO launch"));
+      d.zero = nullptr;
+      d.zero_words = 0;
+      if (plan.ring.n > 0) {  // the ring's ready and free epochs, from 0 each call
+        d.zero = reinterpret_cast<unsigned*>(ws + w.ds_scales);
+        d.zero_words = int64_t(2 * plan.ring.blocks());
+      }
+      MXFLASH_RETURN_IF_ERROR(cuda_error(launch_programmatic(pdl, bwd::prepare_dout_kernel,
+                                                             dim3(unsigned(Po / bwd::kTile), unsigned(H)),
+                                                             dim3(bwd::kPrepThreads), 0, stream, d),
+                                         "backward: prepare dO launch"));
     }
-    MXFLASH_RETURN_IF_ERROR(upload_to_device(ws + w.kv_items, kv_items.data(), kv_items.size() * sizeof(int2), stream));
-    unsigned* next_item = nullptr;  // the persistent dQ kernel's item counter, zeroed with the list
-    MXFLASH_RETURN_IF_ERROR(attn::upload_work_list(ws + w.q_items, q_items, stream, &next_item));
     int sms = 0;  // one CTA per SM for the persistent kernels: shared memory and registers allow no second
     MXFLASH_RETURN_IF_ERROR(sm_count(&sms));
     // Maps need at least one tile of rows even when a side is empty (then unused).
@@ -2187,12 +2219,13 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
 #if MXFLASH_FWD_EXPERIMENTS
     if (const char* e = std::getenv("MXFLASH_BWD_RING_POLL")) bp.ring_poll_ns = std::max(0, std::atoi(e));
 #endif
-    if (bp.ring_n > 0) {  // the ready and free epochs from 0 each call
+    if (bp.ring_n > 0) {  // the ready and free epochs, zeroed by dO's preprocess (which the ring implies)
       const size_t slots = ring.blocks();
       bp.ring_ready = reinterpret_cast<unsigned*>(ws + w.ds_scales);
       bp.ring_free = bp.ring_ready + slots;
-      MXFLASH_RETURN_IF_ERROR(
-          cuda_error(cudaMemsetAsync(bp.ring_ready, 0, 2 * slots * sizeof(unsigned), stream), "ring flags"));
+      if (Po == 0)
+        MXFLASH_RETURN_IF_ERROR(
+            cuda_error(cudaMemsetAsync(bp.ring_ready, 0, 2 * slots * sizeof(unsigned), stream), "ring flags"));
     }
 #if MXFLASH_FWD_EXPERIMENTS
     if (const char* e = std::getenv("MXFLASH_BWD_DUMP_WRAP")) {
@@ -2306,12 +2339,19 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
           cfg.blockDim = dim3(bwd::kThreads);
           cfg.dynamicSmemBytes = ring_smem;
           cfg.stream = stream;
-          cudaLaunchAttribute attr[1];
+          cudaLaunchAttribute attr[2];
           attr[0].id = cudaLaunchAttributeCooperative;
           attr[0].val.cooperative = 1;
+          attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // (the kernel's first wait)
+          attr[1].val.programmaticStreamSerializationAllowed = 1;
           cfg.attrs = attr;
-          cfg.numAttrs = 1;
+          cfg.numAttrs = pdl ? 2 : 1;
           e = cudaLaunchKernelEx(&cfg, rk, tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_dk, tm_dv, tm_kt, bp, pq);
+          if (e != cudaSuccess && e != cudaErrorCooperativeLaunchTooLarge && cfg.numAttrs == 2) {
+            (void)cudaGetLastError();  // a driver without the two together: an ordinary cooperative launch
+            cfg.numAttrs = 1;
+            e = cudaLaunchKernelEx(&cfg, rk, tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_dk, tm_dv, tm_kt, bp, pq);
+          }
           if (e == cudaErrorCooperativeLaunchTooLarge) (void)cudaGetLastError();  // (clears it)
         }
         if (e == cudaErrorCooperativeLaunchTooLarge) {  // the two kernels instead
@@ -2328,8 +2368,10 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
             "cudaFuncSetAttribute(attention_bwd_dkdv_kernel)"));
         const int64_t grid = persistent ? std::min<int64_t>(n_items, sms) : n_items;
-        kernel<<<unsigned(grid), bwd::kThreads, smem, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_dk, tm_dv, bp);
-        MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_bwd_dkdv_kernel launch"));
+        MXFLASH_RETURN_IF_ERROR(cuda_error(launch_programmatic(pdl, kernel, dim3(unsigned(grid)), dim3(bwd::kThreads),
+                                                               smem, stream, tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot,
+                                                               tm_dk, tm_dv, bp),
+                                           "attention_bwd_dkdv_kernel launch"));
       }
 #if MXFLASH_FWD_EXPERIMENTS
       if ((variant & 1024) != 0) {
@@ -2354,7 +2396,8 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       bp.heads_inner = heads_inner(H, plan.lk, 3 * kHeadDim);  // K, V, Kᵀ
       const int64_t n_q = int64_t(q_items.size()) * H;
       // Programmatic dependent of the dK/dV kernel (independent work: see the dQ kernel's epilogue).
-      const bool programmatic = (bwd_variant() & 131072) == 0;
+      // (Only behind that kernel, whose CTAs trigger after their wait for dO's preprocess.)
+      const bool programmatic = (bwd_variant() & 131072) == 0 && !kv_items.empty();
       if (const int ctas = dq_persistent_ctas(sms, plan.lk)) {
         bp.num_items = int(n_q);
         // dQ (bf16, 16-byte aligned: TMA) staged in the item buffers (consume_dq).

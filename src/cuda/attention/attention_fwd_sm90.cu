@@ -780,6 +780,12 @@ __device__ __forceinline__ void consume_item(Storage& s, const uint8_t* q_tile, 
     write_rows<(kVariant & kVariantVTile) != 0>(p, o, l, m, vunit, b, h, tok_base, m_block * kTile, Lq, rows, quad);
 }
 
+// The main kernels start as programmatic dependents of the work list's upload (launch_main): no
+// thread reads the list, the item counter or anything after them before this returns. (A no-op
+// after an ordinary launch.) Every earlier writer of the stream (the operands' quantizer, the
+// prepare passes) finished before the upload started.
+__device__ __forceinline__ void wait_for_work_list() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // The mbarriers and the exponential turns' zero, then a CTA barrier (init_pipeline).
 __device__ __forceinline__ void init_barriers(SharedStorage& s) {
   if (threadIdx.x == 0) s.turn_zero = 0.f;
@@ -794,6 +800,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   SharedStorage& s = aligned_shared<SharedStorage>(smem_raw);
   const int wg = warpgroup_index();
   const int tid = threadIdx.x % kWarpgroupThreads;
+  wait_for_work_list();
   const WorkItem w = work_item(p, blockIdx.x);
   init_barriers(s);
 
@@ -1048,6 +1055,9 @@ __global__ void __launch_bounds__(kThreads3, 1)
   SharedStorage3& s = aligned_shared<SharedStorage3>(smem_raw);
   const int wg = warpgroup_index();
   const int tid = threadIdx.x % kWarpgroupThreads;
+  // (The parts' grid follows an upload as an ordinary launch, or this kernel's whole-item grid as a
+  // programmatic dependent: that grid has waited for the list before its CTAs let the parts start.)
+  if constexpr (!kParts) wait_for_work_list();
   const WorkItem w = kParts ? work_part3(p, sp, blockIdx.x) : work_item<kQTile3>(p, blockIdx.x);
   if constexpr (!kParts) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   init_pipeline(&s.q_full, s.full, s.empty, kConsumers3);
@@ -1236,6 +1246,7 @@ __global__ void __launch_bounds__(kThreads3, 1)
   SharedStorage3P& s = aligned_shared<SharedStorage3P>(smem_raw);
   const int wg = warpgroup_index();
   const int tid = threadIdx.x % kWarpgroupThreads;
+  wait_for_work_list();
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   init_persistent(s, kConsumers3);
   if (wg == 0) {  // ------------------------------------------------------------ producer
@@ -1266,6 +1277,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   SharedStorage2P& s = aligned_shared<SharedStorage2P>(smem_raw);
   const int wg = warpgroup_index();
   const int tid = threadIdx.x % kWarpgroupThreads;
+  wait_for_work_list();
   if (threadIdx.x == 0) s.turn_zero = 0.f;
   init_persistent(s, kConsumerWarpgroups);
   if (wg == 0) {  // ------------------------------------------------------------ producer
@@ -1726,22 +1738,26 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   if (experiment_variant() >= 0 && !three) persistent = 0;  // a two-consumer variant: a CTA per item
 #endif
   fp.num_items = int(plan.items);
+  // The main kernel's launch and set-up under the upload (wait_for_work_list).
+  const bool pdl = pdl_after_setup();
   if (kernel3) {
     if (plan.split_first > 0 && persistent > 0) {  // the whole items, on a CTA per SM
       MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(kernel3p, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes3P)),
           "cudaFuncSetAttribute(smem)"));
       const unsigned grid = unsigned(std::min<int64_t>(plan.split_first, persistent));
-      kernel3p<<<grid, unsigned(attn::kThreads3), attn::kSmemBytes3P, stream>>>(tm_q, tm_k, tm_v, fp, sp, next_item,
-                                                                                 tm_o);
-      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_fwd_kernel3p launch"));
+      MXFLASH_RETURN_IF_ERROR(cuda_error(launch_programmatic(pdl, kernel3p, dim3(grid), dim3(attn::kThreads3),
+                                                             attn::kSmemBytes3P, stream, tm_q, tm_k, tm_v, fp, sp,
+                                                             next_item, tm_o),
+                                         "attention_fwd_kernel3p launch"));
     } else if (plan.split_first > 0) {  // the whole items, a CTA each
       MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(kernel3, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes3)),
           "cudaFuncSetAttribute(smem)"));
-      kernel3<<<unsigned(plan.split_first), unsigned(attn::kThreads3), attn::kSmemBytes3, stream>>>(tm_q, tm_k, tm_v,
-                                                                                                      fp, sp);
-      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_fwd_kernel3 launch"));
+      MXFLASH_RETURN_IF_ERROR(cuda_error(launch_programmatic(pdl, kernel3, dim3(unsigned(plan.split_first)),
+                                                             dim3(attn::kThreads3), attn::kSmemBytes3, stream, tm_q,
+                                                             tm_k, tm_v, fp, sp),
+                                         "attention_fwd_kernel3 launch"));
     }
     if (plan.slots() > 0) {  // the split items' parts, then their merge
       MXFLASH_RETURN_IF_ERROR(cuda_error(
@@ -1763,15 +1779,18 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
         cudaFuncSetAttribute(kernel2p, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes2P)),
         "cudaFuncSetAttribute(smem)"));
     const unsigned grid = unsigned(std::min<int64_t>(plan.items, persistent));
-    kernel2p<<<grid, unsigned(attn::kThreads), attn::kSmemBytes2P, stream>>>(tm_q, tm_k, tm_v, fp, next_item, tm_o,
-                                                                             staged);
-    MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_fwd_kernel2p launch"));
+    MXFLASH_RETURN_IF_ERROR(cuda_error(launch_programmatic(pdl, kernel2p, dim3(grid), dim3(attn::kThreads),
+                                                           attn::kSmemBytes2P, stream, tm_q, tm_k, tm_v, fp, next_item,
+                                                           tm_o, staged),
+                                       "attention_fwd_kernel2p launch"));
   } else {
     MXFLASH_RETURN_IF_ERROR(cuda_error(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes)),
         "cudaFuncSetAttribute(smem)"));
-    kernel<<<unsigned(plan.items), unsigned(attn::kThreads), attn::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, fp);
-    MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "attention_fwd_kernel launch"));
+    MXFLASH_RETURN_IF_ERROR(cuda_error(launch_programmatic(pdl, kernel, dim3(unsigned(plan.items)),
+                                                           dim3(attn::kThreads), attn::kSmemBytes, stream, tm_q, tm_k,
+                                                           tm_v, fp),
+                                       "attention_fwd_kernel launch"));
   }
 #if MXFLASH_FWD_EXPERIMENTS
   if (experiment_variant() >= 0 && (experiment_variant() & attn::kVariantTrace) != 0) {

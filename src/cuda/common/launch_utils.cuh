@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -34,6 +35,18 @@ inline Status sm_count(int* sms) {
   int dev = 0;
   MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetDevice(&dev), "cudaGetDevice"));
   return cuda_error(cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+}
+
+// Whether the attention kernels start as programmatic dependents of the small kernels before them
+// (the work list's upload, dO's preprocess), each executing griddepcontrol.wait before it reads
+// their output: their launch and set-up then overlap those kernels instead of following them.
+// MXFLASH_PDL=0 turns it off (A/B measurements); read once.
+inline bool pdl_after_setup() {
+  static const bool on = [] {
+    const char* e = std::getenv("MXFLASH_PDL");
+    return !(e != nullptr && e[0] == '0');
+  }();
+  return on;
 }
 
 // Launches `kernel` on `stream`, as a programmatic dependent of the kernel launched before it there

@@ -18,6 +18,9 @@ struct WordChunk {
 
 template <int kWords>
 __global__ void upload_kernel(const __grid_constant__ WordChunk<kWords> c, int n, uint32_t* __restrict__ dst) {
+  // A kernel launched next with programmatic stream serialization may start now: it executes
+  // griddepcontrol.wait before it reads what this writes (the attention kernels after their work list).
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = c.w[i];
 }
 
