@@ -135,7 +135,8 @@ struct AttentionBackwardOptions {
 // output_mxfp8_dkv only (others: Status kUnsupported, nothing written). The metadata must be
 // uploaded for CUDA tensors.
 // workspace: device memory of at least attention_backward_workspace_size() bytes for the fast
-// kernel, or nullptr to let the call allocate (stream-ordered) and free it; unused elsewhere.
+// kernel, 256-byte aligned (as cudaMalloc's), or nullptr to let the call allocate (stream-ordered)
+// and free it; unused elsewhere.
 Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTensor& k, const MxTensor& k_seq,
                           const MxTensor& v, TensorView out, TensorView dout, TensorView lse, const JaggedMeta& q_meta,
                           const JaggedMeta& k_meta, const AttentionBackwardOptions& opt, TensorView dq, TensorView dk,
@@ -214,6 +215,7 @@ size_t attention_backward_operands_workspace_size(const JaggedMeta& q_meta, cons
 // over through L2 (the ring, docs/backward.md): dK takes dS with one scale per 64 queries x 128 keys,
 // still deterministic, ~25-50 MB more workspace; a device that cannot hold its grid at once runs
 // the two kernels instead. opt.exact_mx is not supported here (the exact path takes MX tensors).
+// workspace: as for attention_backward on MX tensors (256-byte aligned).
 Status attention_backward(const AttentionBwdOperands& ops, TensorView out, TensorView dout, TensorView lse,
                           const JaggedMeta& q_meta, const JaggedMeta& k_meta, const AttentionBackwardOptions& opt,
                           TensorView dq, TensorView dk, TensorView dv, TensorView dk_scales = {},

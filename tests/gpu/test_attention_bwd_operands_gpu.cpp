@@ -205,11 +205,14 @@ void run_case(const Case& c, uint64_t seed) {
     EXPECT_LT(plain, attention_backward_workspace_size(qm, km, H, bo)) << "the operands need no workspace room";
     if (c.ring) EXPECT_GT(ws_bytes, plain) << "the ring's blocks take workspace";
   }
-  DeviceBuffer ws(ws_bytes);
+  DeviceBuffer ws(ws_bytes + 256);
   for (DeviceBuffer* b : {&d_dq, &d_dk, &d_dv}) b->fill(gputest::kDevicePoison);
   st = run(ops, ws.get(), ws_bytes - 1);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.message();
   EXPECT_EQ(st.message().rfind("workspace", 0), 0u) << st.message();
+  st = run(ops, static_cast<uint8_t*>(ws.get()) + 128, ws_bytes);  // long enough, off 256 bytes
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.message();
+  EXPECT_NE(st.message().find("256-byte aligned"), std::string::npos) << st.message();
   AttentionBwdOperands bad = ops;
   bad.kt = make_view(ptr[4], DType::kE4M3, Device::kCUDA, {H, km.padded_tokens(), kHeadDim}, dev);
   st = run(bad, nullptr, 0);

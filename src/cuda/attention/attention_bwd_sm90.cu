@@ -476,6 +476,7 @@ inline constexpr int kDumpNoStore = 2048, kDumpNoBar = 4096;
 // one 16-byte load and four byte permutes.
 inline constexpr int kPdsTileBytes = kTile * kTile;
 inline constexpr int64_t kPdsBlockBytes = 2 * kPdsTileBytes + kTile;
+static_assert(kPdsBlockBytes % 128 == 0, "the ring's blocks: whole 128-byte L2 lines (discarded once read)");
 __device__ __forceinline__ uint4 ld_shared_u32x4(const void* p) {
   const float4 v = sm90::ld_shared_f32x4(p);
   return make_uint4(__float_as_uint(v.x), __float_as_uint(v.y), __float_as_uint(v.z), __float_as_uint(v.w));
@@ -629,18 +630,30 @@ __device__ __forceinline__ void dkdv_body(const CUtensorMap& tm_q, const CUtenso
             // row) as a float (0 for a half whose dS are all zero); kDsOnly then patches the query
             // infos as by default.
             KvStage& st = s.st[stage];
-            if (kRingMode && lane == 2) {  // ring: the block is in shared memory, its slot free again
+            // Ring: the block is in shared memory, its slot free again, after the consumers' signal
+            // below (this warp's discards off their path). Its lines are dropped from L2 unwritten
+            // first (discard: no write-back to DRAM of bytes nobody reads again; the next epoch's
+            // stores follow the release). H200: the ring's DRAM writes 800 -> 197 MB on llm-long,
+            // 666 -> 193 MB on llm (docs/backward.md).
+            auto free_slot = [&] {
               const int gid = ring_gid(p, w);
-              ring_release(p.ring_free + ring_slot(p, gid, j, w.blk), ring_epoch(p, gid, j));
-            }
+              const int64_t slot = ring_slot(p, gid, j, w.blk);
+              const uint8_t* blk = p.ds_dump + slot * kPdsBlockBytes;
+              for (int l = lane; l < int(kPdsBlockBytes / 128); l += 32)
+                asm volatile("discard.global.L2 [%0], 128;" ::"l"(blk + 128 * l) : "memory");
+              __syncwarp();
+              if (lane == 2) ring_release(p.ring_free + slot, ring_epoch(p, gid, j));
+            };
             if (lane < 2) {
               const uint32_t x = st.ds_rows[64 * lane];
               st.ds_scale[lane] = x == 0 ? 0.f : __uint_as_float(x << 23);
             }
             if constexpr (!kDsOnlyMode) {
               sm90::mbar_arrive(&s.info_ready[stage]);
+              if (kRingMode) free_slot();
               continue;
             }
+            if (kRingMode) free_slot();
           }
           float4* info = s.st[stage].info;
 #pragma unroll
@@ -2068,6 +2081,8 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
   } else if (workspace_bytes < w.total) {
     return Status::Invalid("workspace: " + std::to_string(workspace_bytes) + " bytes given, " + std::to_string(w.total) +
                            " needed (attention_backward_workspace_size)");
+  } else if (!is_aligned(workspace, 256)) {  // (its regions: 256-byte offsets; TMA, whole L2 lines)
+    return Status::Invalid("workspace: the CUDA backward needs a 256-byte aligned pointer (cudaMalloc's are)");
   }
   uint8_t* ws = static_cast<uint8_t*>(workspace);
   auto run = [&]() -> Status {
