@@ -137,11 +137,8 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_dout_kernel(const DoutPr
   // that kernel may start its launch now and waits for this grid before its first read.
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  if (p.zero_words > 0) {  // this CTA's share of the words to zero
-    const int64_t ctas = int64_t(gridDim.x) * gridDim.y, cta = h * gridDim.x + tile;
-    const int64_t per = (p.zero_words + ctas - 1) / ctas, end = min(p.zero_words, (cta + 1) * per);
-    for (int64_t i = cta * per + threadIdx.x; i < end; i += kPrepThreads) p.zero[i] = 0u;
-  }
+  const int64_t threads = int64_t(gridDim.x) * gridDim.y * kPrepThreads;  // the words to zero, grid-stride
+  for (int64_t i = (h * gridDim.x + tile) * kPrepThreads + threadIdx.x; i < p.zero_words; i += threads) p.zero[i] = 0u;
   const OutRows o = out_rows_of(p.cu_q, p.cu_q_sf, p.out_seqs, p.broadcast_q, p.lq_pad, tile * kTile);
   const int chunk = threadIdx.x % 8, row0 = threadIdx.x / 8;
 #pragma unroll 1
@@ -2090,14 +2087,18 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     auto f32 = [&](size_t off) { return reinterpret_cast<float*>(ws + off); };
     // Both work lists (and the persistent dQ kernel's item counter after the Q tiles' list) in one
     // upload, first: the kernels after it start as programmatic dependents of their predecessors.
+    unsigned* next_item = nullptr;
     {
       std::vector<int2> lists(kv_items);
       lists.resize((w.q_items - w.kv_items) / sizeof(int2), int2{0, 0});  // (the alignment's gap)
       lists.insert(lists.end(), q_items.begin(), q_items.end());
-      lists.push_back(int2{0, 0});
-      MXFLASH_RETURN_IF_ERROR(upload_to_device(ws + w.kv_items, lists.data(), lists.size() * sizeof(int2), stream));
+      MXFLASH_RETURN_IF_ERROR(attn::upload_work_list(ws + w.kv_items, lists, stream, &next_item));
     }
-    unsigned* const next_item = reinterpret_cast<unsigned*>(ws + w.q_items + q_items.size() * sizeof(int2));
+    // The ring's ready and free epochs (2 x its blocks' words, over the dump scales' region, which
+    // the ring does not use): zeroed each call by dO's preprocess. The ring needs Q tiles (ring_config
+    // takes it only for uniform Q lengths of 512 and more), so that preprocess always runs with it.
+    unsigned* const ring_flags = plan.ring.n > 0 ? reinterpret_cast<unsigned*>(ws + w.ds_scales) : nullptr;
+    if (ring_flags != nullptr && Po == 0) return Status::Internal("backward: the ring planned for a call without Q tiles");
     const bool pdl = pdl_after_setup();
     // Operands re-expressed (attention_fwd_prepare.cuh): Q per row, K and V per 128-key tile, Q and
     // K along tokens per (sequence, channel).
@@ -2161,12 +2162,8 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       d.do_t = ws + w.dot;
       d.do_t_scale = f32(w.dot_scale);
       d.info = reinterpret_cast<float4*>(ws + w.info);
-      d.zero = nullptr;
-      d.zero_words = 0;
-      if (plan.ring.n > 0) {  // the ring's ready and free epochs, from 0 each call
-        d.zero = reinterpret_cast<unsigned*>(ws + w.ds_scales);
-        d.zero_words = int64_t(2 * plan.ring.blocks());
-      }
+      d.zero = ring_flags;  // the ring's epochs, from 0 each call
+      d.zero_words = ring_flags != nullptr ? int64_t(2 * plan.ring.blocks()) : 0;
       MXFLASH_RETURN_IF_ERROR(cuda_error(launch_programmatic(pdl, bwd::prepare_dout_kernel,
                                                              dim3(unsigned(Po / bwd::kTile), unsigned(H)),
                                                              dim3(bwd::kPrepThreads), 0, stream, d),
@@ -2234,13 +2231,9 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
 #if MXFLASH_FWD_EXPERIMENTS
     if (const char* e = std::getenv("MXFLASH_BWD_RING_POLL")) bp.ring_poll_ns = std::max(0, std::atoi(e));
 #endif
-    if (bp.ring_n > 0) {  // the ready and free epochs, zeroed by dO's preprocess (which the ring implies)
-      const size_t slots = ring.blocks();
-      bp.ring_ready = reinterpret_cast<unsigned*>(ws + w.ds_scales);
-      bp.ring_free = bp.ring_ready + slots;
-      if (Po == 0)
-        MXFLASH_RETURN_IF_ERROR(
-            cuda_error(cudaMemsetAsync(bp.ring_ready, 0, 2 * slots * sizeof(unsigned), stream), "ring flags"));
+    if (bp.ring_n > 0) {  // the ready and free epochs, zeroed by dO's preprocess
+      bp.ring_ready = ring_flags;
+      bp.ring_free = ring_flags + ring.blocks();
     }
 #if MXFLASH_FWD_EXPERIMENTS
     if (const char* e = std::getenv("MXFLASH_BWD_DUMP_WRAP")) {
