@@ -125,11 +125,16 @@ __device__ __forceinline__ float scale_of(uint32_t s) {
   return __uint_as_float(s == 0 ? 0x00400000u : s == 255 ? 0x7FC00000u : s << 23);
 }
 
-// One CTA of 256 threads per (128-row output tile, head): eight threads per row (16 channels each).
+// One CTA of 256 threads per (128-row output tile, head): eight threads per row, thread c of a row
+// with channels 8c..8c+7 and 64+8c..64+8c+7, so that each of its two 16-byte loads (and each 8-byte
+// store of dO's row bytes) is, across the row's eight threads, 128 contiguous bytes: whole sectors.
 inline constexpr int kPrepThreads = 256;
+inline constexpr int kPrepOutPitch = kTile + 16;  // bytes per dOᵀ channel row staged in shared memory
 __global__ void __launch_bounds__(kPrepThreads) prepare_dout_kernel(const DoutPrep p) {
   constexpr int kPitch = kHeadDim / 2 + 1;  // words (bf16 pairs) per row in shared memory
-  __shared__ uint32_t rows[kTile][kPitch];
+  // The tile's dO rows; after the transposition, the staged dOᵀ bytes (128 channels x 128 tokens).
+  __shared__ __align__(16) uint32_t rows[kTile][kPitch];
+  static_assert(sizeof(rows) >= kHeadDim * kPrepOutPitch, "dOᵀ's staging fits over the rows");
   __shared__ float cmax[2][kHeadDim];
   const int64_t tile = blockIdx.x, h = blockIdx.y;
   // A programmatic dependent of the work list's upload or the prepare passes (none of whose output
@@ -141,6 +146,8 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_dout_kernel(const DoutPr
   for (int64_t i = (h * gridDim.x + tile) * kPrepThreads + threadIdx.x; i < p.zero_words; i += threads) p.zero[i] = 0u;
   const OutRows o = out_rows_of(p.cu_q, p.cu_q_sf, p.out_seqs, p.broadcast_q, p.lq_pad, tile * kTile);
   const int chunk = threadIdx.x % 8, row0 = threadIdx.x / 8;
+  // This thread's words (bf16 pairs) of a row: 4 chunk + k, then 32 + 4 chunk + k (k < 4).
+  auto word_of = [&](int k) { return (k / 4) * (kHeadDim / 4) + chunk * 4 + k % 4; };
 #pragma unroll 1
   for (int pass = 0; pass < kTile / (kPrepThreads / 8); ++pass) {
     const int r = row0 + pass * (kPrepThreads / 8);
@@ -148,10 +155,10 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_dout_kernel(const DoutPr
     const bool valid = i < o.len;
     uint32_t g[8] = {0, 0, 0, 0, 0, 0, 0, 0}, x[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     if (valid) {
-      const int64_t at = ((o.tok0 + i) * p.H + h) * kHeadDim + chunk * 16;
+      const int64_t at = ((o.tok0 + i) * p.H + h) * kHeadDim + chunk * 8;
       const uint4* gd = reinterpret_cast<const uint4*>(p.dout + at);
       const uint4* od = reinterpret_cast<const uint4*>(p.out + at);
-      const uint4 g0 = gd[0], g1 = gd[1], o0 = od[0], o1 = od[1];
+      const uint4 g0 = gd[0], g1 = gd[8], o0 = od[0], o1 = od[8];  // (channels +0 and +64)
       g[0] = g0.x, g[1] = g0.y, g[2] = g0.z, g[3] = g0.w, g[4] = g1.x, g[5] = g1.y, g[6] = g1.z, g[7] = g1.w;
       x[0] = o0.x, x[1] = o0.y, x[2] = o0.z, x[3] = o0.w, x[4] = o1.x, x[5] = o1.y, x[6] = o1.z, x[7] = o1.w;
     }
@@ -161,7 +168,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_dout_kernel(const DoutPr
       dsum = fmaf(bf16_lo(g[k]), bf16_lo(x[k]), dsum);
       dsum = fmaf(bf16_hi(g[k]), bf16_hi(x[k]), dsum);
       amax = fmaxf(amax, fmaxf(fabsf(bf16_lo(g[k])), fabsf(bf16_hi(g[k]))));
-      rows[r][chunk * 8 + k] = g[k];
+      rows[r][word_of(k)] = g[k];
     }
 #pragma unroll
     for (int off = 1; off < 8; off *= 2) {
@@ -176,7 +183,9 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_dout_kernel(const DoutPr
       q[k] = attn::pack_e4m3x4(bf16_lo(g[2 * k]) * inv, bf16_hi(g[2 * k]) * inv, bf16_lo(g[2 * k + 1]) * inv,
                                bf16_hi(g[2 * k + 1]) * inv);
     const int64_t orow = h * p.Po + tile * kTile + r;
-    *reinterpret_cast<uint4*>(p.do_rows + orow * kHeadDim + chunk * 16) = make_uint4(q[0], q[1], q[2], q[3]);
+    uint8_t* const dst = p.do_rows + orow * kHeadDim + chunk * 8;
+    *reinterpret_cast<uint2*>(dst) = make_uint2(q[0], q[1]);
+    *reinterpret_cast<uint2*>(dst + kHeadDim / 2) = make_uint2(q[2], q[3]);
     if (chunk == 0) {
       const bool one_key = p.cu_k[o.seq + 1] - p.cu_k[o.seq] == 1;
       p.info[orow] = valid ? make_float4(p.q_scale[h * p.Pq + o.q_pad0 + i] * p.scale_log2,
@@ -196,12 +205,16 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_dout_kernel(const DoutPr
     cmax[half][d] = m;
   }
   __syncthreads();
-  // dOᵀ: unit = (channel d, 32-token group gq): 32 bytes in the permuted token order.
-  for (int u = threadIdx.x; u < kHeadDim * (kTile / kBlockSize); u += kPrepThreads) {
-    const int d = u % kHeadDim, gq = u / kHeadDim;
+  // dOᵀ: unit = (channel d, 32-token group gq): 32 bytes in the permuted token order, staged in
+  // shared memory over the rows once all are read, then stored a whole 128-byte channel row per
+  // eight threads.
+  constexpr int kUnits = kHeadDim * (kTile / kBlockSize) / kPrepThreads;
+  uint32_t w[kUnits][8];
+#pragma unroll
+  for (int n = 0; n < kUnits; ++n) {
+    const int u = threadIdx.x + n * kPrepThreads, d = u % kHeadDim, gq = u / kHeadDim;
     const uint32_t s = scale_byte(fmaxf(cmax[0][d], cmax[1][d]));
     const float inv = inv_scale_of(s);
-    uint32_t w[8];
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       float v[4];
@@ -210,12 +223,25 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_dout_kernel(const DoutPr
         const uint32_t word = rows[gq * kBlockSize + attn::permuted_token(4 * k + e)][d / 2];
         v[e] = (d % 2 ? bf16_hi(word) : bf16_lo(word)) * inv;
       }
-      w[k] = attn::pack_e4m3x4(v[0], v[1], v[2], v[3]);
+      w[n][k] = attn::pack_e4m3x4(v[0], v[1], v[2], v[3]);
     }
-    uint4* dst = reinterpret_cast<uint4*>(p.do_t + (h * kHeadDim + d) * p.Po + tile * kTile + gq * kBlockSize);
-    dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
-    dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
     if (gq == 0) p.do_t_scale[(h * (p.Po / kTile) + tile) * kHeadDim + d] = scale_of(s);
+  }
+  __syncthreads();
+  uint8_t* const out_t = reinterpret_cast<uint8_t*>(&rows[0][0]);
+#pragma unroll
+  for (int n = 0; n < kUnits; ++n) {
+    const int u = threadIdx.x + n * kPrepThreads, d = u % kHeadDim, gq = u / kHeadDim;
+    uint4* st = reinterpret_cast<uint4*>(out_t + d * kPrepOutPitch + gq * kBlockSize);
+    st[0] = make_uint4(w[n][0], w[n][1], w[n][2], w[n][3]);
+    st[1] = make_uint4(w[n][4], w[n][5], w[n][6], w[n][7]);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int n = 0; n < kHeadDim * kTile / 16 / kPrepThreads; ++n) {
+    const int idx = threadIdx.x + n * kPrepThreads, d = idx / (kTile / 16), c = idx % (kTile / 16);
+    *reinterpret_cast<uint4*>(p.do_t + (h * kHeadDim + d) * p.Po + tile * kTile + c * 16) =
+        *reinterpret_cast<const uint4*>(out_t + d * kPrepOutPitch + c * 16);
   }
 }
 
