@@ -43,16 +43,20 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
-// Spins until the barrier's phase `parity` has completed.
+// Waits until the barrier's phase `parity` has completed. Each try_wait may suspend the thread
+// until the phase completes, for at most kMbarSuspendNs (the PTX suspend-time hint; without it the
+// hardware's own short limit made the waiting warps spin: ~15 try_wait + branch pairs per consumer
+// warp and K/V tile in the forward, ncu on an H200).
+inline constexpr uint32_t kMbarSuspendNs = 1000000;
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
       "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1, %2;\n"
       "@!p bra WAIT_%=;\n"
       "}\n" ::"r"(smem_u32(bar)),
-      "r"(parity)
+      "r"(parity), "n"(kMbarSuspendNs)
       : "memory");
 }
 
