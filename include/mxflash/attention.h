@@ -209,8 +209,8 @@ size_t attention_backward_operands_workspace_size(const JaggedMeta& q_meta, cons
 // The backward on operands from quantize_attention_backward (same q_meta, k_meta); out, dout, lse,
 // options and outputs as for attention_backward on MX tensors. CPU tensors: the exact-MX reference
 // on the operands' values; CUDA: the fast kernels without their prepare passes. Where every Q and
-// K/V sequence has one length L, a multiple of 512 up to 8192, without broadcast_q, and from 2048
-// tokens and 1024 128-token tiles in all (MXFLASH_BWD_RING=0|1: off,
+// K/V sequence has one length L, a multiple of 512 up to 8192, without broadcast_q, and from 1024
+// tokens and 256 128-token tiles in all (MXFLASH_BWD_RING=0|1: off,
 // or wherever the shape allows), the two kernels run as one cooperative launch that hands P and dS
 // over through L2 (the ring, docs/backward.md): dK takes dS with one scale per 64 queries x 128 keys,
 // still deterministic, ~25-50 MB more workspace; a device that cannot hold its grid at once runs

@@ -347,7 +347,7 @@ TEST_F(AttentionBwdOperandsGpu, UniformLengthsBf16) {
 }
 
 TEST_F(AttentionBwdOperandsGpu, RingUniformLengthsBf16) {
-  // the backward's ring forced (its default takes it from 16 tiles and 16 (sequence, head) groups on):
+  // the backward's ring forced (its default takes it from 8 tiles a sequence and 256 tiles in all):
   // 8 tiles a sequence (8 steps, 56 dK/dV CTAs); with its dQ role on 8 CTAs, 4 items a CTA
   run_case({{1024, 1024}, {1024, 1024}, 2, false, true, true}, 14);
 }
@@ -358,10 +358,11 @@ TEST_F(AttentionBwdOperandsGpu, RingShortestSequencesFp32) {
 }
 
 TEST_F(AttentionBwdOperandsGpu, RingTakenByDefaultWhereItMeasuredFaster) {
-  // The ring's blocks take workspace only where it runs: by default from 16 tiles a sequence and
-  // 1024 tiles in all (llm: 8 x 2048 tokens, 16 heads), not on 2 x 2048 x 8 heads (where it measured
-  // slower), nor on 8 x 2000 (not a multiple of 512) or broadcast Q; MXFLASH_BWD_RING=1 takes it on
-  // 2 x 2048 x 8 heads too, =0 nowhere.
+  // The ring's blocks take workspace only where it runs: by default from 8 tiles a sequence and
+  // 256 tiles in all (llm: 8 x 2048 tokens, 16 heads; 2 x 2048 x 8 heads), not on 32 x 512 x 16
+  // heads (4 tiles a sequence, where it measured slower) nor on 2 x 1024 x 8 heads (128 tiles), nor
+  // on 8 x 2000 (not a multiple of 512) or broadcast Q; MXFLASH_BWD_RING=1 takes it on the first
+  // two too, =0 nowhere.
   auto ws = [](const std::vector<int64_t>& q, const std::vector<int64_t>& k, int64_t H, bool broadcast,
                const char* ring) {
     const gputest::ScopedEnv env("MXFLASH_BWD_RING", ring);
@@ -372,10 +373,14 @@ TEST_F(AttentionBwdOperandsGpu, RingTakenByDefaultWhereItMeasuredFaster) {
     bo.broadcast_q = broadcast;
     return attention_backward_operands_workspace_size(qm, km, H, bo);
   };
-  const std::vector<int64_t> llm(8, 2048), small(2, 2048), odd(8, 2000), k64(64, 16384);
+  const std::vector<int64_t> llm(8, 2048), small(2, 2048), short4(32, 512), few(2, 1024), odd(8, 2000),
+      k64(64, 16384);
   EXPECT_GT(ws(llm, llm, 16, false, nullptr), ws(llm, llm, 16, false, "0"));
-  EXPECT_EQ(ws(small, small, 8, false, nullptr), ws(small, small, 8, false, "0"));
-  EXPECT_GT(ws(small, small, 8, false, "1"), ws(small, small, 8, false, "0"));
+  EXPECT_GT(ws(small, small, 8, false, nullptr), ws(small, small, 8, false, "0"));
+  EXPECT_EQ(ws(short4, short4, 16, false, nullptr), ws(short4, short4, 16, false, "0"));
+  EXPECT_GT(ws(short4, short4, 16, false, "1"), ws(short4, short4, 16, false, "0"));
+  EXPECT_EQ(ws(few, few, 8, false, nullptr), ws(few, few, 8, false, "0"));
+  EXPECT_GT(ws(few, few, 8, false, "1"), ws(few, few, 8, false, "0"));
   EXPECT_EQ(ws(odd, odd, 16, false, "1"), ws(odd, odd, 16, false, "0"));
   EXPECT_EQ(ws({512}, k64, 3, true, "1"), ws({512}, k64, 3, true, "0"));
 }

@@ -1875,10 +1875,12 @@ int ring_env() {
 // most 64 tiles (a group's Q-tile and K-tile units all run at once). By default (ring_env() < 0) also
 // n >= kRingMinTiles and at least kRingMinUnits tiles in all (groups x n). H200, 2026-11-30, the
 // whole backward on operands, ring against the two kernels one after the other, TFLOP/s (same
-// call): L=8192 B=2 H=16 615-617 / 582-583, B=1 H=16 626 / 582; L=4096 B=4 H=16 594 / 566; L=2048
-// B=8 H=16 550-553 / 529-531, B=8 H=4 502 / 503, B=2 H=8 442 / 468; L=1024 B=16 H=16 467 / 478;
-// L=512 B=32 H=16 348 / 398.
-inline constexpr int kRingMinTiles = 16, kRingMinUnits = 1024;
+// call, two rounds), since the mbarrier waits suspend (mbar_wait): L=4096 B=4 H=16 652.6 / 647.7
+// against 577.9 / 579.9; L=2048 B=8 H=4 563.2 / 557.9 against 516.2 / 515.2, B=2 H=8 (256 tiles)
+// 496.9 / 496.2 against 477.9 / 478.7; L=1024 B=16 H=16 516.7 / 514.1 against 497.3 / 497.6; L=512
+// B=32 H=16 371.6 / 372.1 against 414.0 / 414.0. (Before, with spinning waits, the ring lost at
+// L=1024 and on L=2048 B=2 H=8, and tied on B=8 H=4: the rule was 16 tiles and 1024 in all.)
+inline constexpr int kRingMinTiles = 8, kRingMinUnits = 256;
 int ring_tiles(const cuda::AttentionBwdProblem& p) {
   const int env = ring_env();
   if (env == 0 || p.exec == nullptr || p.broadcast_q || p.Tq <= 0 || p.Tk <= 0 || p.Tq != p.Tk) return 0;
