@@ -2113,6 +2113,11 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
   auto run = [&]() -> Status {
     const int Bq = p.broadcast_q ? 1 : p.batch;
     auto f32 = [&](size_t off) { return reinterpret_cast<float*>(ws + off); };
+    // The ring's ready and free epochs (2 x its blocks' words, over the dump scales' region, which
+    // the ring does not use): zeroed each call by dO's preprocess. The ring needs Q tiles (ring_config
+    // takes it only for uniform Q lengths of 512 and more), so that preprocess always runs with it.
+    unsigned* const ring_flags = plan.ring.n > 0 ? reinterpret_cast<unsigned*>(ws + w.ds_scales) : nullptr;
+    if (ring_flags != nullptr && Po == 0) return Status::Internal("backward: the ring planned for a call without Q tiles");
     // Both work lists (and the persistent dQ kernel's item counter after the Q tiles' list) in one
     // upload, first: the kernels after it start as programmatic dependents of their predecessors.
     unsigned* next_item = nullptr;
@@ -2122,11 +2127,6 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       lists.insert(lists.end(), q_items.begin(), q_items.end());
       MXFLASH_RETURN_IF_ERROR(attn::upload_work_list(ws + w.kv_items, lists, stream, &next_item));
     }
-    // The ring's ready and free epochs (2 x its blocks' words, over the dump scales' region, which
-    // the ring does not use): zeroed each call by dO's preprocess. The ring needs Q tiles (ring_config
-    // takes it only for uniform Q lengths of 512 and more), so that preprocess always runs with it.
-    unsigned* const ring_flags = plan.ring.n > 0 ? reinterpret_cast<unsigned*>(ws + w.ds_scales) : nullptr;
-    if (ring_flags != nullptr && Po == 0) return Status::Internal("backward: the ring planned for a call without Q tiles");
     const bool pdl = pdl_after_setup();
     // Operands re-expressed (attention_fwd_prepare.cuh): Q per row, K and V per 128-key tile, Q and
     // K along tokens per (sequence, channel).
