@@ -278,9 +278,14 @@ void run_case(const Case& c, uint64_t seed) {
     const std::vector<std::vector<uint8_t>> two = outputs("0", nullptr);
     // The dQ role on as few CTAs as the ring allows (the tiles a sequence, n: its items then walked
     // several a CTA, each CTA's barriers set up anew per item, as on llm's 27 a CTA): the same bytes.
-    const std::string n_tiles = std::to_string((c.q_lengths[0] + 127) / 128);
-    EXPECT_EQ(outputs("1", n_tiles.c_str()), (std::vector<std::vector<uint8_t>>{first[0], first[1], first[2]}))
-        << "the ring with its dQ role on " << n_tiles << " CTAs differs";
+    // (The rectangular ring: one bundle of n dQ CTAs, then two, whose steps run on across their
+    // groups.)
+    const int n_q = int((c.q_lengths[0] + 127) / 128);
+    for (const int ctas : {n_q, 2 * n_q}) {
+      const std::string n_tiles = std::to_string(ctas);
+      EXPECT_EQ(outputs("1", n_tiles.c_str()), (std::vector<std::vector<uint8_t>>{first[0], first[1], first[2]}))
+          << "the ring with its dQ role on " << n_tiles << " CTAs differs";
+    }
     {  // output_mxfp8_dkv: the ring's dK, dV in fp32, then the 32x32 quantizer; dV the two kernels'
        // bytes (the same P bytes), dK as close as in bf16.
       AttentionBackwardOptions mo = bo;
@@ -357,12 +362,28 @@ TEST_F(AttentionBwdOperandsGpu, RingShortestSequencesFp32) {
   run_case({{512, 512, 512}, {512, 512, 512}, 3, false, false, true}, 15);
 }
 
+TEST_F(AttentionBwdOperandsGpu, RectRingBroadcastJaggedBf16) {
+  // the rectangular ring forced (broadcast Q of 3 tiles, the last partial; K/V sequences of every
+  // kind: several tiles, partial, one key, empty), 2 heads: 12 groups on 12 bundles, then on 1 and 2
+  run_case({{300}, {700, 0, 129, 1, 1000, 384}, 2, true, true, true}, 16);
+}
+
+TEST_F(AttentionBwdOperandsGpu, RectRingUniformQJaggedKFp32) {
+  // the rectangular ring forced without broadcast: every Q sequence 256 tokens (2 tiles), K/V
+  // lengths that differ (the square ring needs them equal), 3 heads
+  run_case({{256, 256, 256, 256}, {1000, 17, 0, 513}, 3, false, false, true}, 17);
+}
+
 TEST_F(AttentionBwdOperandsGpu, RingTakenByDefaultWhereItMeasuredFaster) {
   // The ring's blocks take workspace only where it runs: by default from 8 tiles a sequence and
   // 256 tiles in all (llm: 8 x 2048 tokens, 16 heads; 2 x 2048 x 8 heads), not on 32 x 512 x 16
   // heads (4 tiles a sequence, where it measured slower) nor on 2 x 1024 x 8 heads (128 tiles), nor
-  // on 8 x 2000 (not a multiple of 512) or broadcast Q; MXFLASH_BWD_RING=1 takes it on the first
-  // two too, =0 nowhere.
+  // on 8 x 2000 (not a multiple of 512); MXFLASH_BWD_RING=1 takes it on the first two too, =0
+  // nowhere. Its rectangular form (Q sequences of one length, 4 to 8 tiles by default, K/V of any)
+  // by default from 8 K/V tiles a sequence on average: broadcast Q of 512 tokens over 64 x 16384
+  // keys (cross) or 64 x 1024, not over 64 x 512 nor for 128-token Q (1 tile), nor on the square
+  // form's shapes (K/V as long as Q: 2 x 1024 x 8 heads above); =1 or =2 take it there too, =2 also
+  // where the square form would run.
   auto ws = [](const std::vector<int64_t>& q, const std::vector<int64_t>& k, int64_t H, bool broadcast,
                const char* ring) {
     const gputest::ScopedEnv env("MXFLASH_BWD_RING", ring);
@@ -382,7 +403,16 @@ TEST_F(AttentionBwdOperandsGpu, RingTakenByDefaultWhereItMeasuredFaster) {
   EXPECT_EQ(ws(few, few, 8, false, nullptr), ws(few, few, 8, false, "0"));
   EXPECT_GT(ws(few, few, 8, false, "1"), ws(few, few, 8, false, "0"));
   EXPECT_EQ(ws(odd, odd, 16, false, "1"), ws(odd, odd, 16, false, "0"));
-  EXPECT_EQ(ws({512}, k64, 3, true, "1"), ws({512}, k64, 3, true, "0"));
+  const std::vector<int64_t> k8(64, 1024), k4(64, 512), k16(64, 2048);
+  EXPECT_GT(ws({512}, k64, 3, true, nullptr), ws({512}, k64, 3, true, "0"));
+  EXPECT_GT(ws({512}, k8, 3, true, nullptr), ws({512}, k8, 3, true, "0"));
+  EXPECT_EQ(ws({512}, k4, 3, true, nullptr), ws({512}, k4, 3, true, "0"));
+  EXPECT_GT(ws({512}, k4, 3, true, "1"), ws({512}, k4, 3, true, "0"));
+  EXPECT_EQ(ws({128}, k16, 3, true, nullptr), ws({128}, k16, 3, true, "0"));
+  EXPECT_GT(ws({128}, k16, 3, true, "2"), ws({128}, k16, 3, true, "0"));
+  EXPECT_GT(ws(short4, short4, 16, false, "2"), ws(short4, short4, 16, false, "0"));
+  // (odd: 16 Q tiles a sequence, more than the rectangular form takes)
+  EXPECT_EQ(ws(odd, odd, 16, false, "2"), ws(odd, odd, 16, false, "0"));
 }
 
 TEST_F(AttentionBwdOperandsGpu, BroadcastQFp32) {

@@ -112,17 +112,23 @@ def test_the_graph_keeps_operands_not_inputs(device, request):
     assert torch.equal(out.view(torch.int16), grads[0][0].view(torch.int16))
 
 
-@pytest.mark.parametrize("ring", [False, True], ids=["jagged", "ring"])
+@pytest.mark.parametrize("ring", [None, "square", "rect"], ids=["jagged", "ring", "rect"])
 def test_cuda_graph_capture_of_a_training_step(torch_cuda, ring, monkeypatch):
     """A training step (quantize, forward, backward) captured with torch.cuda.graph and replayed on
     new values of its inputs gives bit for bit what the eager step gives on them: nothing in it
     syncs with the host or copies from host memory that is gone by replay time (the work lists go
     to the device inside kernel parameters). ring: uniform lengths with the backward's ring forced
-    (MXFLASH_BWD_RING=1), whose kernel is a cooperative launch."""
+    (MXFLASH_BWD_RING=1), whose kernel is a cooperative launch; rect: Q sequences of one length and
+    K/V sequences of two, with the ring forced (its rectangular form, whose dK/dV list is uploaded
+    with the work lists)."""
     torch = torch_cuda
     from mxflash.autograd import mx_attention
 
-    q_lengths, k_lengths = ([512, 512], [512, 512]) if ring else (Q_LENGTHS, K_LENGTHS)
+    q_lengths, k_lengths = {
+        None: (Q_LENGTHS, K_LENGTHS),
+        "square": ([512, 512], [512, 512]),
+        "rect": ([256, 256], [700, 129]),
+    }[ring]
     if ring:
         monkeypatch.setenv("MXFLASH_BWD_RING", "1")
     qm, km = mxflash.JaggedMeta.from_lengths(q_lengths), mxflash.JaggedMeta.from_lengths(k_lengths)

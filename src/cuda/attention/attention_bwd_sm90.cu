@@ -308,6 +308,7 @@ struct BwdParams {
   int ring_poll_ns;  // ring_wait's sleep between polls (0: acquire loads back to back)
   unsigned* ring_ready;
   unsigned* ring_free;
+  const int2* ring_group;  // kRect: each group's (b x heads + h) bundle and the bundle's step of its K tile 0
 };
 // The epoch of step t of group gid, and that of the slot's previous use (the same group ring_steps
 // steps before, or the group ring_groups before at step n - ring_steps + t), 0 for none.
@@ -345,6 +346,9 @@ struct Item {
   int h, b, blk, qb;
   int Lq, Lk;
   int64_t o_pad0;  // padded output row of the sequence's row 0
+  // The rectangular ring (kRect): the item's bundle, and its bundle's step of the item's first block
+  // (dQ unit: of K tile 0; dK/dV unit: the step that produced its blocks).
+  int ring_bundle, ring_s0;  // (set only where kRect reads them)
 };
 // Ring mode: item w's group (one (sequence, head), numbered alike on both sides); the K tile that Q
 // tile q takes at step t and the Q tile that K tile k takes ((q + t) and (k - t) mod n); the slot of
@@ -355,6 +359,64 @@ __device__ __forceinline__ int ring_k_tile(int q, int t, int n) { return q + t <
 __device__ __forceinline__ int ring_q_tile(int k, int t, int n) { return k >= t ? k - t : k - t + n; }
 __device__ __forceinline__ int64_t ring_slot(const BwdParams& p, int gid, int t, int kt) {
   return (int64_t(gid % p.ring_groups) * p.ring_steps + (t & (p.ring_steps - 1))) * p.ring_n + kt;
+}
+
+// Both kernels' kDiag 8192 (with kRing): the rectangular ring (BwdParams::ring_n is then the Q
+// tiles of every group, nq; rect_config on the host). The dQ role's CTAs form bundles of nq, and
+// bundle u's CTA i takes Q tile i of the bundle's groups (u, u + bundles, ... in the dQ list's
+// group order), one after the other; every unit walks its K tiles in order, so the bundle's
+// steps run on across its groups (Item::ring_s0). The group's nq blocks of K tile k are made at
+// one step s, each into its own slot of the bundle's ring_steps x nq: slot (u, s mod ring_steps, i),
+// ready and free epoch s + 1. The dK/dV role walks an explicit list (BwdParams::items as int4
+// {group, K tile}, BwdParams::ring_group the group's bundle and step of K tile 0) sorted by step:
+// each of its units takes the nq blocks of one step.
+// So a unit only ever waits on units of smaller steps (deadlock-free with every CTA resident), and
+// the two roles may take any share of the SMs (the square ring's groups are n x n units in step).
+inline constexpr int kRect = 8192;
+__device__ __forceinline__ int64_t rect_slot(const BwdParams& p, int bundle, int step, int q_tile) {
+  return (int64_t(bundle) * p.ring_steps + (step & (p.ring_steps - 1))) * p.ring_n + q_tile;
+}
+// Ring helpers of both forms (kDiag's kRing, kRect). A dQ unit (Q tile w.blk): the K tile of its
+// step j, the slot its block goes to, the epoch it releases, and the epoch of the slot's previous
+// use it waits for (0: none).
+template <int kDiag>
+__device__ __forceinline__ int dq_ring_k_tile(const Item& w, int j, int n_k) {
+  if constexpr ((kDiag & kRect) != 0) return j;
+  return ring_k_tile(w.blk, j, n_k);
+}
+template <int kDiag>
+__device__ __forceinline__ int64_t dq_ring_slot(const BwdParams& p, const Item& w, int j, int kt) {
+  if constexpr ((kDiag & kRect) != 0) return rect_slot(p, w.ring_bundle, w.ring_s0 + j, w.blk);
+  return ring_slot(p, ring_gid(p, w), j, kt);
+}
+template <int kDiag>
+__device__ __forceinline__ unsigned dq_ring_epoch(const BwdParams& p, const Item& w, int j) {
+  if constexpr ((kDiag & kRect) != 0) return unsigned(w.ring_s0 + j + 1);
+  return ring_epoch(p, ring_gid(p, w), j);
+}
+template <int kDiag>
+__device__ __forceinline__ unsigned dq_ring_prev_epoch(const BwdParams& p, const Item& w, int j) {
+  if constexpr ((kDiag & kRect) != 0) {
+    const int s = w.ring_s0 + j;
+    return s >= p.ring_steps ? unsigned(s + 1 - p.ring_steps) : 0u;
+  }
+  return ring_prev_epoch(p, ring_gid(p, w), j);
+}
+// A dK/dV unit (K tile w.blk): the Q tile of its step j, the slot of that block, and its epoch.
+template <int kDiag>
+__device__ __forceinline__ int kv_ring_q_tile(const Item& w, int j, int n_q) {
+  if constexpr ((kDiag & kRect) != 0) return j;
+  return ring_q_tile(w.blk, j, n_q);
+}
+template <int kDiag>
+__device__ __forceinline__ int64_t kv_ring_slot(const BwdParams& p, const Item& w, int j) {
+  if constexpr ((kDiag & kRect) != 0) return rect_slot(p, w.ring_bundle, w.ring_s0, j);
+  return ring_slot(p, ring_gid(p, w), j, w.blk);
+}
+template <int kDiag>
+__device__ __forceinline__ unsigned kv_ring_epoch(const BwdParams& p, const Item& w, int j) {
+  if constexpr ((kDiag & kRect) != 0) return unsigned(w.ring_s0 + 1);
+  return ring_epoch(p, ring_gid(p, w), j);
 }
 
 // kKvTiles: the items are K/V tiles (dK/dV kernel), otherwise Q tiles (dQ kernel).
@@ -372,6 +434,28 @@ __device__ __forceinline__ Item item_of(const BwdParams& p, unsigned index) {
   w.blk = ht.tile;
   w.o_pad0 = p.broadcast_q ? int64_t(w.b) * p.lq_pad : int64_t(p.cu_q_sf[w.b]);
   return w;
+}
+// The dK/dV role's item `index` of the rectangular ring's explicit list (kRect: {group b x heads + h,
+// K tile}); otherwise item_of<true>.
+template <int kDiag>
+__device__ __forceinline__ Item kv_item_of(const BwdParams& p, unsigned index) {
+  if constexpr ((kDiag & kRect) != 0) {
+    const int2 e = p.items[index];
+    const int2 g = p.ring_group[e.x];
+    Item w;
+    w.b = e.x / p.heads;
+    w.h = e.x - w.b * p.heads;
+    w.qb = p.broadcast_q ? 0 : w.b;
+    w.Lq = p.cu_q[w.qb + 1] - p.cu_q[w.qb];
+    w.Lk = p.cu_k[w.b + 1] - p.cu_k[w.b];
+    w.blk = e.y;
+    w.o_pad0 = p.broadcast_q ? int64_t(w.b) * p.lq_pad : int64_t(p.cu_q_sf[w.b]);
+    w.ring_bundle = g.x;
+    w.ring_s0 = g.y + e.y;
+    return w;
+  } else {
+    return item_of<true>(p, index);
+  }
 }
 
 // dS row scale of one accumulator row pair: amax over the quad, 1/scale and scale.
@@ -591,7 +675,7 @@ __device__ __forceinline__ void for_each_loaded_item(const BwdParams& p, Fn&& fn
   if constexpr (kPersistent) {
     int it = 0, kv_i = 0;
     for (unsigned index = blockIdx.x; index < unsigned(p.num_items); index += dkdv_ctas<kDiag>(p)) {
-      const Item w = item_of<true>(p, index);
+      const Item w = kv_item_of<kDiag>(p, index);
       const int n_q = (w.Lq + kTile - 1) / kTile;
       if (n_q == 0) continue;
       fn(w, n_q, it, kv_i);
@@ -659,13 +743,12 @@ __device__ __forceinline__ void dkdv_body(const CUtensorMap& tm_q, const CUtenso
             // stores follow the release). H200: the ring's DRAM writes 800 -> 197 MB on llm-long,
             // 666 -> 193 MB on llm (docs/backward.md).
             auto free_slot = [&] {
-              const int gid = ring_gid(p, w);
-              const int64_t slot = ring_slot(p, gid, j, w.blk);
+              const int64_t slot = kv_ring_slot<kDiag>(p, w, j);
               const uint8_t* blk = p.ds_dump + slot * kPdsBlockBytes;
               for (int l = lane; l < int(kPdsBlockBytes / 128); l += 32)
                 asm volatile("discard.global.L2 [%0], 128;" ::"l"(blk + 128 * l) : "memory");
               __syncwarp();
-              if (lane == 2) ring_release(p.ring_free + slot, ring_epoch(p, gid, j));
+              if (lane == 2) ring_release(p.ring_free + slot, kv_ring_epoch<kDiag>(p, w, j));
             };
             if (lane < 2) {
               const uint32_t x = st.ds_rows[64 * lane];
@@ -704,11 +787,10 @@ __device__ __forceinline__ void dkdv_body(const CUtensorMap& tm_q, const CUtenso
         const int stage = (it + j) % kKvStages;
         KvStage& st = s.st[stage];
         // Ring: Q tile qj = (this K tile - j) mod n at step j, its block in the ring's slot.
-        const int qj = kRingMode ? ring_q_tile(w.blk, j, n_q) : j;
+        const int qj = kRingMode ? kv_ring_q_tile<kDiag>(w, j, n_q) : j;
         if constexpr (kRingMode) {  // the block of step j stored (before the stage is free: its latency
                                     // under the consumers' work)
-          const int gid = ring_gid(p, w);
-          ring_wait(p.ring_ready + ring_slot(p, gid, j, w.blk), ring_epoch(p, gid, j), p.ring_poll_ns);
+          ring_wait(p.ring_ready + kv_ring_slot<kDiag>(p, w, j), kv_ring_epoch<kDiag>(p, w, j), p.ring_poll_ns);
         } else if constexpr (kPds) {  // the dQ kernel's flag of the block, before the stage is free (its
                                       // latency under the consumers' work): its eight warps' releases
           // (>= 8: the eight warps of this call or earlier calls, a diagnostic)
@@ -733,7 +815,7 @@ __device__ __forceinline__ void dkdv_body(const CUtensorMap& tm_q, const CUtenso
         if constexpr (kPds) {
           const uint8_t* blk =
               p.ds_dump +
-              (kRingMode ? ring_slot(p, ring_gid(p, w), j, w.blk) : dump_block(p, w.h, w.qb, j, w.blk)) * kPdsBlockBytes;
+              (kRingMode ? kv_ring_slot<kDiag>(p, w, j) : dump_block(p, w.h, w.qb, j, w.blk)) * kPdsBlockBytes;
           if constexpr (!kDsOnlyMode) sm90::bulk_load(st.q, blk, kPdsTileBytes, &s.full[stage]);
           sm90::bulk_load(st.dout, blk + kPdsTileBytes, kPdsTileBytes, &s.full[stage]);
           sm90::bulk_load(st.ds_rows, blk + 2 * kPdsTileBytes, kTile, &s.full[stage]);
@@ -920,7 +1002,7 @@ __device__ __forceinline__ void dkdv_body(const CUtensorMap& tm_q, const CUtenso
         for (int j = 0; j < n_q; ++j) {
           const int stage = (it + j) % kKvStages;
           const KvStage& st = s.st[stage];
-          const int qj = kRingMode ? ring_q_tile(w.blk, j, n_q) : j;  // (ring: rotated)
+          const int qj = kRingMode ? kv_ring_q_tile<kDiag>(w, j, n_q) : j;  // (square ring: rotated)
           const float q_tile = kTileScales ? q_tiles[qj] : 1.f;  // the Q tile's Qᵀ' scale (kTileScales)
           sm90::mbar_wait(&s.full[stage], ((it + j) / kKvStages) & 1);
           sm90::mbar_wait(&s.info_ready[stage], ((it + j) / kKvStages) & 1);
@@ -1065,7 +1147,7 @@ __device__ __forceinline__ void dkdv_body(const CUtensorMap& tm_q, const CUtenso
   if constexpr (kPersistent) {
     int it = 0, kv_i = 0;
     for (unsigned index = blockIdx.x; index < unsigned(p.num_items); index += dkdv_ctas<kDiag>(p)) {
-      const Item w = item_of<true>(p, index);
+      const Item w = kv_item_of<kDiag>(p, index);
       const int n_q = (w.Lq + kTile - 1) / kTile;
       consume(w, n_q, it, kv_i);
       if (n_q > 0) {
@@ -1117,10 +1199,10 @@ struct QSmem {
 inline constexpr size_t kQSmemBytes = sizeof(QSmem) + 1024;
 
 // Producer thread of a dQ item: its K/V tiles (K', V', Kᵀ') into the stages; `it` tiles were loaded
-// before (persistent CTAs), which sets the stage and phase of the first one. kRingMode: K tile
-// (blk + j) mod n at step j, loaded once the ring slot its block goes to is free (its consumers write
-// the block only after they have consumed these tiles).
-template <bool kRingMode = false>
+// before (persistent CTAs), which sets the stage and phase of the first one. kRingDiag with kRing: K
+// tile (blk + j) mod n at step j (kRect: K tile j), loaded once the ring slot its block goes to is
+// free (its consumers write the block only after they have consumed these tiles).
+template <int kRingDiag = 0>
 __device__ __forceinline__ void produce_dq_tiles(QStage (&st)[kQStages], uint64_t (&full)[kQStages],
                                                  uint64_t (&empty)[kQStages], const CUtensorMap* tm_k,
                                                  const CUtensorMap* tm_v, const CUtensorMap* tm_kt, const BwdParams& p,
@@ -1130,11 +1212,10 @@ __device__ __forceinline__ void produce_dq_tiles(QStage (&st)[kQStages], uint64_
     const int stage = (it + j) % kQStages;
     QStage& t = st[stage];
     int kt = j;
-    if constexpr (kRingMode) {
-      kt = ring_k_tile(w.blk, j, n_k);
-      const int gid = ring_gid(p, w);
-      const unsigned prev = ring_prev_epoch(p, gid, j);
-      if (prev != 0) ring_wait(p.ring_free + ring_slot(p, gid, j, kt), prev, p.ring_poll_ns);
+    if constexpr ((kRingDiag & kRing) != 0) {
+      kt = dq_ring_k_tile<kRingDiag>(w, j, n_k);
+      const unsigned prev = dq_ring_prev_epoch<kRingDiag>(p, w, j);
+      if (prev != 0) ring_wait(p.ring_free + dq_ring_slot<kRingDiag>(p, w, j, kt), prev, p.ring_poll_ns);
     }
     sm90::mbar_wait(&empty[stage], (((it + j) / kQStages) & 1) ^ 1);
     sm90::mbar_arrive_expect_tx(&full[stage], 3 * kTileBytes);
@@ -1217,7 +1298,7 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
       auto tile = [&](int j, float (&sa)[64], float (&sb)[64]) {
         const int stage = (it + j) % kQStages;
         // The K tile (kRing: rotated, (blk + j) mod n).
-        const int kt = (kDiag & kRing) == 0 ? j : ring_k_tile(w.blk, j, n_k);
+        const int kt = (kDiag & kRing) == 0 ? j : dq_ring_k_tile<kDiag>(w, j, n_k);
         const float ks = p.k_scale[tile0 + kt], vs = p.v_scale[tile0 + kt];
         const float k_tile = kTileScales ? p.kt_tile_scale[tile0 + kt] : 1.f;
         issue_dp(sb, j);
@@ -1237,7 +1318,7 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
         [[maybe_unused]] uint8_t* const pds =
             (kDiag & kDumpPds) == 0 ? nullptr
             : (kDiag & kRing) != 0
-                ? p.ds_dump + ring_slot(p, ring_gid(p, w), j, kt) * kPdsBlockBytes
+                ? p.ds_dump + dq_ring_slot<kDiag>(p, w, j, kt) * kPdsBlockBytes
                 : p.ds_dump + dump_block(p, w.h, w.qb, w.blk, j) * kPdsBlockBytes;
         if constexpr ((kDiag & kDiagNoMath) != 0) {
           diag_sink(p, sa);
@@ -1438,8 +1519,8 @@ __device__ __forceinline__ void dq_item_producer(const CUtensorMap& tm_q, const 
       for (int j = 0; j < n_k; ++j) {
         sm90::mbar_wait(&s.dump_done[(it + j) % 8], ((it + j) / 8) & 1);  // (consumers 8 tiles ahead would alias)
         if constexpr ((kDiag & kRing) != 0) {  // ring: the slot's epoch
-          const int gid = ring_gid(p, w);
-          ring_release(p.ring_ready + ring_slot(p, gid, j, ring_k_tile(w.blk, j, n_k)), ring_epoch(p, gid, j));
+          ring_release(p.ring_ready + dq_ring_slot<kDiag>(p, w, j, dq_ring_k_tile<kDiag>(w, j, n_k)),
+                       dq_ring_epoch<kDiag>(p, w, j));
           continue;
         }
         asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p.pds_flags + dump_block(p, w.h, w.qb, w.blk, j)),
@@ -1453,7 +1534,7 @@ __device__ __forceinline__ void dq_item_producer(const CUtensorMap& tm_q, const 
   sm90::mbar_arrive_expect_tx(&s.q_full, 2 * kTileBytes);
   sm90::tma_load_2d(s.q, &tm_q, &s.q_full, 0, int(w.h * p.Pq + p.cu_q_sf[w.qb] + int64_t(w.blk) * kTile));
   sm90::tma_load_2d(s.dout, &tm_do, &s.q_full, 0, int(w.h * p.Po + o_row));
-  produce_dq_tiles<(kDiag & kRing) != 0>(s.st, s.full, s.empty, &tm_k, &tm_v, &tm_kt, p, w, n_k, it);
+  produce_dq_tiles<kDiag & (kRing | kRect)>(s.st, s.full, s.empty, &tm_k, &tm_v, &tm_kt, p, w, n_k, it);
 }
 
 // The CTA-per-item dQ kernel's item: its barriers initialised, then the producer warpgroup's loads
@@ -1496,6 +1577,33 @@ __global__ void __launch_bounds__(kThreads, 1)
   dq_item<kTileScales, kDiag>(tm_q, tm_k, tm_v, tm_do, tm_kt, p, blockIdx.x);
 }
 
+// The rectangular ring's dK/dV list (kRect), written on the device from its groups' table (group
+// b x heads + h: its bundle and the bundle's step of its K tile 0) and each bundle's steps in all
+// (`totals`): one block a group, an item {group, K tile k} per K tile at its place in the order by
+// step s, then bundle u: the items of all steps before s (sum over bundles of min(s, total)) and
+// those of step s on the bundles before u (total > s). Launched after the upload of the table, as
+// a programmatic dependent of it (and dO's preprocess after it likewise).
+inline size_t rect_list_smem(int bundles) { return size_t(bundles + 3) / 4 * 4 * sizeof(int); }
+__global__ void rect_list_kernel(const int2* __restrict__ group, const int* __restrict__ totals, int bundles,
+                                 const int* __restrict__ cu_k, int heads, int2* __restrict__ items) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  // (rect_list_smem: whole 16-byte slots, the padding zero: ptxas reads the totals four at a time,
+  // past `bundles` too, and a bundle of no steps counts for nothing)
+  extern __shared__ int total[];
+  for (int i = threadIdx.x; i < (bundles + 3) / 4 * 4; i += blockDim.x) total[i] = i < bundles ? totals[i] : 0;
+  __syncthreads();
+  const int gid = blockIdx.x, b = gid / heads;
+  const int n_k = (cu_k[b + 1] - cu_k[b] + kTile - 1) / kTile;
+  const int2 g = group[gid];
+  for (int k = threadIdx.x; k < n_k; k += blockDim.x) {
+    const int step = g.y + k;
+    int64_t pos = 0;
+    for (int u = 0; u < bundles; ++u) pos += min(step, total[u]) + (u < g.x && total[u] > step ? 1 : 0);
+    items[pos] = make_int2(gid, k);
+  }
+}
+
 // The ring (BwdParams::ring_n): one cooperative launch, so that every CTA is resident at once (the
 // ring's lockstep needs it: a group's dQ and dK/dV units wait on each other). CTAs below
 // pk.ring_ctas run the persistent dK/dV kernel's kFromPds form on pk's work list; the others, the
@@ -1525,7 +1633,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   QSmem& s = attn::aligned_shared<QSmem>(smem_raw);
   const int wg = attn::warpgroup_index(), tid = threadIdx.x % kWarpgroupThreads;
-  const unsigned first = blockIdx.x - kv_ctas, stride = gridDim.x - kv_ctas;
+  // kRect: the bundles' CTAs (ring_groups x ring_n; any CTAs past them have no items).
+  const unsigned first = blockIdx.x - kv_ctas;
+  const unsigned stride = (kDqDiag & kRect) != 0 ? unsigned(pq.ring_groups * pq.ring_n) : gridDim.x - kv_ctas;
+  if ((kDqDiag & kRect) != 0 && first >= stride) return;
   if (threadIdx.x == 0) {
     for (int i = 0; i < 8; ++i) sm90::mbar_init(&s.dump_done[i], kConsumers * 4);
     sm90::mbar_init(&s.q_empty, kConsumers * kWarpgroupThreads);
@@ -1533,11 +1644,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   attn::init_pipeline(&s.q_full, s.full, s.empty, kConsumers);  // (and the fence of the two above)
   int it = 0;
   unsigned n = 0;  // items with K/V tiles before
+  // kRect: this CTA's bundle (its CTAs are ring_n in a row, the stride a multiple of ring_n), whose
+  // steps run on across its items (`it` counts them: every item of the CTA is the bundle's).
+  auto item = [&](unsigned index) {
+    Item w = item_of<false>(pq, index);
+    if constexpr ((kDqDiag & kRect) != 0) {
+      w.ring_bundle = int(first) / pq.ring_n;
+      w.ring_s0 = it;
+    }
+    return w;
+  };
   if (wg == 0) {
     sm90::setmaxnreg_dec<kProducerRegs>();
     if (tid != 0 && tid != 32) return;
     for (unsigned index = first; index < unsigned(pq.num_items); index += stride) {
-      const Item w = item_of<false>(pq, index);
+      const Item w = item(index);
       const int n_k = (w.Lk + kTile - 1) / kTile;
       dq_item_producer<kDqDiag>(tm_q, tm_k, tm_v, tm_do, tm_kt, pq, s, w, n_k, w.o_pad0 + int64_t(w.blk) * kTile, tid,
                                 it, n > 0 ? &s.q_empty : nullptr, (n - 1) & 1);
@@ -1547,7 +1668,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   sm90::setmaxnreg_inc<kConsumerRegs>();
   for (unsigned index = first; index < unsigned(pq.num_items); index += stride) {
-    const Item w = item_of<false>(pq, index);
+    const Item w = item(index);
     const int n_k = (w.Lk + kTile - 1) / kTile;
     consume_dq<true, false, kDqDiag>(s.st, s.full, s.empty, s.q, s.dout, &s.q_full, n & 1, pq.info, pq, w, wg - 1, tid,
                                      it, nullptr, &s.wg_amax[0][0][0], s.dump_done);
@@ -1865,7 +1986,8 @@ bool dump_ds(const cuda::AttentionBwdProblem& p) {
   return (bwd_variant() & (1 << 30)) != 0 && p.exec != nullptr && !p.broadcast_q && p.Tq > 0 && p.Tk > 0;
 }
 // The ring (attention_bwd_ring_kernel; docs/backward.md): MXFLASH_BWD_RING=0 turns it off, =1 takes
-// it wherever the shape allows (ring_tiles), unset (the default) where it measured faster.
+// it wherever the shape allows (ring_tiles, else rect_config), =2 its rectangular form wherever that
+// can run, unset (the default) where it measured faster.
 int ring_env() {
   const char* e = std::getenv("MXFLASH_BWD_RING");
   return e == nullptr ? -1 : std::atoi(e);
@@ -1883,7 +2005,7 @@ int ring_env() {
 inline constexpr int kRingMinTiles = 8, kRingMinUnits = 256;
 int ring_tiles(const cuda::AttentionBwdProblem& p) {
   const int env = ring_env();
-  if (env == 0 || p.exec == nullptr || p.broadcast_q || p.Tq <= 0 || p.Tk <= 0 || p.Tq != p.Tk) return 0;
+  if (env == 0 || env == 2 || p.exec == nullptr || p.broadcast_q || p.Tq <= 0 || p.Tk <= 0 || p.Tq != p.Tk) return 0;
   const std::vector<int32_t>& ck = *p.host_cu_k;
   const std::vector<int32_t>& cq = *p.host_cu_q;
   if (ck.size() != cq.size()) return 0;
@@ -1910,6 +2032,8 @@ bool pds_experiment(const cuda::AttentionBwdProblem& p) {
 // CTAs and 8 steps against 528-537 with 64 and 4; docs/backward.md).
 struct RingConfig {
   int n = 0, ctas = 0, steps = 4, groups = 1;
+  // The rectangular ring (kRect): n the Q tiles of every group, groups its bundles of n dQ CTAs.
+  bool rect = false;
   size_t blocks() const { return size_t(groups) * size_t(steps) * size_t(n); }
 };
 inline constexpr int kRingDkdvCtas = 64;
@@ -1926,8 +2050,9 @@ int dq_dump_diag() {
 // The ring's kernel; in experiments builds its kDsOnly forms (MXFLASH_BWD_VARIANT bit 14), or with
 // MXFLASH_BWD_DQ_DUMP_DIAG=1 the dQ role's kDumpNoStore form (the blocks never written, dK and dV
 // wrong): what the ring would run at if its hand-over's stores cost nothing.
-auto ring_kernel() {
+auto ring_kernel(bool rect) {
   auto kernel = bwd::attention_bwd_ring_kernel<bwd::kDumpPds | bwd::kRing, bwd::kFromPds | bwd::kRing>;
+  if (rect) return bwd::attention_bwd_ring_kernel<bwd::kDumpPds | bwd::kRing | bwd::kRect, bwd::kFromPds | bwd::kRing | bwd::kRect>;
 #if MXFLASH_FWD_EXPERIMENTS
   if (ds_only())
     kernel = bwd::attention_bwd_ring_kernel<bwd::kDumpPds | bwd::kRing | bwd::kDsOnly,
@@ -1954,6 +2079,87 @@ RingConfig ring_config(const cuda::AttentionBwdProblem& p, int sms) {
   if (c.ctas < c.n || sms - c.ctas < c.n) return RingConfig{};
   c.groups = (sms - c.ctas) / c.n + 2;
   return c;
+}
+// The rectangular ring (kRect; BwdParams and the ring kernel say how it runs) where the square one
+// does not: exec operands, every Q sequence of one length (broadcast Q: its one) of at most
+// kRectMaxQTiles tiles, K/V sequences of any lengths; by default only from kRectMinQTiles Q tiles
+// and kRectMinKTiles K/V tiles a sequence on average, and not on the square ring's shapes (every
+// K/V sequence as long as its Q sequence: there the square ring or the two kernels, as measured). H200, 2026-11-30, the whole backward on
+// operands, TFLOP/s, rectangular ring / two kernels (same call): cross 605 / 528, jagged 603 / 515,
+// Lq=1024 Lk=4096 B=16 H=16 595 / 539, broadcast Lq=512 Lk=1024 B=256 H=4 460 / 431; slower where
+// its units hold few blocks: Lq=Lk=512 B=32 H=16 341 / 406, Lq=Lk=256 B=64 H=16 213 / 306, Lq=128
+// Lk=2048 B=256 H=8 332 / 382. MXFLASH_BWD_RING as for the square ring (=1
+// takes it wherever it can run, =2 the rectangular form wherever it can run, =0 nowhere). The dQ role gets bundles of nq CTAs on the SMs that
+// about kRectDkdvShare of them (MXFLASH_BWD_RING_CTAS: that many) leave, at most one bundle per group,
+// and the dK/dV role the rest (MXFLASH_BWD_RING_DQ_CTAS: that many dQ CTAs instead, in bundles;
+// more than the device holds take the two kernels: the tests use it); 8 steps
+// (MXFLASH_BWD_RING_STEPS). H200, cross (B=64, Lq=512 shared, Lk=16384, H=3: nq = 4), TFLOP/s by
+// dK/dV CTAs at 4 / 8 steps: 40 449, 46 492, 52 554, 58 590, 64 597 / 599, 70 571 / 581, 76 552 /
+// 564, 82 505 / 514, 88 456 / 466; jagged at 64: 581 / 602 (the two kernels 535 / 520).
+inline constexpr int kRectMaxQTiles = 8, kRectMaxBundles = 4096, kRectMinQTiles = 4, kRectMinKTiles = 8;
+inline constexpr double kRectDkdvShare = 64.0 / 132.0;
+RingConfig rect_config(const cuda::AttentionBwdProblem& p, int sms) {
+  const int env = ring_env();
+  if (env == 0 || p.exec == nullptr || p.Tq <= 0 || p.Tk <= 0) return RingConfig{};
+  const std::vector<int32_t>& cq = *p.host_cu_q;
+  const std::vector<int32_t>& ck = *p.host_cu_k;
+  const int lq = cq[1] - cq[0];
+  for (size_t b = 0; b + 1 < cq.size(); ++b)
+    if (cq[b + 1] - cq[b] != lq) return RingConfig{};
+  const int nq = (lq + bwd::kTile - 1) / bwd::kTile;
+  if (nq < 1 || nq > kRectMaxQTiles) return RingConfig{};
+  if (env < 0) {
+    int64_t k_tiles = 0;
+    bool self = !p.broadcast_q;  // (every K/V sequence as long as its Q sequence: the square ring's shapes)
+    for (size_t b = 0; b + 1 < ck.size(); ++b) {
+      k_tiles += (ck[b + 1] - ck[b] + bwd::kTile - 1) / bwd::kTile;
+      self = self && ck[b + 1] - ck[b] == lq;
+    }
+    if (self || nq < kRectMinQTiles || k_tiles < int64_t(kRectMinKTiles) * p.batch) return RingConfig{};
+  }
+  RingConfig c;
+  c.rect = true;
+  c.n = nq;
+  c.steps = 8;
+  c.ctas = int(sms * kRectDkdvShare + 0.5);
+  if (const char* e = std::getenv("MXFLASH_BWD_RING_CTAS")) {
+    const int v = std::atoi(e);
+    if (v >= 1 && v <= sms - nq) c.ctas = v;
+  }
+  if (const char* e = std::getenv("MXFLASH_BWD_RING_STEPS")) {
+    const int v = std::atoi(e);
+    if (v >= 1 && (v & (v - 1)) == 0) c.steps = v;
+  }
+  if (sms - c.ctas < nq) return RingConfig{};
+  const int64_t groups = int64_t(p.batch) * p.heads;
+  int64_t bundles = (sms - c.ctas) / nq;
+  if (const char* e = std::getenv("MXFLASH_BWD_RING_DQ_CTAS")) bundles = std::max<int64_t>(1, std::atoll(e) / nq);
+  c.groups = int(std::max<int64_t>(1, std::min({bundles, groups, int64_t(kRectMaxBundles)})));
+  c.ctas = std::max(c.ctas, sms - c.groups * nq);  // (the SMs the bundles leave)
+  return c;
+}
+// The rectangular ring's groups' table (BwdParams::ring_group: {bundle, step of K tile 0} per group
+// b x heads + h), then each bundle's steps in all (rect_list_kernel's `totals`, two a slot): the
+// groups in the dQ list's order (`q_items`, its heads in a row), group g of that order on bundle g
+// mod bundles, whose steps run on across its groups. `n_items`: the dK/dV list's length.
+std::vector<int2> rect_meta(const std::vector<int2>& q_items, const std::vector<int>& k_tiles, int heads, int bundles,
+                            size_t* n_items) {
+  std::vector<int2> table(k_tiles.size() * size_t(heads), int2{0, 0});
+  std::vector<int> steps(size_t(bundles) + 1, 0);  // (+1: whole int2 slots)
+  int64_t g = 0;
+  *n_items = 0;
+  for (size_t e = 0; e < q_items.size(); ++e) {
+    if (q_items[e].y != int(e)) continue;  // (the sequence's first Q tile)
+    const int b = q_items[e].x;
+    for (int h = 0; h < heads; ++h, ++g) {
+      const int u = int(g % bundles);
+      table[size_t(b * heads + h)] = int2{u, steps[size_t(u)]};
+      steps[size_t(u)] += k_tiles[size_t(b)];
+      *n_items += size_t(k_tiles[size_t(b)]);
+    }
+  }
+  for (size_t u = 0; u + 1 < steps.size(); u += 2) table.push_back(int2{steps[u], steps[u + 1]});
+  return table;
 }
 // The current device's SMs (132 where it cannot be read: the launcher's sm_count then fails first).
 int device_sms() {
@@ -1998,12 +2204,12 @@ bool heads_inner(int64_t heads, const std::vector<int>& len, int64_t bytes_per_t
 }
 
 struct BwdWorkspace {
-  size_t q, k, v, qt, kt, dout, dot, info, q_scale, k_scale, v_scale, qt_byte, qt_scale, kt_byte, kt_scale, dot_scale,
+  size_t ring_items, ring_meta, q, k, v, qt, kt, dout, dot, info, q_scale, k_scale, v_scale, qt_byte, qt_scale, kt_byte, kt_scale, dot_scale,
       kv_items, q_items, dq_part, dk_f32, dv_f32, dk_sq, dv_sq, ds_dump, ds_scales, total;
 };
 
 BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n_kv_items, size_t n_q_items,
-                        const RingConfig& ring, bool pds) {
+                        const RingConfig& ring, bool pds, size_t n_ring_items, size_t n_ring_meta) {
   BwdWorkspace w;
   size_t off = 0;
   auto take = [&](size_t bytes) {
@@ -2030,6 +2236,10 @@ BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n
   w.kt_byte = take(ops * B * H * D);
   w.kt_scale = take(ops * B * H * D * sizeof(float));
   w.dot_scale = take(H * (Po / bwd::kTile) * D * sizeof(float));
+  // The rectangular ring's dK/dV list (rect_list_kernel's), then its groups' table and both work
+  // lists, in a row: one upload (attention_backward).
+  w.ring_items = take(n_ring_items * sizeof(int2));
+  w.ring_meta = take(n_ring_meta * sizeof(int2));
   w.kv_items = take(n_kv_items * sizeof(int2));
   w.q_items = take(attn::work_list_bytes(n_q_items));  // + the persistent dQ kernel's item counter
   w.dq_part = take(p.broadcast_q ? size_t(p.To) * H * D * sizeof(float) : 0);
@@ -2056,6 +2266,8 @@ struct BwdPlan {
   int64_t lq_pad = 0, Po = 0;  // broadcast_q: each output sequence padded to lq_pad rows
   std::vector<int> lq, lk;
   std::vector<int2> kv_items, q_items;
+  std::vector<int2> ring_meta;  // the rectangular ring's groups' table and bundles' steps (rect_meta)
+  size_t ring_n_items = 0;      // its dK/dV list's length
   RingConfig ring;  // (n 0: no ring)
   bool pds = false;  // the dQ kernel's kDumpPds and the dK/dV kernel's kFromPds forms: the ring, or pds_experiment
   BwdWorkspace w;
@@ -2080,9 +2292,15 @@ BwdPlan plan_of(const AttentionBwdProblem& p) {
   }
   pl.kv_items = attn::work_list(k_tiles, pl.lq);  // dK/dV: K/V tiles
   pl.q_items = attn::work_list(q_tiles, pl.lk);   // dQ: Q tiles
-  pl.ring = ring_config(p, device_sms());  // (the launcher's sm_count: the same device)
+  const int sms = device_sms();  // (the launcher's sm_count: the same device)
+  pl.ring = ring_config(p, sms);
+  if (pl.ring.n == 0) {
+    pl.ring = rect_config(p, sms);
+    if (pl.ring.rect) pl.ring_meta = rect_meta(pl.q_items, k_tiles, p.heads, pl.ring.groups, &pl.ring_n_items);
+  }
   pl.pds = pl.ring.n > 0 || pds_experiment(p);
-  pl.w = bwd_layout(p, pl.Po, pl.kv_items.size(), pl.q_items.size(), pl.ring, pl.pds);
+  pl.w = bwd_layout(p, pl.Po, pl.kv_items.size(), pl.q_items.size(), pl.ring, pl.pds, pl.ring_n_items,
+                    pl.ring_meta.size());
   return pl;
 }
 
@@ -2122,10 +2340,22 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     // upload, first: the kernels after it start as programmatic dependents of their predecessors.
     unsigned* next_item = nullptr;
     {
-      std::vector<int2> lists(kv_items);
-      lists.resize((w.q_items - w.kv_items) / sizeof(int2), int2{0, 0});  // (the alignment's gap)
+      std::vector<int2> lists(plan.ring_meta);
+      lists.resize((w.kv_items - w.ring_meta) / sizeof(int2), int2{0, 0});  // (the alignment's gaps)
+      lists.insert(lists.end(), kv_items.begin(), kv_items.end());
+      lists.resize((w.q_items - w.ring_meta) / sizeof(int2), int2{0, 0});
       lists.insert(lists.end(), q_items.begin(), q_items.end());
-      MXFLASH_RETURN_IF_ERROR(attn::upload_work_list(ws + w.kv_items, lists, stream, &next_item));
+      MXFLASH_RETURN_IF_ERROR(attn::upload_work_list(ws + w.ring_meta, lists, stream, &next_item));
+    }
+    if (plan.ring.rect && plan.ring_n_items > 0) {  // the rectangular ring's dK/dV list, from that table
+      const int groups = p.batch * int(H);
+      MXFLASH_RETURN_IF_ERROR(cuda_error(
+          launch_programmatic(pdl_after_setup(), bwd::rect_list_kernel, dim3(unsigned(groups)), dim3(128),
+                              bwd::rect_list_smem(plan.ring.groups), stream,
+                              reinterpret_cast<const int2*>(ws + w.ring_meta),
+                              reinterpret_cast<const int*>(ws + w.ring_meta + size_t(groups) * sizeof(int2)),
+                              plan.ring.groups, p.cu_k, int(H), reinterpret_cast<int2*>(ws + w.ring_items)),
+          "backward: rect_list_kernel launch"));
     }
     const bool pdl = pdl_after_setup();
     // Operands re-expressed (attention_fwd_prepare.cuh): Q per row, K and V per 128-key tile, Q and
@@ -2352,23 +2582,29 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
         pq.num_items = int(int64_t(q_items.size()) * H);
         pq.heads_inner = bp.heads_inner = false;  // a group's tiles in a row, both roles
         const size_t ring_smem = std::max(smem, bwd::kQSmemBytes);
-        const auto rk = ring_kernel();
+        const auto rk = ring_kernel(ring.rect);
+        bwd::BwdParams pk = bp;  // the dK/dV role's list: kRect's own
+        if (ring.rect) {
+          pk.items = reinterpret_cast<const int2*>(ws + w.ring_items);
+          pk.num_items = int(plan.ring_n_items);
+          pk.ring_group = reinterpret_cast<const int2*>(ws + w.ring_meta);
+        }
         MXFLASH_RETURN_IF_ERROR(
             cuda_error(cudaFuncSetAttribute(rk, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ring_smem)),
                        "cudaFuncSetAttribute(attention_bwd_ring_kernel)"));
         // The dQ role's CTAs: the SMs the dK/dV role leaves, or MXFLASH_BWD_RING_DQ_CTAS (at least n, so
         // that a group's Q-tile units run at once; more than the device holds take the fallback: the
         // tests use it).
-        int64_t dq_ctas = std::min<int64_t>(sms - ring.ctas, pq.num_items);
+        int64_t dq_ctas = ring.rect ? int64_t(ring.groups) * ring.n : std::min<int64_t>(sms - ring.ctas, pq.num_items);
         if (const char* e = std::getenv("MXFLASH_BWD_RING_DQ_CTAS")) {
           const int64_t v = std::atoll(e);
-          if (v >= ring.n) dq_ctas = v;
+          if (v >= ring.n) dq_ctas = ring.rect ? std::max(dq_ctas, v) : v;
         }
         int per_sm = 0;
         MXFLASH_RETURN_IF_ERROR(cuda_error(
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rk, bwd::kThreads, ring_smem), "ring occupancy"));
         cudaError_t e = cudaErrorCooperativeLaunchTooLarge;
-        bp.ring_ctas = ring.ctas;
+        bp.ring_ctas = pk.ring_ctas = ring.ctas;
         if (ring.ctas + dq_ctas <= int64_t(per_sm) * sms) {
           cudaLaunchConfig_t cfg = {};
           cfg.gridDim = dim3(unsigned(ring.ctas + dq_ctas));
@@ -2382,11 +2618,11 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
           attr[1].val.programmaticStreamSerializationAllowed = 1;
           cfg.attrs = attr;
           cfg.numAttrs = pdl ? 2 : 1;
-          e = cudaLaunchKernelEx(&cfg, rk, tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_dk, tm_dv, tm_kt, bp, pq);
+          e = cudaLaunchKernelEx(&cfg, rk, tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_dk, tm_dv, tm_kt, pk, pq);
           if (e != cudaSuccess && e != cudaErrorCooperativeLaunchTooLarge && cfg.numAttrs == 2) {
             (void)cudaGetLastError();  // a driver without the two together: an ordinary cooperative launch
             cfg.numAttrs = 1;
-            e = cudaLaunchKernelEx(&cfg, rk, tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_dk, tm_dv, tm_kt, bp, pq);
+            e = cudaLaunchKernelEx(&cfg, rk, tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot, tm_dk, tm_dv, tm_kt, pk, pq);
           }
           if (e == cudaErrorCooperativeLaunchTooLarge) (void)cudaGetLastError();  // (clears it)
         }
