@@ -211,9 +211,10 @@ size_t attention_backward_operands_workspace_size(const JaggedMeta& q_meta, cons
 // on the operands' values; CUDA: the fast kernels without their prepare passes. Where every Q and
 // K/V sequence has one length L, a multiple of 512 up to 8192, without broadcast_q, and from 1024
 // tokens and 256 128-token tiles in all, or where every Q sequence (broadcast_q: the one) has one
-// length of 4 to 8 tiles and the K/V sequences 8 tiles on average or more, of any lengths, but not
-// all as long as their Q (the ring's rectangular form; MXFLASH_BWD_RING=0|1|2: off, wherever a
-// shape allows, the rectangular form wherever it can run), the two kernels run as one cooperative
+// length of 4 to 16 tiles, the K/V sequences, of any lengths, 8 tiles on average or more, and the
+// batch at least 8 (sequence, head) groups a bundle of dQ CTAs (the ring's rectangular form, taken
+// first; MXFLASH_BWD_RING=0|1|2: off, the square form wherever a shape allows, the rectangular form
+// wherever it can run), the two kernels run as one cooperative
 // launch that hands P and dS over through L2 (the ring, docs/backward.md): dK takes dS with one
 // scale per 64 queries x 128 keys, still deterministic, ~20-50 MB more workspace; a device that
 // cannot hold its grid at once runs the two kernels instead. opt.exact_mx is not supported here (the exact path takes MX tensors).

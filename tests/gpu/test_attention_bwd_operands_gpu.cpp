@@ -375,15 +375,15 @@ TEST_F(AttentionBwdOperandsGpu, RectRingUniformQJaggedKFp32) {
 }
 
 TEST_F(AttentionBwdOperandsGpu, RingTakenByDefaultWhereItMeasuredFaster) {
-  // The ring's blocks take workspace only where it runs: by default from 8 tiles a sequence and
-  // 256 tiles in all (llm: 8 x 2048 tokens, 16 heads; 2 x 2048 x 8 heads), not on 32 x 512 x 16
-  // heads (4 tiles a sequence, where it measured slower) nor on 2 x 1024 x 8 heads (128 tiles), nor
-  // on 8 x 2000 (not a multiple of 512); MXFLASH_BWD_RING=1 takes it on the first two too, =0
-  // nowhere. Its rectangular form (Q sequences of one length, 4 to 8 tiles by default, K/V of any)
-  // by default from 8 K/V tiles a sequence on average: broadcast Q of 512 tokens over 64 x 16384
-  // keys (cross) or 64 x 1024, not over 64 x 512 nor for 128-token Q (1 tile), nor on the square
-  // form's shapes (K/V as long as Q: 2 x 1024 x 8 heads above); =1 or =2 take it there too, =2 also
-  // where the square form would run.
+  // The ring's blocks take workspace only where it runs. By default its rectangular form (Q
+  // sequences of one length, 4 to 16 tiles, K/V of any lengths, 8 tiles on average, at least 8
+  // groups a bundle) ahead of the square one: llm (8 x 2048 tokens, 16 heads; 5 bundles of 16),
+  // 8 x 2000 (not a multiple of 512, so no square ring), broadcast Q of 512 tokens over 64 x 16384
+  // keys (cross) or 64 x 1024; not over 64 x 512, nor for 128-token Q (1 tile), nor on 2 x 2048 x 8
+  // heads (16 groups) where the square one runs (from 8 tiles a sequence and 256 tiles in all), nor
+  // on 32 x 512 x 16 heads (4 tiles) or 2 x 1024 x 8 heads (128 tiles), where neither does.
+  // MXFLASH_BWD_RING=1 takes the square one wherever it can, else the rectangular; =2 the
+  // rectangular wherever it can (1 to 64 Q tiles); =0 neither.
   auto ws = [](const std::vector<int64_t>& q, const std::vector<int64_t>& k, int64_t H, bool broadcast,
                const char* ring) {
     const gputest::ScopedEnv env("MXFLASH_BWD_RING", ring);
@@ -402,7 +402,8 @@ TEST_F(AttentionBwdOperandsGpu, RingTakenByDefaultWhereItMeasuredFaster) {
   EXPECT_GT(ws(short4, short4, 16, false, "1"), ws(short4, short4, 16, false, "0"));
   EXPECT_EQ(ws(few, few, 8, false, nullptr), ws(few, few, 8, false, "0"));
   EXPECT_GT(ws(few, few, 8, false, "1"), ws(few, few, 8, false, "0"));
-  EXPECT_EQ(ws(odd, odd, 16, false, "1"), ws(odd, odd, 16, false, "0"));
+  EXPECT_GT(ws(odd, odd, 16, false, nullptr), ws(odd, odd, 16, false, "0"));
+  EXPECT_GT(ws(odd, odd, 16, false, "1"), ws(odd, odd, 16, false, "0"));
   const std::vector<int64_t> k8(64, 1024), k4(64, 512), k16(64, 2048);
   EXPECT_GT(ws({512}, k64, 3, true, nullptr), ws({512}, k64, 3, true, "0"));
   EXPECT_GT(ws({512}, k8, 3, true, nullptr), ws({512}, k8, 3, true, "0"));
@@ -411,8 +412,13 @@ TEST_F(AttentionBwdOperandsGpu, RingTakenByDefaultWhereItMeasuredFaster) {
   EXPECT_EQ(ws({128}, k16, 3, true, nullptr), ws({128}, k16, 3, true, "0"));
   EXPECT_GT(ws({128}, k16, 3, true, "2"), ws({128}, k16, 3, true, "0"));
   EXPECT_GT(ws(short4, short4, 16, false, "2"), ws(short4, short4, 16, false, "0"));
-  // (odd: 16 Q tiles a sequence, more than the rectangular form takes)
-  EXPECT_EQ(ws(odd, odd, 16, false, "2"), ws(odd, odd, 16, false, "0"));
+  EXPECT_GT(ws(few, few, 8, false, "2"), ws(few, few, 8, false, "0"));
+  // llm: the rectangular form by default (its blocks: 5 bundles x 8 steps x 16 tiles, 21 MB), the
+  // square one with =1 (6 groups x 8 steps x 16 tiles, 25 MB)
+  EXPECT_NE(ws(llm, llm, 16, false, nullptr), ws(llm, llm, 16, false, "1"));
+  EXPECT_EQ(ws(llm, llm, 16, false, nullptr), ws(llm, llm, 16, false, "2"));
+  const std::vector<int64_t> long2(2, 8192);  // llm-long: 64 Q tiles, the square form only
+  EXPECT_EQ(ws(long2, long2, 16, false, nullptr), ws(long2, long2, 16, false, "1"));
 }
 
 TEST_F(AttentionBwdOperandsGpu, BroadcastQFp32) {

@@ -2080,24 +2080,29 @@ RingConfig ring_config(const cuda::AttentionBwdProblem& p, int sms) {
   c.groups = (sms - c.ctas) / c.n + 2;
   return c;
 }
-// The rectangular ring (kRect; BwdParams and the ring kernel say how it runs) where the square one
-// does not: exec operands, every Q sequence of one length (broadcast Q: its one) of at most
-// kRectMaxQTiles tiles, K/V sequences of any lengths; by default only from kRectMinQTiles Q tiles
-// and kRectMinKTiles K/V tiles a sequence on average, and not on the square ring's shapes (every
-// K/V sequence as long as its Q sequence: there the square ring or the two kernels, as measured). H200, 2026-11-30, the whole backward on
-// operands, TFLOP/s, rectangular ring / two kernels (same call): cross 605 / 528, jagged 603 / 515,
-// Lq=1024 Lk=4096 B=16 H=16 595 / 539, broadcast Lq=512 Lk=1024 B=256 H=4 460 / 431; slower where
-// its units hold few blocks: Lq=Lk=512 B=32 H=16 341 / 406, Lq=Lk=256 B=64 H=16 213 / 306, Lq=128
-// Lk=2048 B=256 H=8 332 / 382. MXFLASH_BWD_RING as for the square ring (=1
-// takes it wherever it can run, =2 the rectangular form wherever it can run, =0 nowhere). The dQ role gets bundles of nq CTAs on the SMs that
-// about kRectDkdvShare of them (MXFLASH_BWD_RING_CTAS: that many) leave, at most one bundle per group,
-// and the dK/dV role the rest (MXFLASH_BWD_RING_DQ_CTAS: that many dQ CTAs instead, in bundles;
-// more than the device holds take the two kernels: the tests use it); 8 steps
-// (MXFLASH_BWD_RING_STEPS). H200, cross (B=64, Lq=512 shared, Lk=16384, H=3: nq = 4), TFLOP/s by
-// dK/dV CTAs at 4 / 8 steps: 40 449, 46 492, 52 554, 58 590, 64 597 / 599, 70 571 / 581, 76 552 /
-// 564, 82 505 / 514, 88 456 / 466; jagged at 64: 581 / 602 (the two kernels 535 / 520).
-inline constexpr int kRectMaxQTiles = 8, kRectMaxBundles = 4096, kRectMinQTiles = 4, kRectMinKTiles = 8;
-inline constexpr double kRectDkdvShare = 64.0 / 132.0;
+// The rectangular ring (kRect; BwdParams and the ring kernel say how it runs): exec operands, every
+// Q sequence of one length (broadcast Q: its one) of at most kRectMaxQTiles tiles (64 with
+// MXFLASH_BWD_RING=2), K/V sequences of any lengths. By default (ring_config_of) it runs, ahead of
+// the square ring, from kRectMinQTiles Q tiles, kRectMinKTiles K/V tiles a sequence on average and
+// kRectMinGroups groups a bundle (fewer leave the bundles' last groups unbalanced). The dQ role
+// gets bundles of nq CTAs on the SMs that the dK/dV role's share leaves (52 of 132, 64 where nq <=
+// 4: its units of few blocks pay their K/V loads and epilogue more often; MXFLASH_BWD_RING_CTAS:
+// that many), at most one bundle per group, and the dK/dV role the rest (MXFLASH_BWD_RING_DQ_CTAS:
+// that many dQ CTAs instead, in bundles; more than the device holds take the two kernels: the
+// tests use it); 8 steps (MXFLASH_BWD_RING_STEPS).
+// H200, 2026-11-30, the whole backward on operands, TFLOP/s, same calls:
+// - cross (B=64, Lq=512 shared, Lk=16384, H=3: nq = 4) by dK/dV CTAs at 4 / 8 steps: 40 449, 46
+//   492, 52 554, 58 590, 64 597 / 599, 70 571 / 581, 76 552 / 564, 82 505 / 514, 88 456 / 466;
+//   jagged at 64: 581 / 602 (the two kernels 535 / 520).
+// - rectangular / two kernels: cross 605 / 528, jagged 603 / 515, Lq=1024 Lk=4096 B=16 H=16 595 /
+//   539, broadcast Lq=512 Lk=1024 B=256 H=4 460 / 431; slower where its units hold few blocks:
+//   Lq=Lk=512 B=32 H=16 341 / 406, Lq=Lk=256 B=64 H=16 213 / 306, Lq=128 Lk=2048 B=256 H=8 332 / 382.
+// - rectangular (52 CTAs) / the default before it (square ring or two kernels): llm (L=2048 B=8
+//   H=16) 630 / 607 (68 CTAs 557, 4 steps 605), L=1024 B=16 H=16 523 / 510 (64 CTAs 458), L=1024
+//   B=32 H=8 522 / 506, L=2048 B=8 H=4 566 / 566, L=2048 B=2 H=8 (16 groups) 456 / 497, L=4096 B=4
+//   H=16 (2 bundles) 618 / 645.
+inline constexpr int kRectMaxQTiles = 16, kRectMaxBundles = 4096, kRectMinQTiles = 4, kRectMinKTiles = 8,
+                     kRectMinGroups = 8;
 RingConfig rect_config(const cuda::AttentionBwdProblem& p, int sms) {
   const int env = ring_env();
   if (env == 0 || p.exec == nullptr || p.Tq <= 0 || p.Tk <= 0) return RingConfig{};
@@ -2107,21 +2112,15 @@ RingConfig rect_config(const cuda::AttentionBwdProblem& p, int sms) {
   for (size_t b = 0; b + 1 < cq.size(); ++b)
     if (cq[b + 1] - cq[b] != lq) return RingConfig{};
   const int nq = (lq + bwd::kTile - 1) / bwd::kTile;
-  if (nq < 1 || nq > kRectMaxQTiles) return RingConfig{};
-  if (env < 0) {
-    int64_t k_tiles = 0;
-    bool self = !p.broadcast_q;  // (every K/V sequence as long as its Q sequence: the square ring's shapes)
-    for (size_t b = 0; b + 1 < ck.size(); ++b) {
-      k_tiles += (ck[b + 1] - ck[b] + bwd::kTile - 1) / bwd::kTile;
-      self = self && ck[b + 1] - ck[b] == lq;
-    }
-    if (self || nq < kRectMinQTiles || k_tiles < int64_t(kRectMinKTiles) * p.batch) return RingConfig{};
-  }
+  if (nq < 1 || nq > (env == 2 ? 64 : kRectMaxQTiles)) return RingConfig{};
+  int64_t k_tiles = 0;
+  for (size_t b = 0; b + 1 < ck.size(); ++b) k_tiles += (ck[b + 1] - ck[b] + bwd::kTile - 1) / bwd::kTile;
+  if (env < 0 && (nq < kRectMinQTiles || k_tiles < int64_t(kRectMinKTiles) * p.batch)) return RingConfig{};
   RingConfig c;
   c.rect = true;
   c.n = nq;
   c.steps = 8;
-  c.ctas = int(sms * kRectDkdvShare + 0.5);
+  c.ctas = (sms * (nq <= 4 ? 64 : 52) + 66) / 132;
   if (const char* e = std::getenv("MXFLASH_BWD_RING_CTAS")) {
     const int v = std::atoi(e);
     if (v >= 1 && v <= sms - nq) c.ctas = v;
@@ -2136,7 +2135,19 @@ RingConfig rect_config(const cuda::AttentionBwdProblem& p, int sms) {
   if (const char* e = std::getenv("MXFLASH_BWD_RING_DQ_CTAS")) bundles = std::max<int64_t>(1, std::atoll(e) / nq);
   c.groups = int(std::max<int64_t>(1, std::min({bundles, groups, int64_t(kRectMaxBundles)})));
   c.ctas = std::max(c.ctas, sms - c.groups * nq);  // (the SMs the bundles leave)
+  if (env < 0 && groups < int64_t(kRectMinGroups) * c.groups) return RingConfig{};
   return c;
+}
+// The ring a call runs (n 0: none): the rectangular form where it runs by default (or with
+// MXFLASH_BWD_RING=2), else the square one; MXFLASH_BWD_RING=1 the square one where the shape allows,
+// else the rectangular.
+RingConfig ring_config_of(const cuda::AttentionBwdProblem& p, int sms) {
+  if (ring_env() == 1) {
+    const RingConfig square = ring_config(p, sms);
+    return square.n > 0 ? square : rect_config(p, sms);
+  }
+  const RingConfig rect = rect_config(p, sms);
+  return rect.n > 0 ? rect : ring_config(p, sms);
 }
 // The rectangular ring's groups' table (BwdParams::ring_group: {bundle, step of K tile 0} per group
 // b x heads + h), then each bundle's steps in all (rect_list_kernel's `totals`, two a slot): the
@@ -2293,11 +2304,8 @@ BwdPlan plan_of(const AttentionBwdProblem& p) {
   pl.kv_items = attn::work_list(k_tiles, pl.lq);  // dK/dV: K/V tiles
   pl.q_items = attn::work_list(q_tiles, pl.lk);   // dQ: Q tiles
   const int sms = device_sms();  // (the launcher's sm_count: the same device)
-  pl.ring = ring_config(p, sms);
-  if (pl.ring.n == 0) {
-    pl.ring = rect_config(p, sms);
-    if (pl.ring.rect) pl.ring_meta = rect_meta(pl.q_items, k_tiles, p.heads, pl.ring.groups, &pl.ring_n_items);
-  }
+  pl.ring = ring_config_of(p, sms);
+  if (pl.ring.rect) pl.ring_meta = rect_meta(pl.q_items, k_tiles, p.heads, pl.ring.groups, &pl.ring_n_items);
   pl.pds = pl.ring.n > 0 || pds_experiment(p);
   pl.w = bwd_layout(p, pl.Po, pl.kv_items.size(), pl.q_items.size(), pl.ring, pl.pds, pl.ring_n_items,
                     pl.ring_meta.size());
