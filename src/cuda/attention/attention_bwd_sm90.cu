@@ -367,9 +367,9 @@ __device__ __forceinline__ int64_t ring_slot(const BwdParams& p, int gid, int t,
 // group order), one after the other; every unit walks its K tiles in order, so the bundle's
 // steps run on across its groups (Item::ring_s0). The group's nq blocks of K tile k are made at
 // one step s, each into its own slot of the bundle's ring_steps x nq: slot (u, s mod ring_steps, i),
-// ready and free epoch s + 1. The dK/dV role walks an explicit list (BwdParams::items as int4
-// {group, K tile}, BwdParams::ring_group the group's bundle and step of K tile 0) sorted by step:
-// each of its units takes the nq blocks of one step.
+// ready and free epoch s + 1. The dK/dV role walks an explicit list (BwdParams::items, {group, K
+// tile} each, written by rect_list_kernel; BwdParams::ring_group the group's bundle and step of K
+// tile 0) sorted by step, then bundle: each of its units takes the nq blocks of one step.
 // So a unit only ever waits on units of smaller steps (deadlock-free with every CTA resident), and
 // the two roles may take any share of the SMs (the square ring's groups are n x n units in step).
 inline constexpr int kRect = 8192;
