@@ -2341,7 +2341,8 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     auto f32 = [&](size_t off) { return reinterpret_cast<float*>(ws + off); };
     // The ring's ready and free epochs (2 x its blocks' words, over the dump scales' region, which
     // the ring does not use): zeroed each call by dO's preprocess. The ring needs Q tiles (ring_config
-    // takes it only for uniform Q lengths of 512 and more), so that preprocess always runs with it.
+    // takes it only for uniform Q lengths of 512 and more, rect_config for Q of one length and at least
+    // one tile), so that preprocess always runs with it.
     unsigned* const ring_flags = plan.ring.n > 0 ? reinterpret_cast<unsigned*>(ws + w.ds_scales) : nullptr;
     if (ring_flags != nullptr && Po == 0) return Status::Internal("backward: the ring planned for a call without Q tiles");
     // Both work lists (and the persistent dQ kernel's item counter after the Q tiles' list) in one
@@ -2355,17 +2356,17 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       lists.insert(lists.end(), q_items.begin(), q_items.end());
       MXFLASH_RETURN_IF_ERROR(attn::upload_work_list(ws + w.ring_meta, lists, stream, &next_item));
     }
+    const bool pdl = pdl_after_setup();
     if (plan.ring.rect && plan.ring_n_items > 0) {  // the rectangular ring's dK/dV list, from that table
       const int groups = p.batch * int(H);
       MXFLASH_RETURN_IF_ERROR(cuda_error(
-          launch_programmatic(pdl_after_setup(), bwd::rect_list_kernel, dim3(unsigned(groups)), dim3(128),
+          launch_programmatic(pdl, bwd::rect_list_kernel, dim3(unsigned(groups)), dim3(128),
                               bwd::rect_list_smem(plan.ring.groups), stream,
                               reinterpret_cast<const int2*>(ws + w.ring_meta),
                               reinterpret_cast<const int*>(ws + w.ring_meta + size_t(groups) * sizeof(int2)),
                               plan.ring.groups, p.cu_k, int(H), reinterpret_cast<int2*>(ws + w.ring_items)),
           "backward: rect_list_kernel launch"));
     }
-    const bool pdl = pdl_after_setup();
     // Operands re-expressed (attention_fwd_prepare.cuh): Q per row, K and V per 128-key tile, Q and
     // K along tokens per (sequence, channel).
     bool prepare = p.exec == nullptr;  // exec operands: written by the quantizer already
