@@ -419,20 +419,25 @@ __device__ __forceinline__ unsigned kv_ring_epoch(const BwdParams& p, const Item
   return ring_epoch(p, ring_gid(p, w), j);
 }
 
+// An item's fields that follow from its sequence b alone: qb, Lq, Lk and o_pad0.
+__device__ __forceinline__ Item sequence_item(const BwdParams& p, int b) {
+  Item w;
+  w.b = b;
+  w.qb = p.broadcast_q ? 0 : b;
+  w.Lq = p.cu_q[w.qb + 1] - p.cu_q[w.qb];
+  w.Lk = p.cu_k[b + 1] - p.cu_k[b];
+  w.o_pad0 = p.broadcast_q ? int64_t(b) * p.lq_pad : int64_t(p.cu_q_sf[b]);
+  return w;
+}
 // kKvTiles: the items are K/V tiles (dK/dV kernel), otherwise Q tiles (dQ kernel).
 template <bool kKvTiles>
 __device__ __forceinline__ Item item_of(const BwdParams& p, unsigned index) {
-  Item w;
   const int2 it = p.items[index / unsigned(p.heads)];
-  w.b = it.x;
-  w.qb = p.broadcast_q ? 0 : w.b;
-  w.Lq = p.cu_q[w.qb + 1] - p.cu_q[w.qb];
-  w.Lk = p.cu_k[w.b + 1] - p.cu_k[w.b];
+  Item w = sequence_item(p, it.x);
   const unsigned tiles = unsigned(((kKvTiles ? w.Lk : w.Lq) + kTile - 1) / kTile);
   const attn::HeadTile ht = attn::head_and_tile(index, unsigned(it.y), tiles, unsigned(p.heads), p.heads_inner);
   w.h = ht.h;
   w.blk = ht.tile;
-  w.o_pad0 = p.broadcast_q ? int64_t(w.b) * p.lq_pad : int64_t(p.cu_q_sf[w.b]);
   return w;
 }
 // The dK/dV role's item `index` of the rectangular ring's explicit list (kRect: {group b x heads + h,
@@ -442,14 +447,9 @@ __device__ __forceinline__ Item kv_item_of(const BwdParams& p, unsigned index) {
   if constexpr ((kDiag & kRect) != 0) {
     const int2 e = p.items[index];
     const int2 g = p.ring_group[e.x];
-    Item w;
-    w.b = e.x / p.heads;
+    Item w = sequence_item(p, e.x / p.heads);
     w.h = e.x - w.b * p.heads;
-    w.qb = p.broadcast_q ? 0 : w.b;
-    w.Lq = p.cu_q[w.qb + 1] - p.cu_q[w.qb];
-    w.Lk = p.cu_k[w.b + 1] - p.cu_k[w.b];
     w.blk = e.y;
-    w.o_pad0 = p.broadcast_q ? int64_t(w.b) * p.lq_pad : int64_t(p.cu_q_sf[w.b]);
     w.ring_bundle = g.x;
     w.ring_s0 = g.y + e.y;
     return w;
@@ -2152,9 +2152,10 @@ RingConfig ring_config_of(const cuda::AttentionBwdProblem& p, int sms) {
 // The rectangular ring's groups' table (BwdParams::ring_group: {bundle, step of K tile 0} per group
 // b x heads + h), then each bundle's steps in all (rect_list_kernel's `totals`, two a slot): the
 // groups in the dQ list's order (`q_items`, its heads in a row), group g of that order on bundle g
-// mod bundles, whose steps run on across its groups. `n_items`: the dK/dV list's length.
+// mod bundles, whose steps run on across its groups. `n_items`: the dK/dV list's length; `totals_at`:
+// the entry where the bundles' steps start.
 std::vector<int2> rect_meta(const std::vector<int2>& q_items, const std::vector<int>& k_tiles, int heads, int bundles,
-                            size_t* n_items) {
+                            size_t* n_items, size_t* totals_at) {
   std::vector<int2> table(k_tiles.size() * size_t(heads), int2{0, 0});
   std::vector<int> steps(size_t(bundles) + 1, 0);  // (+1: whole int2 slots)
   int64_t g = 0;
@@ -2169,6 +2170,7 @@ std::vector<int2> rect_meta(const std::vector<int2>& q_items, const std::vector<
       *n_items += size_t(k_tiles[size_t(b)]);
     }
   }
+  *totals_at = table.size();
   for (size_t u = 0; u + 1 < steps.size(); u += 2) table.push_back(int2{steps[u], steps[u + 1]});
   return table;
 }
@@ -2278,6 +2280,7 @@ struct BwdPlan {
   std::vector<int> lq, lk;
   std::vector<int2> kv_items, q_items;
   std::vector<int2> ring_meta;  // the rectangular ring's groups' table and bundles' steps (rect_meta)
+  size_t ring_totals = 0;       // where in ring_meta the bundles' steps start (after one entry a group)
   size_t ring_n_items = 0;      // its dK/dV list's length
   RingConfig ring;  // (n 0: no ring)
   bool pds = false;  // the dQ kernel's kDumpPds and the dK/dV kernel's kFromPds forms: the ring, or pds_experiment
@@ -2305,7 +2308,8 @@ BwdPlan plan_of(const AttentionBwdProblem& p) {
   pl.q_items = attn::work_list(q_tiles, pl.lk);   // dQ: Q tiles
   const int sms = device_sms();  // (the launcher's sm_count: the same device)
   pl.ring = ring_config_of(p, sms);
-  if (pl.ring.rect) pl.ring_meta = rect_meta(pl.q_items, k_tiles, p.heads, pl.ring.groups, &pl.ring_n_items);
+  if (pl.ring.rect)
+    pl.ring_meta = rect_meta(pl.q_items, k_tiles, p.heads, pl.ring.groups, &pl.ring_n_items, &pl.ring_totals);
   pl.pds = pl.ring.n > 0 || pds_experiment(p);
   pl.w = bwd_layout(p, pl.Po, pl.kv_items.size(), pl.q_items.size(), pl.ring, pl.pds, pl.ring_n_items,
                     pl.ring_meta.size());
@@ -2363,7 +2367,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
           launch_programmatic(pdl, bwd::rect_list_kernel, dim3(unsigned(groups)), dim3(128),
                               bwd::rect_list_smem(plan.ring.groups), stream,
                               reinterpret_cast<const int2*>(ws + w.ring_meta),
-                              reinterpret_cast<const int*>(ws + w.ring_meta + size_t(groups) * sizeof(int2)),
+                              reinterpret_cast<const int*>(ws + w.ring_meta + plan.ring_totals * sizeof(int2)),
                               plan.ring.groups, p.cu_k, int(H), reinterpret_cast<int2*>(ws + w.ring_items)),
           "backward: rect_list_kernel launch"));
     }
