@@ -892,6 +892,63 @@ __device__ __forceinline__ void write_partial3(const SplitParams& sp, int slot, 
   }
 }
 
+// One K/V tile of a three-consumer warpgroup, from its S (issued, in flight, into sc) to its
+// promotion into o and the release of its stage: the serial chain consume_item3 runs per tile, and
+// consume_pair3 per tile of its key ranges. desc_v: the stage's V' tile.
+template <bool kVTile, typename Storage, typename Softmax, typename Stamp>
+__device__ __forceinline__ void tile3(Storage& s, float (&sc)[64], int j, int stage, uint64_t desc_v, const Softmax& sm,
+                                      float (&o)[64], float (&m)[2], float (&l)[2], VTileUnit& vunit, Stamp& stamp) {
+  constexpr uint64_t kHalfDesc = (kRowsPerConsumer * kHeadDim) >> 4;  // 64 rows of a V' tile
+  sm90::wgmma_wait<0>();
+  fence_all(sc);
+  stamp(j, 2);
+  // The tile's scales, read here: V's read next to the P.V issue put its R2UR (the promotion's
+  // uniform arithmetic) between the wgmmas, behind the shared-memory load.
+  const float ks = sm90::ld_shared_f32(&s.k_scale[stage]);
+  const float vs = kVTile ? sm90::ld_shared_f32(&s.v_scale[stage]) : 0.f;
+  uint32_t pa[16];
+  float alpha[2];
+  if constexpr (!kVTile) {
+    // The keys past the sequence's end set to -inf in place, then the one unmasked softmax: the
+    // two compiled softmax paths of the form below spilled a register in this instantiation.
+    if (sm.masked_tile(j)) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) sc[i] = sm.template value<true>(sc, j, i);
+    }
+    const auto rs = sm.template max_phase<false>(sc, j, ks, m, l, alpha);
+    stamp(j, 3);
+    sm.template exp_phase<false>(sc, j, rs, l, pa);
+  } else if (sm.masked_tile(j)) {
+    const auto rs = sm.template max_phase<true>(sc, j, ks, m, l, alpha);
+    sm.template exp_phase<true>(sc, j, rs, l, pa);
+  } else {
+    const auto rs = sm.template max_phase<false>(sc, j, ks, m, l, alpha);
+    stamp(j, 3);
+    sm.template exp_phase<false>(sc, j, rs, l, pa);
+  }
+  // P.V in two 64-channel halves (two commit groups): the first half is promoted while the
+  // second runs.
+  float ot_lo[32], ot_hi[32];  // channels 0..63 and 64..127 (O's accumulators 0..31, 32..63)
+  sm90::wgmma_fence();
+  sm90::wgmma_rs_steps<kTile / 32>(ot_lo, pa, desc_v, true);
+  sm90::wgmma_commit();
+  sm90::wgmma_rs_steps<kTile / 32>(ot_hi, pa, desc_v + kHalfDesc, true);
+  sm90::wgmma_commit();
+  stamp(j, 4);
+  const VTilePromotion pr = kVTile ? promote_vtile_prepare(alpha, vs, vunit) : plain_promotion(alpha);
+  sm90::wgmma_wait<1>();
+  fence_all(ot_lo);
+  promote_vtile_apply<32>(o, ot_lo, pr);
+  sm90::wgmma_wait<0>();
+  fence_all(ot_hi);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) sm90::fence_regs(pa[i]);  // P was read until here
+  stamp(j, 5);
+  sm90::mbar_arrive(&s.empty[stage]);
+  promote_vtile_apply<32>(o + 32, ot_hi, pr);
+  stamp(j, 6);
+}
+
 // kParts = false: CTA i runs item i whole (items 0 .. sp.first - 1). kParts = true: CTA q runs part
 // q of the split items (work_part3) and writes its partial state; that grid is launched as the
 // first one's programmatic dependent, so its CTAs start on the SMs the first grid's last wave leaves
@@ -968,59 +1025,10 @@ __device__ __forceinline__ void consume_item3(Storage& s, const uint8_t* q_tile,
   auto stamp = [&](int j, int event) {
     if constexpr (kTrace) trace_stamp(trace_row, cw, j, event);
   };
-  constexpr uint64_t kHalfDesc = (kRowsPerConsumer * kHeadDim) >> 4;  // 64 rows of a V' tile
   // Tile j from its S (issued, in flight) to its promotion.
   auto tile = [&](float(&sc)[64], int j) {
     const int stage = stage_of(it + j);
-    const uint64_t desc_v = desc_v0 + uint64_t(stage) * kStageDesc;
-    sm90::wgmma_wait<0>();
-    fence_all(sc);
-    stamp(j, 2);
-    // The tile's scales, read here: V's read next to the P.V issue put its R2UR (the promotion's
-    // uniform arithmetic) between the wgmmas, behind the shared-memory load.
-    const float ks = sm90::ld_shared_f32(&s.k_scale[stage]);
-    const float vs = kVTile ? sm90::ld_shared_f32(&s.v_scale[stage]) : 0.f;
-    uint32_t pa[16];
-    float alpha[2];
-    if constexpr (!kVTile) {
-      // The keys past the sequence's end set to -inf in place, then the one unmasked softmax: the
-      // two compiled softmax paths of the form below spilled a register in this instantiation.
-      if (sm.masked_tile(j)) {
-#pragma unroll
-        for (int i = 0; i < 64; ++i) sc[i] = sm.template value<true>(sc, j, i);
-      }
-      const auto rs = sm.template max_phase<false>(sc, j, ks, m, l, alpha);
-      stamp(j, 3);
-      sm.template exp_phase<false>(sc, j, rs, l, pa);
-    } else if (sm.masked_tile(j)) {
-      const auto rs = sm.template max_phase<true>(sc, j, ks, m, l, alpha);
-      sm.template exp_phase<true>(sc, j, rs, l, pa);
-    } else {
-      const auto rs = sm.template max_phase<false>(sc, j, ks, m, l, alpha);
-      stamp(j, 3);
-      sm.template exp_phase<false>(sc, j, rs, l, pa);
-    }
-    // P.V in two 64-channel halves (two commit groups): the first half is promoted while the
-    // second runs.
-    float ot_lo[32], ot_hi[32];  // channels 0..63 and 64..127 (O's accumulators 0..31, 32..63)
-    sm90::wgmma_fence();
-    sm90::wgmma_rs_steps<kTile / 32>(ot_lo, pa, desc_v, true);
-    sm90::wgmma_commit();
-    sm90::wgmma_rs_steps<kTile / 32>(ot_hi, pa, desc_v + kHalfDesc, true);
-    sm90::wgmma_commit();
-    stamp(j, 4);
-    const VTilePromotion pr = kVTile ? promote_vtile_prepare(alpha, vs, vunit) : plain_promotion(alpha);
-    sm90::wgmma_wait<1>();
-    fence_all(ot_lo);
-    promote_vtile_apply<32>(o, ot_lo, pr);
-    sm90::wgmma_wait<0>();
-    fence_all(ot_hi);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) sm90::fence_regs(pa[i]);  // P was read until here
-    stamp(j, 5);
-    sm90::mbar_arrive(&s.empty[stage]);
-    promote_vtile_apply<32>(o + 32, ot_hi, pr);
-    stamp(j, 6);
+    tile3<kVTile>(s, sc, j, stage, desc_v0 + uint64_t(stage) * kStageDesc, sm, o, m, l, vunit, stamp);
   };
   for (int j = 0; j < n_tiles; ++j) {
     const int stage = stage_of(it + j);
