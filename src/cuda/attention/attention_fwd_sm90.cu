@@ -893,8 +893,9 @@ __device__ __forceinline__ void write_partial3(const SplitParams& sp, int slot, 
 }
 
 // One K/V tile of a three-consumer warpgroup, from its S (issued, in flight, into sc) to its
-// promotion into o and the release of its stage: the serial chain consume_item3 runs per tile, and
-// consume_pair3 per tile of its key ranges. desc_v: the stage's V' tile.
+// promotion into o and the release of its stage: the serial chain consume_item3 runs per tile (a
+// function of its own so that other schedules can run the same chain: branch exp/fwd-pairs).
+// desc_v: the stage's V' tile.
 template <bool kVTile, typename Storage, typename Softmax, typename Stamp>
 __device__ __forceinline__ void tile3(Storage& s, float (&sc)[64], int j, int stage, uint64_t desc_v, const Softmax& sm,
                                       float (&o)[64], float (&m)[2], float (&l)[2], VTileUnit& vunit, Stamp& stamp) {
