@@ -2362,12 +2362,12 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     }
     const bool pdl = pdl_after_setup();
     if (plan.ring.rect && plan.ring_n_items > 0) {  // the rectangular ring's dK/dV list, from that table
-      const int groups = p.batch * int(H);
+      const size_t groups = plan.ring_totals;  // the table's entries before the totals: one a group
       MXFLASH_RETURN_IF_ERROR(cuda_error(
           launch_programmatic(pdl, bwd::rect_list_kernel, dim3(unsigned(groups)), dim3(128),
                               bwd::rect_list_smem(plan.ring.groups), stream,
                               reinterpret_cast<const int2*>(ws + w.ring_meta),
-                              reinterpret_cast<const int*>(ws + w.ring_meta + plan.ring_totals * sizeof(int2)),
+                              reinterpret_cast<const int*>(ws + w.ring_meta + groups * sizeof(int2)),
                               plan.ring.groups, p.cu_k, int(H), reinterpret_cast<int2*>(ws + w.ring_items)),
           "backward: rect_list_kernel launch"));
     }
