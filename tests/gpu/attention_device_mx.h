@@ -109,4 +109,34 @@ inline bool forward_splits(const std::function<size_t()>& workspace_bytes) {
   return workspace_bytes() > unsplit_workspace_bytes(workspace_bytes);
 }
 
+// Lengths of a problem whose three-consumer items the forward splits beside whole items on this
+// device: one Q sequence of ~1.5 rounds of 192-row tiles over `heads` heads (the last tile partial)
+// against one K/V sequence of 32 tiles (two parts of 16), so that the plan runs a round of whole
+// items and the rest as parts.
+struct SplitTailLengths {
+  int64_t q, k;
+};
+inline SplitTailLengths split_tail_lengths(int64_t heads) {
+  int dev = 0, sms = 0;
+  EXPECT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
+  const int64_t tiles = (3 * int64_t(sms) / 2 + heads - 1) / heads;
+  return {tiles * 192 - 50, 32 * 128 - 30};
+}
+
+// The split tail beside the persistent kernel's whole items (the plan's default wherever items are
+// split, docs/attention.md) against a CTA per whole item and against the persistent kernel on 2 and
+// 5 CTAs, which walk many items each: the same bytes (every whole item summed in the same order, the
+// same items split). Three consumers forced by the caller. The outputs are left as the persistent
+// run on every SM wrote them.
+inline void expect_split_beside_every_whole_item_kernel(const std::vector<DeviceBuffer*>& outputs,
+                                                        const std::function<size_t()>& workspace_bytes,
+                                                        const std::function<Status()>& launch) {
+  ASSERT_TRUE(forward_splits(workspace_bytes)) << "the plan must split this problem's last items";
+  launch_under_env("MXFLASH_FWD_PERSISTENT", "1", outputs, launch);
+  if (::testing::Test::HasFatalFailure()) return;
+  expect_same_bytes_under_env("MXFLASH_FWD_PERSISTENT", {"0", "2", "5"}, outputs, launch);
+  launch_under_env("MXFLASH_FWD_PERSISTENT", "1", outputs, launch);
+}
+
 }  // namespace mxflash::gputest

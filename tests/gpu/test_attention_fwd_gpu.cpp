@@ -250,6 +250,47 @@ TEST_F(AttentionFwdGpu, FastKernelAgainstExactPathLongSequence) {
   for (size_t i = 0; i < le.size(); ++i) ASSERT_NEAR(lf[i], le[i], 1e-3 * std::max(1.f, std::fabs(le[i])));
 }
 
+// The split tail beside the persistent kernel's whole items (gputest::split_tail_lengths): the same
+// bytes with every kernel for the whole items, and against the exact-MX GPU path as a split forward
+// agrees with exact MX (kSplitAgreeDb), LSE to 1e-3.
+TEST_F(AttentionFwdGpu, SplitTailBesidePersistentWholeItems) {
+  const int64_t H = 2;
+  const gputest::SplitTailLengths n = gputest::split_tail_lengths(H);
+  JaggedMeta qm, km;
+  ASSERT_TRUE(JaggedMeta::FromLengths({n.q}, &qm).ok());
+  ASSERT_TRUE(JaggedMeta::FromLengths({n.k}, &km).ok());
+  ASSERT_TRUE(qm.upload().ok());
+  ASSERT_TRUE(km.upload().ok());
+  const HostMx hq = quantize_host(normal_values(n.q * H * kHeadDim, 31), qm, H, Orientation::kHdim,
+                                  PayloadLayout::kTokenMajor, ScaleLayout::kPlain);
+  const HostMx hk = quantize_host(normal_values(n.k * H * kHeadDim, 32), km, H, Orientation::kHdim,
+                                  PayloadLayout::kTokenMajor, ScaleLayout::kPlain);
+  const HostMx hv = quantize_host(normal_values(n.k * H * kHeadDim, 33), km, H, Orientation::kSeq,
+                                  PayloadLayout::kTokenMajor, ScaleLayout::kPlain);
+  AttentionOptions opt;
+  std::vector<double> exact;
+  std::vector<float> le;
+  opt.exact_mx = true;
+  run_gpu(hq, hk, hv, qm, km, opt, H, &exact, &le);
+  opt.exact_mx = false;
+  const gputest::ScopedEnv three("MXFLASH_FWD_CONSUMERS", "3");
+  DeviceMx dq(hq), dk(hk), dv(hv);
+  DeviceBuffer o(exact.size() * 2), l(le.size() * 4);
+  auto launch = [&] {
+    return attention_forward(dq.view, dk.view, dv.view, qm, km, opt,
+                             make_view(o.get(), DType::kBFloat16, Device::kCUDA, {n.q, H, kHeadDim}),
+                             make_view(l.get(), DType::kFloat32, Device::kCUDA, {H, n.q}));
+  };
+  auto workspace = [&] { return attention_forward_workspace_size(qm, km, H, opt); };
+  gputest::expect_split_beside_every_whole_item_kernel({&o, &l}, workspace, launch);
+  if (HasFatalFailure()) return;
+  const std::vector<double> fast = gputest::checked_forward_out(o, l, le);
+  ASSERT_FALSE(fast.empty());
+  const double agree = sqnr_db(exact, fast);
+  std::printf("    split tail beside persistent whole items: fast vs exact-MX GPU path %.2f dB\n", agree);
+  EXPECT_GT(agree, gputest::kSplitAgreeDb);
+}
+
 TEST_F(AttentionFwdGpu, SixteenHeads) {
   run_case({{127, 257}, {127, 257}, 16, false, PayloadLayout::kTokenMajor, ScaleLayout::kPlain}, 6);
 }

@@ -401,6 +401,54 @@ TEST_F(AttentionFwdOperandsGpu, ForwardVScalesThatAreNoPowersOfTwoPerHead) {
   run_scaled_v({200, 64, 129}, {700, 300, 1025}, 6, false, 28);
 }
 
+// The split tail beside the persistent kernel's whole items on operands quantized on the GPU
+// (gputest::split_tail_lengths): the same bytes with every kernel for the whole items, and against
+// the forward with the split off (every item whole, a CTA each: the bytes the other cases check
+// against the CPU) as closely as a split forward agrees with the CPU's (kSplitAgreeDb), LSE to 1e-3.
+TEST_F(AttentionFwdOperandsGpu, ForwardSplitTailBesidePersistentWholeItems) {
+  const int64_t H = 2, row = H * kHeadDim;
+  const gputest::SplitTailLengths n = gputest::split_tail_lengths(H);
+  JaggedMeta qm, km;
+  ASSERT_TRUE(JaggedMeta::FromLengths({n.q}, &qm).ok());
+  ASSERT_TRUE(JaggedMeta::FromLengths({n.k}, &km).ok());
+  ASSERT_TRUE(qm.upload().ok());
+  ASSERT_TRUE(km.upload().ok());
+  std::mt19937_64 rng(41);
+  DeviceBuffer xq(gputest::input_bytes(draw(n.q * row, rng), true)), xk(gputest::input_bytes(draw(n.k * row, rng), true)),
+      xv(gputest::input_bytes(draw(n.k * row, rng), true));
+  auto view = [&](DeviceBuffer& b, int64_t T) { return make_view(b.get(), DType::kBFloat16, Device::kCUDA, {T, H, kHeadDim}); };
+  const HostOperands sizes(qm, km, H);
+  DeviceOperands got(sizes, qm, km);
+  ASSERT_TRUE(quantize_attention_forward(view(xq, n.q), view(xk, n.k), view(xv, n.k), qm, km, got.ops).ok());
+  const gputest::ScopedEnv three("MXFLASH_FWD_CONSUMERS", "3");
+  AttentionOptions opt;
+  DeviceBuffer o(size_t(n.q * row * 2)), l(size_t(n.q * H * 4));
+  auto launch = [&] {
+    return attention_forward(got.ops, qm, km, opt, make_view(o.get(), DType::kBFloat16, Device::kCUDA, {n.q, H, kHeadDim}),
+                             make_view(l.get(), DType::kFloat32, Device::kCUDA, {H, n.q}));
+  };
+  std::vector<double> whole;
+  std::vector<float> lse_whole(size_t(n.q * H));
+  {
+    const gputest::ScopedEnv no_split("MXFLASH_FWD_SPLIT", "1");
+    gputest::launch_under_env("MXFLASH_FWD_PERSISTENT", "0", {&o, &l}, launch);
+    if (HasFatalFailure()) return;
+    const std::vector<uint8_t> lb = l.download();
+    std::memcpy(lse_whole.data(), lb.data(), lb.size());
+    whole = gputest::checked_forward_out(o, l, lse_whole);
+    ASSERT_FALSE(whole.empty());
+  }
+  auto workspace = [&] { return attention_forward_operands_workspace_size(qm, km, H, opt); };
+  gputest::expect_split_beside_every_whole_item_kernel({&o, &l}, workspace, launch);
+  if (HasFatalFailure()) return;
+  const std::vector<double> split = gputest::checked_forward_out(o, l, lse_whole);
+  ASSERT_FALSE(split.empty());
+  const double agree = sqnr_db(whole, split);
+  std::printf("    split tail beside persistent whole items: against every item whole %.2f dB\n", agree);
+  EXPECT_GT(agree, gputest::kSplitAgreeDb);
+  EXPECT_LT(agree, 300.0) << "no item was split";
+}
+
 TEST_F(AttentionFwdOperandsGpu, ForwardLongSequences) {
   run_case({{4096}, {4096}, 1}, 25, true);
 }
