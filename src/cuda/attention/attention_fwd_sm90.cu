@@ -132,14 +132,16 @@ struct FwdParams {
 
 // The split tail of the three-consumer kernel (split_parts on the host): items first.. run as
 // `parts` CTAs each, one contiguous share of the item's K/V tiles per CTA (a part), which write
-// their partial row state to part_o / part_rows; attention_fwd_merge3 combines them into out and
-// lse. first = the item count: nothing split. A parameter of its own, not fields of FwdParams: with
+// their partial row state to part_o / part_rows; the last part of an item to finish combines them
+// into out and lse (merge_when_last3). first = the item count: nothing split. A parameter of its own, not fields of FwdParams: with
 // them there, ptxas scheduled the two-consumer kernel's loop differently (its SASS otherwise the
 // same) and that kernel ran 2.5% slower on cross and jagged (H200, same run, 2026-11-30).
 struct SplitParams {
   int first, parts;
+  int slots;  // parts in all ((items - first) x parts; 0: nothing split)
   float4* part_o;     // (slot, consumer, 16, 128 threads): a consumer thread's 64 accumulators
   float4* part_rows;  // (slot, consumer, 64 rows): {m, l (quad-summed), O's unit exponent, 0}
+  unsigned* arrivals;  // (split item, consumer): parts done, zeroed with the work list's upload
 };
 
 // Stage and phase of the n-th K/V tile a CTA loads (n >= 0; unsigned: one AND and one shift, not
@@ -877,7 +879,7 @@ __device__ __forceinline__ WorkItem work_part3(const FwdParams& p, const SplitPa
 }
 
 // A split item's part: this consumer thread's accumulators (O in units of 2^e_ref) and its rows'
-// maxima, sums and unit, for attention_fwd_merge3.
+// maxima, sums and unit, for merge_parts3.
 __device__ __forceinline__ void write_partial3(const SplitParams& sp, int slot, int cw, int tid, const float (&o)[64],
                                                const float (&l)[2], const float (&m)[2], const VTileUnit& u) {
   float4* po = sp.part_o + (int64_t(slot) * kConsumers3 + cw) * (16 * kWarpgroupThreads) + tid;
@@ -890,6 +892,114 @@ __device__ __forceinline__ void write_partial3(const SplitParams& sp, int slot, 
       sp.part_rows[(int64_t(slot) * kConsumers3 + cw) * kRowsPerConsumer + row + 8 * r] =
           make_float4(m[r], lsum, float(u.e_ref), 0.f);
   }
+}
+
+// Split item q's out and lse for consumer warpgroup cw's rows, this thread's the rows and
+// accumulators of the consumer thread of the same index: the parts' partial states combined in part
+// order (deterministic): m = max m_p, l = sum l_p 2^(m_p - m), O = sum O_p 2^(m_p - m) 2^(e_p - e)
+// in the largest unit 2^e, then normalized and written as write_rows does (the same arithmetic per
+// value), four accumulators at a time: the merge runs in the persistent kernel's epilogue too, where
+// a whole O in registers disturbed the allocation of its tile loop (R2UR and spills in the SASS
+// check). The states are read from L2 (ld.global.cg): the other parts' CTAs wrote them during this
+// grid.
+constexpr int kMaxParts = 4;  // split_parts' largest count
+template <bool kVTile>
+__device__ __forceinline__ void merge_parts3(const FwdParams& p, const SplitParams& sp, int q, int cw, int tid) {
+  const int parts = sp.parts;
+  const WorkItem w = work_item<kQTile3>(p, unsigned(sp.first + q));
+  const int warp = tid / 32, lane = tid % 32, quad = lane % 4;
+  const int r0 = cw * kRowsPerConsumer + warp * 16 + lane / 4;
+  const int rows[2] = {r0, r0 + 8};
+  const int row0 = w.m_block * kQTile3;
+  const int64_t tok_base = p.broadcast_q ? int64_t(w.b) * w.Lq : p.cu_q[w.qb];
+  if (w.n_tiles == 0) {  // no keys in any part
+    write_keyless_rows(p, w.h, tok_base, row0, w.Lq, rows, quad);
+    return;
+  }
+  auto rows_of = [&](int part, int r) {
+    return __ldcg(&sp.part_rows[(int64_t(q * parts + part) * kConsumers3 + cw) * kRowsPerConsumer + r0 -
+                                cw * kRowsPerConsumer + 8 * r]);
+  };
+  float m[2] = {-INFINITY, -INFINITY};
+  int e = -1000;
+#pragma unroll
+  for (int part = 0; part < kMaxParts; ++part) {
+    if (part >= parts) break;
+    for (int r = 0; r < 2; ++r) m[r] = fmaxf(m[r], rows_of(part, r).x);
+    e = max(e, int(rows_of(part, 0).z));
+  }
+  float l[2] = {0.f, 0.f}, f[kMaxParts][2];
+#pragma unroll
+  for (int part = 0; part < kMaxParts; ++part) {
+    for (int r = 0; r < 2; ++r) {
+      f[part][r] = 0.f;
+      if (part >= parts) continue;
+      const float4 info = rows_of(part, r);
+      const float g = exp2f(info.x - m[r]);
+      l[r] += info.y * g;
+      f[part][r] = g * pow2i_exact(int(info.z) - e);
+    }
+  }
+  const float* v_scale = p.v_scale + (int64_t(w.b) * p.heads + w.h) * kHeadDim;
+  const float unit = kVTile ? ldexpf(1.f, e) : 1.f;
+  const float inv[2] = {1.f / l[0], 1.f / l[1]};  // the row sums carry the P scale 256
+  const float4* po = sp.part_o + int64_t(q * parts) * kConsumers3 * (16 * kWarpgroupThreads) +
+                     cw * (16 * kWarpgroupThreads) + tid;
+  constexpr int64_t kPartStride = int64_t(kConsumers3) * 16 * kWarpgroupThreads;
+#pragma unroll 4
+  for (int jn = 0; jn < 16; ++jn) {
+    float o[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int part = 0; part < kMaxParts; ++part) {
+      if (part >= parts) break;
+      const float4 v = __ldcg(&po[part * kPartStride + jn * kWarpgroupThreads]);
+      o[0] = fmaf(v.x, f[part][0], o[0]);
+      o[1] = fmaf(v.y, f[part][0], o[1]);
+      o[2] = fmaf(v.z, f[part][1], o[2]);
+      o[3] = fmaf(v.w, f[part][1], o[3]);
+    }
+    const int col = 8 * jn + 2 * quad;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = row0 + rows[r];
+      if (i >= w.Lq) continue;
+      const float a = o[2 * r] * inv[r] * (kVTile ? unit : v_scale[col]);
+      const float c = o[2 * r + 1] * inv[r] * (kVTile ? unit : v_scale[col + 1]);
+      *reinterpret_cast<__nv_bfloat162*>(p.out + ((tok_base + i) * p.heads + w.h) * kHeadDim + col) =
+          __floats2bfloat162_rn(a, c);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = row0 + rows[r];
+    if (i >= w.Lq) continue;
+    const float log2_l = log2f(l[r]) - kPScaleLog2;
+    if (quad == 0) p.lse[w.h * p.To + tok_base + i] = (m[r] + log2_l) * kLn2;
+  }
+}
+
+// After a part's consumer warpgroup cw has written its partial state (or, with no rows, nothing):
+// the last of the item's parts to arrive merges them (merge_parts3). Each thread's stores are made
+// visible device-wide (fence), the warpgroup meets, then one thread counts the part in, the
+// warpgroup meets again to learn whether it was the last, and the last arrival's warpgroup fences
+// again before it reads the others' states. (A first form counted before the first meeting: under
+// racecheck's serialized schedule a part merged states not yet written, caught by the byte
+// comparison of ForwardSplitTailBesidePersistentWholeItems.)
+// slot: the part's (the item's sequence and rows are read again from the work list, so that no more
+// than the slot stays live through the part's loop).
+template <bool kVTile>
+__device__ __forceinline__ void merge_when_last3(const FwdParams& p, const SplitParams& sp, int slot, int cw, int tid) {
+  const int q = slot / sp.parts;
+  const WorkItem w = work_item<kQTile3>(p, unsigned(sp.first + q));
+  // Warpgroups with no rows merge nothing (and write no state in the parts of a keyed item).
+  if (w.m_block * kQTile3 + cw * kRowsPerConsumer >= w.Lq) return;
+  __threadfence();
+  sm90::named_barrier_sync(kStageBarrier0 + cw, kWarpgroupThreads);  // every thread's state written and fenced
+  bool last = false;
+  if (tid == 0) last = atomicAdd(&sp.arrivals[q * kConsumers3 + cw], 1u) == unsigned(sp.parts - 1);
+  if (!sm90::named_barrier_or(kStageBarrier0 + cw, kWarpgroupThreads, last)) return;
+  __threadfence();
+  merge_parts3<kVTile>(p, sp, q, cw, tid);
 }
 
 // One K/V tile of a three-consumer warpgroup, from its S (issued, in flight, into sc) to its
@@ -951,10 +1061,11 @@ __device__ __forceinline__ void tile3(Storage& s, float (&sc)[64], int j, int st
 }
 
 // kParts = false: CTA i runs item i whole (items 0 .. sp.first - 1). kParts = true: CTA q runs part
-// q of the split items (work_part3) and writes its partial state; that grid is launched as the
-// first one's programmatic dependent, so its CTAs start on the SMs the first grid's last wave leaves
-// idle, and completes only after the first grid (its producer thread waits for it), so that
-// attention_fwd_merge3, its own dependent, and whatever follows find out and lse complete. Two
+// q of the split items (work_part3) and writes its partial state, and the item's last part to finish
+// merges the item's states into out and lse (merge_when_last3); that grid is launched as the first
+// one's programmatic dependent, so its CTAs start on the SMs the first grid's last wave leaves idle,
+// and completes only after the first grid (its producer thread waits for it), so that whatever
+// follows finds out and lse complete. Two
 // instantiations rather than a branch on the CTA index: with the split's epilogue in the same
 // kernel ptxas scheduled the main loop differently, 1.3% slower on llm (H200, same run).
 // A consumer warpgroup (cw) of a three-consumer CTA on item w: S, softmax, P.V and the promotion of
@@ -966,7 +1077,7 @@ template <int kVariant, bool kParts, bool kPersistent, typename Storage>
 __device__ __forceinline__ void consume_item3(Storage& s, const uint8_t* q_tile, uint64_t* q_full, uint32_t q_phase,
                                               const float* qs, const FwdParams& p, const SplitParams& sp,
                                               const WorkItem& w, int cw, int tid, int it,
-                                              const CUtensorMap* tm_o = nullptr) {
+                                              const CUtensorMap* tm_o = nullptr, const int* slot_at = nullptr) {
   // kVTile: V' with one scale per 128-key tile (the operands), folded into every promotion; else
   // V's per-(sequence, channel) scales (the MX tensors' prepare pass), applied in the epilogue.
   constexpr bool kVTile = (kVariant & kVariantVTile) != 0;
@@ -1045,7 +1156,14 @@ __device__ __forceinline__ void consume_item3(Storage& s, const uint8_t* q_tile,
   if constexpr (kParts) {
     write_partial3(sp, w.slot, cw, tid, o, l, m, vunit);
   } else if constexpr (kPersistent) {  // out staged for TMA stores (kernel3p, out 16-byte aligned)
-    if (tm_o != nullptr)
+    // A split item's part (kernel3p runs them after the whole items): its slot read here from the
+    // published item (warp-uniform, as the branch around wgmma code must be), so that it does not
+    // stay live through the loop.
+    const int slot = slot_at != nullptr ? __shfl_sync(0xFFFFFFFFu, *slot_at, 0) : -1;
+    if (slot >= 0) {
+      write_partial3(sp, slot, cw, tid, o, l, m, vunit);
+      merge_when_last3<kVTile>(p, sp, slot, cw, tid);
+    } else if (tm_o != nullptr)
       write_rows_staged<kVTile>(p, tm_o, s.o_stage[cw], cw, warp, lane, o, l, m, vunit, b, h, tok_base, row0, Lq,
                                 rows, quad);
     else
@@ -1085,6 +1203,7 @@ __global__ void __launch_bounds__(kThreads3, 1)
   // ------------------------------------------------------------------------------ consumers
   sm90::setmaxnreg_inc<kConsumerRegs3>();
   consume_item3<kVariant, kParts, false>(s, s.q, &s.q_full, 0, nullptr, p, sp, w, wg - 1, tid, 0);
+  if constexpr (kParts) merge_when_last3<(kVariant & kVariantVTile) != 0>(p, sp, w.slot, wg - 1, tid);
 }
 
 // The persistent three-consumer kernel (attention_fwd_kernel3p, persistent_ctas on the host): one
@@ -1138,8 +1257,9 @@ struct SharedStorage2P {
 inline constexpr size_t kSmemBytes2P = sizeof(SharedStorage2P) + 1024;
 
 // An item read from shared memory, made known to the compiler as warp-uniform (lane 0's): as
-// attn::warp_uniform, without the fields a whole item does not use (j0, slot), which kept the
-// persistent kernels' loops as measured.
+// attn::warp_uniform, without the fields the consumers do not take from registers (j0: the producer
+// publishes a part's keys from its first tile on; slot: read after the loop from shared memory),
+// which kept the persistent kernels' loops as measured.
 __device__ __forceinline__ WorkItem warp_uniform_item(const WorkItem& x) {
   WorkItem w;
   w.h = __shfl_sync(0xFFFFFFFFu, x.h, 0);
@@ -1166,7 +1286,8 @@ __device__ __forceinline__ void init_persistent(Storage& s, int consumer_warpgro
 }
 
 // The producer warp of a persistent kernel: items of kQRows rows (Q in kQBoxes boxes), CTA c item c
-// first, then the first not yet taken (next_item), each published in Q buffer n % kQBuffers (its
+// first, then the first not yet taken (next_item); units past the `items` whole items are the split
+// items' parts (sp, three consumers: work_part3), `units` in all. Each is published in Q buffer n % kQBuffers (its
 // WorkItem, Q and its rows' Q scales, rows past the sequence 0) once the consumers have freed it,
 // then its K/V tiles into the stages; an item with n_tiles = -1 at the end. The item's global reads
 // (the work list, the sequence bounds, the rows' Q scales and its first K/V tile's scales: a chain
@@ -1175,19 +1296,20 @@ __device__ __forceinline__ void init_persistent(Storage& s, int consumer_warpgro
 template <int kVariant, int kQRows, int kQBoxes, typename Storage>
 __device__ __forceinline__ void produce_persistent(Storage& s, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                                    const CUtensorMap* tm_v, const FwdParams& p, unsigned items,
-                                                   unsigned* next_item, int lane) {
+                                                   unsigned units, const SplitParams& sp, unsigned* next_item,
+                                                   int lane) {
   constexpr int kRowsPerLane = kQRows / 32;
   int it = 0;  // K/V tiles loaded before
   for (unsigned n = 0, index = blockIdx.x;; ++n) {
     const unsigned qb = n % kQBuffers;
-    const bool more = index < items;
+    const bool more = index < units;
     unsigned next = 0;  // the CTA's next item: the first not yet taken
     WorkItem w{};
     float qs[kRowsPerLane];
     float2 first_scales = make_float2(0.f, 0.f);
     if (more) {
       if (lane == 0) next = gridDim.x + atomicAdd(next_item, 1u);
-      w = work_item<kQRows>(p, index);
+      w = index < items ? work_item<kQRows>(p, index) : work_part3(p, sp, index - items);
       const int row0 = w.m_block * kQRows;
 #pragma unroll
       for (int i = 0; i < kRowsPerLane; ++i) {
@@ -1206,7 +1328,10 @@ __device__ __forceinline__ void produce_persistent(Storage& s, const CUtensorMap
 #pragma unroll
       for (int i = 0; i < kRowsPerLane; ++i) s.qs[qb][lane + 32 * i] = qs[i];
     if (lane == 0) {
-      s.item[qb] = w;
+      WorkItem published = w;  // a part's keys from its first K/V tile on (the consumers take no j0)
+      published.Lk -= w.j0 * kTile;
+      published.j0 = 0;
+      s.item[qb] = published;
       if (w.n_tiles > 0) {
         produce_q<kQBoxes, kQRows / kQBoxes>(s.q[qb], &s.q_full[qb], tm_q, w);
       } else {
@@ -1223,7 +1348,9 @@ __device__ __forceinline__ void produce_persistent(Storage& s, const CUtensorMap
 
 // A consumer warpgroup (cw) of a persistent kernel: the published items in turn; items with no keys
 // get out = 0 and lse = -inf, the others consume(w, Q buffer, its phase, K/V tiles consumed before).
-template <int kQRows, typename Storage, typename Consume>
+// kParts (three consumers): the units past the whole items are split items' parts, consumed even
+// when the part has no K/V tile (consume_item3 then writes an empty state).
+template <int kQRows, bool kParts, typename Storage, typename Consume>
 __device__ __forceinline__ void consume_persistent(Storage& s, const FwdParams& p, int cw, int tid, Consume&& consume) {
   int it = 0;
   for (unsigned n = 0;; ++n) {
@@ -1232,7 +1359,7 @@ __device__ __forceinline__ void consume_persistent(Storage& s, const FwdParams& 
     sm90::mbar_wait(&s.q_full[qb], phase);
     const WorkItem w = warp_uniform_item(s.item[qb]);
     if (w.n_tiles < 0) break;
-    if (w.n_tiles == 0) {  // no keys: out = 0, lse = -inf
+    if (w.n_tiles == 0 && !(kParts && __shfl_sync(0xFFFFFFFFu, s.item[qb].slot, 0) >= 0)) {  // no keys: out = 0, lse = -inf (a part: its state)
       const int warp = tid / 32, lane = tid % 32;
       const int r0 = cw * kRowsPerConsumer + warp * 16 + lane / 4;
       const int rows[2] = {r0, r0 + 8};
@@ -1261,15 +1388,16 @@ __global__ void __launch_bounds__(kThreads3, 1)
   if (wg == 0) {  // ------------------------------------------------------------ producer
     sm90::setmaxnreg_dec<kProducerRegs3>();
     if (tid < 32)
-      produce_persistent<kVariant, kQTile3, kConsumers3>(s, &tm_q, &tm_k, &tm_v, p, unsigned(sp.first), next_item, tid);
+      produce_persistent<kVariant, kQTile3, kConsumers3>(s, &tm_q, &tm_k, &tm_v, p, unsigned(sp.first),
+                                                         unsigned(sp.first + sp.slots), sp, next_item, tid);
     return;
   }
   // ------------------------------------------------------------------------------ consumers
   sm90::setmaxnreg_inc<kConsumerRegs3>();
   const int cw = wg - 1;
-  consume_persistent<kQTile3>(s, p, cw, tid, [&](const WorkItem& w, int qb, uint32_t phase, int it) {
+  consume_persistent<kQTile3, true>(s, p, cw, tid, [&](const WorkItem& w, int qb, uint32_t phase, int it) {
     consume_item3<kVariant, false, true>(s, s.q[qb], &s.q_full[qb], phase, s.qs[qb], p, sp, w, cw, tid, it,
-                                         kStaged ? &tm_o : nullptr);
+                                         kStaged ? &tm_o : nullptr, &s.item[qb].slot);
   });
   if (kStaged && tid == 0) sm90::bulk_wait<0>();  // the last stores done before the shared memory goes
 }
@@ -1292,7 +1420,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {  // ------------------------------------------------------------ producer
     sm90::setmaxnreg_dec<kProducerRegs>();
     if (tid < 32)
-      produce_persistent<kVariant, kTile, 1>(s, &tm_q, &tm_k, &tm_v, p, unsigned(p.num_items), next_item, tid);
+      produce_persistent<kVariant, kTile, 1>(s, &tm_q, &tm_k, &tm_v, p, unsigned(p.num_items), unsigned(p.num_items),
+                                             SplitParams{}, next_item, tid);
     return;
   }
   // ------------------------------------------------------------------------------ consumers
@@ -1302,66 +1431,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int r0 = cw * kRowsPerConsumer + warp * 16 + lane / 4;  // rows r0 and r0 + 8 of the Q tile
   const int rows[2] = {r0, r0 + 8};
   const CUtensorMap* out_map = staged ? &tm_o : nullptr;  // staged: out 16-byte aligned (TMA)
-  consume_persistent<kTile>(s, p, cw, tid, [&](const WorkItem& w, int qb, uint32_t phase, int it) {
+  consume_persistent<kTile, false>(s, p, cw, tid, [&](const WorkItem& w, int qb, uint32_t phase, int it) {
     consume_item<kVariant, true>(s, s.q[qb], &s.q_full[qb], phase, s.qs[qb], p, w, cw, warp, lane, quad, rows, it,
                                  out_map, s.o_stage[cw]);
   });
   if (staged && tid == 0) sm90::bulk_wait<0>();  // the last stores done before the shared memory goes
-}
-
-// The split items' out and lse: one CTA of 128 threads per (split item, consumer warpgroup), each
-// thread the rows and accumulators of the kernel3 consumer thread of the same index, its parts'
-// partial states combined in part order (deterministic): m = max m_p, l = sum l_p 2^(m_p - m),
-// O = sum O_p 2^(m_p - m) 2^(e_p - e) in the largest unit 2^e.
-template <bool kVTile>
-__global__ void __launch_bounds__(kWarpgroupThreads) attention_fwd_merge3(const FwdParams p, const SplitParams sp) {
-  asm volatile("griddepcontrol.wait;" ::: "memory");  // the parts' partial states, complete
-  const int cw = int(blockIdx.x % kConsumers3), q = int(blockIdx.x / kConsumers3), parts = sp.parts;
-  const WorkItem w = work_item<kQTile3>(p, unsigned(sp.first + q));
-  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, quad = lane % 4;
-  const int r0 = cw * kRowsPerConsumer + warp * 16 + lane / 4;
-  const int rows[2] = {r0, r0 + 8};
-  const int row0 = w.m_block * kQTile3;
-  const int64_t tok_base = p.broadcast_q ? int64_t(w.b) * w.Lq : p.cu_q[w.qb];
-  if (w.n_tiles == 0) {  // no keys in any part
-    write_keyless_rows(p, w.h, tok_base, row0, w.Lq, rows, quad);
-    return;
-  }
-  if (row0 + cw * kRowsPerConsumer >= w.Lq) return;  // no rows in this warpgroup: no partial states
-  auto rows_of = [&](int part, int r) {
-    return sp.part_rows[(int64_t(q * parts + part) * kConsumers3 + cw) * kRowsPerConsumer + r0 - cw * kRowsPerConsumer + 8 * r];
-  };
-  float m[2] = {-INFINITY, -INFINITY};
-  int e = -1000;
-  for (int part = 0; part < parts; ++part) {
-    for (int r = 0; r < 2; ++r) m[r] = fmaxf(m[r], rows_of(part, r).x);
-    e = max(e, int(rows_of(part, 0).z));
-  }
-  float o[64], l[2] = {0.f, 0.f};
-#pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = 0.f;
-  for (int part = 0; part < parts; ++part) {
-    float f[2];
-    for (int r = 0; r < 2; ++r) {
-      const float4 info = rows_of(part, r);
-      const float g = exp2f(info.x - m[r]);
-      l[r] += info.y * g;
-      f[r] = g * pow2i_exact(int(info.z) - e);
-    }
-    const float4* po = sp.part_o + (int64_t(q * parts + part) * kConsumers3 + cw) * (16 * kWarpgroupThreads) + tid;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const float4 v = po[i * kWarpgroupThreads];
-      o[4 * i] = fmaf(v.x, f[0], o[4 * i]);
-      o[4 * i + 1] = fmaf(v.y, f[0], o[4 * i + 1]);
-      o[4 * i + 2] = fmaf(v.z, f[1], o[4 * i + 2]);
-      o[4 * i + 3] = fmaf(v.w, f[1], o[4 * i + 3]);
-    }
-  }
-  VTileUnit u;
-  u.e_ref = e;
-  const float lq[2] = {quad == 0 ? l[0] : 0.f, quad == 0 ? l[1] : 0.f};  // write_rows sums the quad
-  write_rows<kVTile>(p, o, lq, m, u, w.b, w.h, tok_base, row0, w.Lq, rows, quad);
 }
 
 }  // namespace attn
@@ -1538,8 +1612,9 @@ bool three_consumers(const std::vector<int32_t>& cu_q, int batch, int64_t heads,
 // allow no second) run the work list's items in order, so with items of equal work a last, partial
 // wave of r = items mod SMs CTAs leaves the other SMs idle for a whole item (llm-long: 1376 items on
 // 132 SMs, 10.4 waves of work in 11 rounds). Those last r items then run as `parts` CTAs each, one
-// contiguous share of the item's K/V tiles per CTA, and attention_fwd_merge3 combines their partial
-// states: the tail takes ceil(r parts / SMs) / parts of a round instead of one. parts in 2..4 where
+// contiguous share of the item's K/V tiles per CTA, and the last part of each item to finish
+// combines their partial states (merge_when_last3; a merge kernel of its own until 2026-11-30:
+// 11.5 us under ncu on llm-long): the tail takes ceil(r parts / SMs) / parts of a round instead of one. parts in 2..4 where
 // that shortens the tail, at most 2 x SMs parts in all (the partial states' workspace), and parts
 // of at least kSplitMinTiles K/V tiles of the tail's longest item (a part of a shorter item may get
 // no tile: it writes an empty state); 1 otherwise. H200, 2026-11-30: llm-long (64 K/V tiles, 2
@@ -1605,6 +1680,9 @@ struct ExecPlan {
   int persistent = 0;  // > 0: the (whole) items on attention_fwd_kernel3p / 2p, at most `persistent` CTAs
   int64_t longest_lk = 0;  // keys of the longest K/V sequence
   int64_t slots() const { return (items - split_first) * (split_parts > 1 ? split_parts : 0); }
+  // The counters after the work list: the persistent kernels' item counter, then the split items'
+  // arrivals (one per consumer warpgroup).
+  size_t counters() const { return 1 + size_t(split_parts > 1 ? (items - split_first) * attn::kConsumers3 : 0); }
 };
 // A part's partial state (FwdParams::part_o, part_rows) per slot.
 constexpr size_t kSplitSlotBytes =
@@ -1642,7 +1720,7 @@ ExecPlan exec_plan(const std::vector<int32_t>& cu_q, const std::vector<int32_t>&
 // The work list, then the persistent kernel's item counter (zero at the start of every launch: it is
 // uploaded with the list), then the split tail's partial states.
 size_t exec_workspace_bytes(const ExecPlan& e) {
-  return align256(attn::work_list_bytes(e.tiles.size())) + size_t(e.slots()) * kSplitSlotBytes;
+  return align256(attn::work_list_bytes(e.tiles.size(), e.counters())) + size_t(e.slots()) * kSplitSlotBytes;
 }
 
 // The main kernel over operands in the execution layout, run as `plan` says; `ws` receives the
@@ -1655,7 +1733,7 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   const bool three = plan.three;
   uint8_t* const tiles_ws = ws;
   unsigned* next_item = nullptr;  // the persistent kernels' item counter, zeroed with the list
-  MXFLASH_RETURN_IF_ERROR(attn::upload_work_list(tiles_ws, tiles, stream, &next_item));
+  MXFLASH_RETURN_IF_ERROR(attn::upload_work_list(tiles_ws, tiles, stream, &next_item, plan.counters()));
   CUtensorMap tm_q, tm_k, tm_v;
   MXFLASH_RETURN_IF_ERROR(
       make_tile_map(&tm_q, ops.q, kHeadDim, uint64_t(H * p.Pq), three ? attn::kRowsPerConsumer : attn::kTile));
@@ -1683,8 +1761,10 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   attn::SplitParams sp;
   sp.first = int(plan.split_first);
   sp.parts = plan.split_parts;
-  sp.part_o = reinterpret_cast<float4*>(ws + align256(attn::work_list_bytes(tiles.size())));
+  sp.slots = int(plan.slots());
+  sp.part_o = reinterpret_cast<float4*>(ws + align256(attn::work_list_bytes(tiles.size(), plan.counters())));
   sp.part_rows = sp.part_o + plan.slots() * (attn::kConsumers3 * 16 * attn::kWarpgroupThreads);
+  sp.arrivals = next_item + 1;
   int64_t persistent = plan.persistent;
   // The persistent kernels write out through shared memory and TMA stores (write_rows_staged)
   // where it is 16-byte aligned (the API asks 4).
@@ -1701,7 +1781,6 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   if (!staged)  // out not 16-byte aligned: the persistent kernel's direct stores
     kernel3p = ops.v_per_tile ? attn::attention_fwd_kernel3p<kV3, false> : attn::attention_fwd_kernel3p<kM3, false>;
   auto parts3 = ops.v_per_tile ? attn::attention_fwd_kernel3<kV3, true> : attn::attention_fwd_kernel3<kM3, true>;
-  auto merge3 = ops.v_per_tile ? attn::attention_fwd_merge3<true> : attn::attention_fwd_merge3<false>;
   // Without the exponential turns where every K/V sequence has at most kNoTurnMaxTiles tiles: an
   // item's one or two exponential phases gain nothing from alternating, and the second warpgroup
   // waits out the first's. H200, same run, two rounds, TFLOP/s: 128-token self-attention (B=512,
@@ -1755,38 +1834,36 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   // The main kernel's launch and set-up under the upload (wait_for_work_list).
   const bool pdl = pdl_after_setup();
   if (kernel3) {
-    if (plan.split_first > 0 && persistent > 0) {  // the whole items, on a CTA per SM
+    if (persistent > 0) {  // the whole items, then the split items' parts, on a CTA per SM
       MXFLASH_RETURN_IF_ERROR(cuda_error(
           cudaFuncSetAttribute(kernel3p, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes3P)),
           "cudaFuncSetAttribute(smem)"));
-      const unsigned grid = unsigned(std::min<int64_t>(plan.split_first, persistent));
+      const unsigned grid = unsigned(std::min<int64_t>(plan.split_first + plan.slots(), persistent));
       MXFLASH_RETURN_IF_ERROR(cuda_error(launch_programmatic(pdl, kernel3p, dim3(grid), dim3(attn::kThreads3),
                                                              attn::kSmemBytes3P, stream, tm_q, tm_k, tm_v, fp, sp,
                                                              next_item, tm_o),
                                          "attention_fwd_kernel3p launch"));
-    } else if (plan.split_first > 0) {  // the whole items, a CTA each
-      MXFLASH_RETURN_IF_ERROR(cuda_error(
-          cudaFuncSetAttribute(kernel3, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes3)),
-          "cudaFuncSetAttribute(smem)"));
-      MXFLASH_RETURN_IF_ERROR(cuda_error(launch_programmatic(pdl, kernel3, dim3(unsigned(plan.split_first)),
-                                                             dim3(attn::kThreads3), attn::kSmemBytes3, stream, tm_q,
-                                                             tm_k, tm_v, fp, sp),
-                                         "attention_fwd_kernel3 launch"));
-    }
-    if (plan.slots() > 0) {  // the split items' parts, then their merge
-      MXFLASH_RETURN_IF_ERROR(cuda_error(
-          cudaFuncSetAttribute(parts3, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes3)),
-          "cudaFuncSetAttribute(smem)"));
-      // Every item split (no whole-item grid): the parts follow the stream's previous work (the
-      // operands' writers) as an ordinary launch, since they read its output before any wait.
-      MXFLASH_RETURN_IF_ERROR(cuda_error(launch_programmatic(plan.split_first > 0, parts3, dim3(unsigned(plan.slots())),
-                                                             dim3(attn::kThreads3), attn::kSmemBytes3, stream, tm_q,
-                                                             tm_k, tm_v, fp, sp),
-                                         "attention_fwd_kernel3 (parts) launch"));
-      MXFLASH_RETURN_IF_ERROR(cuda_error(
-          launch_programmatic(true, merge3, dim3(unsigned((plan.items - plan.split_first) * attn::kConsumers3)),
-                              dim3(attn::kWarpgroupThreads), 0, stream, fp, sp),
-          "attention_fwd_merge3 launch"));
+    } else {
+      if (plan.split_first > 0) {  // the whole items, a CTA each
+        MXFLASH_RETURN_IF_ERROR(cuda_error(
+            cudaFuncSetAttribute(kernel3, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes3)),
+            "cudaFuncSetAttribute(smem)"));
+        MXFLASH_RETURN_IF_ERROR(cuda_error(launch_programmatic(pdl, kernel3, dim3(unsigned(plan.split_first)),
+                                                               dim3(attn::kThreads3), attn::kSmemBytes3, stream, tm_q,
+                                                               tm_k, tm_v, fp, sp),
+                                           "attention_fwd_kernel3 launch"));
+      }
+      if (plan.slots() > 0) {  // the split items' parts, the last of each item's merging them
+        MXFLASH_RETURN_IF_ERROR(cuda_error(
+            cudaFuncSetAttribute(parts3, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn::kSmemBytes3)),
+            "cudaFuncSetAttribute(smem)"));
+        // Every item split (no whole-item grid): the parts follow the stream's previous work (the
+        // operands' writers) as an ordinary launch, since they read its output before any wait.
+        MXFLASH_RETURN_IF_ERROR(cuda_error(
+            launch_programmatic(plan.split_first > 0, parts3, dim3(unsigned(plan.slots())), dim3(attn::kThreads3),
+                                attn::kSmemBytes3, stream, tm_q, tm_k, tm_v, fp, sp),
+            "attention_fwd_kernel3 (parts) launch"));
+      }
     }
   } else if (persistent > 0) {  // two consumers, a CTA per SM
     MXFLASH_RETURN_IF_ERROR(cuda_error(

@@ -33,17 +33,20 @@ inline std::vector<int2> work_list(const std::vector<int>& tiles_of, const std::
   return list;
 }
 
-// A work list in device memory is followed by the persistent kernels' item counter (one int2 slot,
-// its first word the counter): bytes of a list of n entries with it.
-inline size_t work_list_bytes(size_t n) { return (n + 1) * sizeof(int2); }
+// A work list in device memory is followed by `counters` zeroed counters (at least one int2 slot):
+// the persistent kernels' item counter first, then any the launch needs (the forward's split items'
+// arrivals). Bytes of a list of n entries with them.
+inline size_t work_list_bytes(size_t n, size_t counters = 1) {
+  return (n + std::max<size_t>(1, (counters + 1) / 2)) * sizeof(int2);
+}
 
-// Uploads `list` to `dst` (work_list_bytes(list.size()) bytes) with the counter zeroed, in the same
-// upload: every launch on `stream` after it starts from 0 with no memset of its own. Returns the
-// counter (the persistent kernels' `next_item`).
-inline Status upload_work_list(uint8_t* dst, const std::vector<int2>& list, cudaStream_t stream,
-                               unsigned** counter) {
+// Uploads `list` to `dst` (work_list_bytes(list.size(), counters) bytes) with the counters zeroed,
+// in the same upload: every launch on `stream` after it starts from 0 with no memset of its own.
+// Returns the first counter (the persistent kernels' `next_item`); the others follow it.
+inline Status upload_work_list(uint8_t* dst, const std::vector<int2>& list, cudaStream_t stream, unsigned** counter,
+                               size_t counters = 1) {
   std::vector<int2> upload(list);
-  upload.push_back(int2{0, 0});
+  upload.resize(list.size() + std::max<size_t>(1, (counters + 1) / 2), int2{0, 0});
   MXFLASH_RETURN_IF_ERROR(upload_to_device(dst, upload.data(), upload.size() * sizeof(int2), stream));
   *counter = reinterpret_cast<unsigned*>(dst + list.size() * sizeof(int2));
   return Status::Ok();
