@@ -2250,11 +2250,12 @@ BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n
   w.kt_scale = take(ops * B * H * D * sizeof(float));
   w.dot_scale = take(H * (Po / bwd::kTile) * D * sizeof(float));
   // The rectangular ring's dK/dV list (rect_list_kernel's), then its groups' table and both work
-  // lists, in a row: one upload (attention_backward).
+  // lists, in a row: one upload (attention_backward), which leaves out the dK/dV kernel's list, last,
+  // where the rectangular ring runs without it.
   w.ring_items = take(n_ring_items * sizeof(int2));
   w.ring_meta = take(n_ring_meta * sizeof(int2));
-  w.kv_items = take(n_kv_items * sizeof(int2));
   w.q_items = take(attn::work_list_bytes(n_q_items));  // + the persistent dQ kernel's item counter
+  w.kv_items = take(n_kv_items * sizeof(int2));
   w.dq_part = take(p.broadcast_q ? size_t(p.To) * H * D * sizeof(float) : 0);
   const bool mx = p.mxfp8_dkv;  // fp32 dK, dV, then square32 quantization
   w.dk_f32 = take(mx ? size_t(p.Tk) * H * D * sizeof(float) : 0);
@@ -2349,16 +2350,26 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     // one tile), so that preprocess always runs with it.
     unsigned* const ring_flags = plan.ring.n > 0 ? reinterpret_cast<unsigned*>(ws + w.ds_scales) : nullptr;
     if (ring_flags != nullptr && Po == 0) return Status::Internal("backward: the ring planned for a call without Q tiles");
-    // Both work lists (and the persistent dQ kernel's item counter after the Q tiles' list) in one
+    // The work lists (and the persistent dQ kernel's item counter after the Q tiles' list) in one
     // upload, first: the kernels after it start as programmatic dependents of their predecessors.
-    unsigned* next_item = nullptr;
+    // The rectangular ring reads no dK/dV kernel list (its own is rect_list_kernel's): that list,
+    // last, is uploaded only where a kernel reads it (e.g. cross, 8192 entries: two of the upload's
+    // ~32 KB kernels, 24 us under ncu, before the ring could start), and by the two kernels' fallback.
+    const bool kv_list = !(plan.ring.n > 0 && plan.ring.rect);
+    auto upload_kv_items = [&] {
+      return upload_to_device(ws + w.kv_items, kv_items.data(), kv_items.size() * sizeof(int2), stream);
+    };
+    unsigned* const next_item = reinterpret_cast<unsigned*>(ws + w.q_items + q_items.size() * sizeof(int2));
     {
       std::vector<int2> lists(plan.ring_meta);
-      lists.resize((w.kv_items - w.ring_meta) / sizeof(int2), int2{0, 0});  // (the alignment's gaps)
-      lists.insert(lists.end(), kv_items.begin(), kv_items.end());
-      lists.resize((w.q_items - w.ring_meta) / sizeof(int2), int2{0, 0});
+      lists.resize((w.q_items - w.ring_meta) / sizeof(int2), int2{0, 0});  // (the alignment's gaps)
       lists.insert(lists.end(), q_items.begin(), q_items.end());
-      MXFLASH_RETURN_IF_ERROR(attn::upload_work_list(ws + w.ring_meta, lists, stream, &next_item));
+      lists.push_back(int2{0, 0});  // the item counter, zeroed
+      if (kv_list && !kv_items.empty()) {
+        lists.resize((w.kv_items - w.ring_meta) / sizeof(int2), int2{0, 0});
+        lists.insert(lists.end(), kv_items.begin(), kv_items.end());
+      }
+      MXFLASH_RETURN_IF_ERROR(upload_to_device(ws + w.ring_meta, lists.data(), lists.size() * sizeof(int2), stream));
     }
     const bool pdl = pdl_after_setup();
     if (plan.ring.rect && plan.ring_n_items > 0) {  // the rectangular ring's dK/dV list, from that table
@@ -2640,6 +2651,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
           if (e == cudaErrorCooperativeLaunchTooLarge) (void)cudaGetLastError();  // (clears it)
         }
         if (e == cudaErrorCooperativeLaunchTooLarge) {  // the two kernels instead
+          if (!kv_list && !kv_items.empty()) MXFLASH_RETURN_IF_ERROR(upload_kv_items());
           bp.ring_n = 0;
           pds = false;
           bp.heads_inner = heads_inner(H, plan.lq, 4 * kHeadDim + sizeof(float4));
