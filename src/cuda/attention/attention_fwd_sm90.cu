@@ -902,7 +902,7 @@ __device__ __forceinline__ void write_partial3(const SplitParams& sp, int slot, 
 // a whole O in registers disturbed the allocation of its tile loop (R2UR and spills in the SASS
 // check). The states are read from L2 (ld.global.cg): the other parts' CTAs wrote them during this
 // grid.
-constexpr int kMaxParts = 4;  // split_parts' largest count
+constexpr int kMaxParts = 4;  // split_parts' largest count (merge_parts3 keeps a factor pair per part)
 template <bool kVTile>
 __device__ __forceinline__ void merge_parts3(const FwdParams& p, const SplitParams& sp, int q, int cw, int tid) {
   const int parts = sp.parts;
@@ -1628,11 +1628,11 @@ int split_parts(int64_t r, int sms, int max_tiles) {
   if (r == 0) return 1;
   if (const char* e = std::getenv("MXFLASH_FWD_SPLIT")) {
     const int forced = std::atoi(e);
-    if (forced >= 1 && forced <= 4) return std::max(1, std::min(forced, max_tiles));
+    if (forced >= 1 && forced <= attn::kMaxParts) return std::max(1, std::min(forced, max_tiles));
   }
   int best = 1;
   double rounds = 1.0;  // the tail's length in item rounds
-  for (int k = 2; k <= 4 && k * kSplitMinTiles <= max_tiles && r * k <= 2 * int64_t(sms); ++k) {
+  for (int k = 2; k <= attn::kMaxParts && k * kSplitMinTiles <= max_tiles && r * k <= 2 * int64_t(sms); ++k) {
     const double t = double((r * k + sms - 1) / sms) / k;
     if (t < rounds - 1e-9) rounds = t, best = k;
   }
