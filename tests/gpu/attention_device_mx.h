@@ -127,16 +127,22 @@ inline SplitTailLengths split_tail_lengths(int64_t heads) {
 // The split tail beside the persistent kernel's whole items (the plan's default wherever items are
 // split, docs/attention.md) against a CTA per whole item and against the persistent kernel on 2 and
 // 5 CTAs, which walk many items each: the same bytes (every whole item summed in the same order, the
-// same items split). Three consumers forced by the caller. The outputs are left as the persistent
-// run on every SM wrote them.
-inline void expect_split_beside_every_whole_item_kernel(const std::vector<DeviceBuffer*>& outputs,
-                                                        const std::function<size_t()>& workspace_bytes,
-                                                        const std::function<Status()>& launch) {
-  ASSERT_TRUE(forward_splits(workspace_bytes)) << "the plan must split this problem's last items";
-  launch_under_env("MXFLASH_FWD_PERSISTENT", "1", outputs, launch);
-  if (::testing::Test::HasFatalFailure()) return;
-  expect_same_bytes_under_env("MXFLASH_FWD_PERSISTENT", {"0", "2", "5"}, outputs, launch);
-  launch_under_env("MXFLASH_FWD_PERSISTENT", "1", outputs, launch);
+// same items split). Then the persistent run on every SM again, its out checked against `ref_lse`
+// (checked_forward_out) and compared with `ref`: returns that SQNR in dB (-1 after a failure).
+// Three consumers forced by the caller.
+inline double split_beside_every_whole_item_kernel(DeviceBuffer& out, DeviceBuffer& lse, const std::vector<double>& ref,
+                                                   const std::vector<float>& ref_lse,
+                                                   const std::function<size_t()>& workspace_bytes,
+                                                   const std::function<Status()>& launch) {
+  EXPECT_TRUE(forward_splits(workspace_bytes)) << "the plan must split this problem's last items";
+  if (::testing::Test::HasFailure()) return -1;
+  launch_under_env("MXFLASH_FWD_PERSISTENT", "1", {&out, &lse}, launch);
+  if (::testing::Test::HasFatalFailure()) return -1;
+  expect_same_bytes_under_env("MXFLASH_FWD_PERSISTENT", {"0", "2", "5"}, {&out, &lse}, launch);
+  launch_under_env("MXFLASH_FWD_PERSISTENT", "1", {&out, &lse}, launch);
+  if (::testing::Test::HasFatalFailure()) return -1;
+  const std::vector<double> got = checked_forward_out(out, lse, ref_lse);
+  return got.empty() ? -1 : sqnr_db(ref, got);
 }
 
 }  // namespace mxflash::gputest

@@ -457,6 +457,27 @@ __device__ __forceinline__ void write_keyless_rows(const FwdParams& p, int h, in
   }
 }
 
+// Out's normalization and LSE, one definition for every epilogue (write_rows, write_rows_staged,
+// merge_parts3), so that a row gets the same bytes whichever of them writes it: O / (l 256) times
+// V's scale (kVTile: O's unit 2^e_ref, promote_vtile; else V's per-channel scales of sequence b),
+// and LSE = (m + log2 l - 8) ln 2.
+template <bool kVTile>
+struct OutNorm {
+  const float* v_scale;
+  float unit;
+  __device__ __forceinline__ OutNorm(const FwdParams& p, int b, int h, int e_ref)
+      : v_scale(p.v_scale + (int64_t(b) * p.heads + h) * kHeadDim), unit(kVTile ? ldexpf(1.f, e_ref) : 1.f) {}
+  // Channels col and col + 1 of a row from its accumulators x, y; inv = 1 / l (l carries the P
+  // scale 256).
+  __device__ __forceinline__ float2 pair(float x, float y, float inv, int col) const {
+    return make_float2(x * inv * (kVTile ? unit : v_scale[col]), y * inv * (kVTile ? unit : v_scale[col + 1]));
+  }
+  __device__ __forceinline__ static float lse(float m, float lsum) {
+    const float log2_l = log2f(lsum) - kPScaleLog2;
+    return (m + log2_l) * kLn2;
+  }
+};
+
 // The epilogue: O / (l 256) times V's scale (kVTile: O's unit 2^e_ref, promote_vtile; else V's
 // per-channel scales of sequence b) to BF16, and LSE = (m + log2 l - 8) ln 2, for this thread's two
 // rows of the tile that starts at row row0 of its sequence.
@@ -464,25 +485,22 @@ template <bool kVTile>
 __device__ __forceinline__ void write_rows(const FwdParams& p, const float (&o)[64], const float (&l)[2],
                                            const float (&m)[2], const VTileUnit& vunit, int b, int h,
                                            int64_t tok_base, int row0, int Lq, const int (&rows)[2], int quad) {
-  const float* v_scale = p.v_scale + (int64_t(b) * p.heads + h) * kHeadDim;
-  const float unit = kVTile ? ldexpf(1.f, vunit.e_ref) : 1.f;
+  const OutNorm<kVTile> norm(p, b, h, vunit.e_ref);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float lsum = quad_sum(l[r]);
     const int i = row0 + rows[r];
     if (i >= Lq) continue;
     const int64_t tok = tok_base + i;
-    const float inv = 1.f / lsum;  // the row sum carries the P scale 256
+    const float inv = 1.f / lsum;
     __nv_bfloat16* orow = p.out + (tok * p.heads + h) * kHeadDim;
 #pragma unroll
     for (int jn = 0; jn < 16; ++jn) {
       const int col = 8 * jn + 2 * quad;
-      const float a = o[4 * jn + 2 * r] * inv * (kVTile ? unit : v_scale[col]);
-      const float c = o[4 * jn + 2 * r + 1] * inv * (kVTile ? unit : v_scale[col + 1]);
-      *reinterpret_cast<__nv_bfloat162*>(orow + col) = __floats2bfloat162_rn(a, c);
+      *reinterpret_cast<__nv_bfloat162*>(orow + col) =
+          __float22bfloat162_rn(norm.pair(o[4 * jn + 2 * r], o[4 * jn + 2 * r + 1], inv, col));
     }
-    const float log2_l = log2f(lsum) - kPScaleLog2;
-    if (quad == 0) p.lse[h * p.To + tok] = (m[r] + log2_l) * kLn2;
+    if (quad == 0) p.lse[h * p.To + tok] = OutNorm<kVTile>::lse(m[r], lsum);
   }
 }
 
@@ -507,22 +525,18 @@ __device__ __forceinline__ void write_rows_staged(const FwdParams& p, const CUte
   const bool issuer = warp == 0 && lane == 0;
   const int barrier = kStageBarrier0 + cw;
   attn::staging_acquire(issuer, barrier);
-  const float* v_scale = p.v_scale + (int64_t(b) * p.heads + h) * kHeadDim;
-  const float unit = kVTile ? ldexpf(1.f, vunit.e_ref) : 1.f;
+  const OutNorm<kVTile> norm(p, b, h, vunit.e_ref);
   uint32_t packed[2][16];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float lsum = quad_sum(l[r]);
-    const float inv = 1.f / lsum;  // the row sum carries the P scale 256
+    const float inv = 1.f / lsum;
 #pragma unroll
     for (int jn = 0; jn < 16; ++jn) {
-      const int col = 8 * jn + 2 * quad;
-      const float a = o[4 * jn + 2 * r] * inv * (kVTile ? unit : v_scale[col]);
-      const float c = o[4 * jn + 2 * r + 1] * inv * (kVTile ? unit : v_scale[col + 1]);
-      packed[r][jn] = attn::bf16x2_bits(a, c);
+      const float2 v = norm.pair(o[4 * jn + 2 * r], o[4 * jn + 2 * r + 1], inv, 8 * jn + 2 * quad);
+      packed[r][jn] = attn::bf16x2_bits(v.x, v.y);
     }
-    const float log2_l = log2f(lsum) - kPScaleLog2;
-    if (quad == 0) p.lse[h * p.To + tok_base + row0 + rows[r]] = (m[r] + log2_l) * kLn2;
+    if (quad == 0) p.lse[h * p.To + tok_base + row0 + rows[r]] = OutNorm<kVTile>::lse(m[r], lsum);
   }
   attn::stage_and_store(tm_o, stage, issuer, barrier, warp, lane, packed, h, int(tok_base + first));
 }
@@ -897,8 +911,8 @@ __device__ __forceinline__ void write_partial3(const SplitParams& sp, int slot, 
 // Split item q's out and lse for consumer warpgroup cw's rows, this thread's the rows and
 // accumulators of the consumer thread of the same index: the parts' partial states combined in part
 // order (deterministic): m = max m_p, l = sum l_p 2^(m_p - m), O = sum O_p 2^(m_p - m) 2^(e_p - e)
-// in the largest unit 2^e, then normalized and written as write_rows does (the same arithmetic per
-// value), four accumulators at a time: the merge runs in the persistent kernel's epilogue too, where
+// in the largest unit 2^e, then normalized and written as write_rows does (OutNorm), four
+// accumulators at a time: the merge runs in the persistent kernel's epilogue too, where
 // a whole O in registers disturbed the allocation of its tile loop (R2UR and spills in the SASS
 // check). The states are read from L2 (ld.global.cg): the other parts' CTAs wrote them during this
 // grid.
@@ -940,9 +954,8 @@ __device__ __forceinline__ void merge_parts3(const FwdParams& p, const SplitPara
       f[part][r] = g * pow2i_exact(int(info.z) - e);
     }
   }
-  const float* v_scale = p.v_scale + (int64_t(w.b) * p.heads + w.h) * kHeadDim;
-  const float unit = kVTile ? ldexpf(1.f, e) : 1.f;
-  const float inv[2] = {1.f / l[0], 1.f / l[1]};  // the row sums carry the P scale 256
+  const OutNorm<kVTile> norm(p, w.b, w.h, e);
+  const float inv[2] = {1.f / l[0], 1.f / l[1]};
   const float4* po = sp.part_o + int64_t(q * parts) * kConsumers3 * (16 * kWarpgroupThreads) +
                      cw * (16 * kWarpgroupThreads) + tid;
   constexpr int64_t kPartStride = int64_t(kConsumers3) * 16 * kWarpgroupThreads;
@@ -963,18 +976,15 @@ __device__ __forceinline__ void merge_parts3(const FwdParams& p, const SplitPara
     for (int r = 0; r < 2; ++r) {
       const int i = row0 + rows[r];
       if (i >= w.Lq) continue;
-      const float a = o[2 * r] * inv[r] * (kVTile ? unit : v_scale[col]);
-      const float c = o[2 * r + 1] * inv[r] * (kVTile ? unit : v_scale[col + 1]);
       *reinterpret_cast<__nv_bfloat162*>(p.out + ((tok_base + i) * p.heads + w.h) * kHeadDim + col) =
-          __floats2bfloat162_rn(a, c);
+          __float22bfloat162_rn(norm.pair(o[2 * r], o[2 * r + 1], inv[r], col));
     }
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int i = row0 + rows[r];
     if (i >= w.Lq) continue;
-    const float log2_l = log2f(l[r]) - kPScaleLog2;
-    if (quad == 0) p.lse[w.h * p.To + tok_base + i] = (m[r] + log2_l) * kLn2;
+    if (quad == 0) p.lse[w.h * p.To + tok_base + i] = OutNorm<kVTile>::lse(m[r], l[r]);
   }
 }
 

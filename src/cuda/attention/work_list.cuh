@@ -46,7 +46,7 @@ inline size_t work_list_bytes(size_t n, size_t counters = 1) {
 inline Status upload_work_list(uint8_t* dst, const std::vector<int2>& list, cudaStream_t stream, unsigned** counter,
                                size_t counters = 1) {
   std::vector<int2> upload(list);
-  upload.resize(list.size() + std::max<size_t>(1, (counters + 1) / 2), int2{0, 0});
+  upload.resize(work_list_bytes(list.size(), counters) / sizeof(int2), int2{0, 0});
   MXFLASH_RETURN_IF_ERROR(upload_to_device(dst, upload.data(), upload.size() * sizeof(int2), stream));
   *counter = reinterpret_cast<unsigned*>(dst + list.size() * sizeof(int2));
   return Status::Ok();
