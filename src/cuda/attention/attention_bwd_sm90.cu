@@ -345,6 +345,7 @@ __device__ __forceinline__ void ring_release(unsigned* a, unsigned v) {
 struct Item {
   int h, b, blk, qb;
   int Lq, Lk;
+  int k0;          // the K/V sequence's first token (cu_k[b])
   int64_t o_pad0;  // padded output row of the sequence's row 0
   // The rectangular ring (kRect): the item's bundle, and its bundle's step of the item's first block
   // (dQ unit: of K tile 0; dK/dV unit: the step that produced its blocks).
@@ -425,7 +426,8 @@ __device__ __forceinline__ Item sequence_item(const BwdParams& p, int b) {
   w.b = b;
   w.qb = p.broadcast_q ? 0 : b;
   w.Lq = p.cu_q[w.qb + 1] - p.cu_q[w.qb];
-  w.Lk = p.cu_k[b + 1] - p.cu_k[b];
+  w.k0 = p.cu_k[b];
+  w.Lk = p.cu_k[b + 1] - w.k0;
   w.o_pad0 = p.broadcast_q ? int64_t(b) * p.lq_pad : int64_t(p.cu_q_sf[b]);
   return w;
 }
@@ -499,7 +501,8 @@ inline constexpr size_t kKvSmemOffsetStage = (sizeof(KvSmem) + 1023) / 1024 * 10
 
 // The staged epilogue of the persistent dK/dV kernel (placed after KvSmem): one staging tile per
 // consumer warpgroup (64 keys x 128 channels of bf16), dV then dK through it
-// (attn::stage_and_store); named barriers kBarStage0 + the warpgroup.
+// (attn::stage_and_store); named barriers kBarStage0 + the warpgroup. The ring's dK/dV role, which
+// loads no K or V, stages dK in their space instead (dkdv_body's kNeedKv).
 struct DkdvStageSmem {
   alignas(1024) uint8_t t[kConsumers][attn::kStageBytes];
 };
@@ -699,6 +702,9 @@ __device__ __forceinline__ void dkdv_body(const CUtensorMap& tm_q, const CUtenso
   constexpr bool kPds = (kDiag & kFromPds) != 0;
   constexpr bool kRingMode = (kDiag & kRing) != 0;  // (with kFromPds)
   constexpr bool kDsOnlyMode = (kDiag & kDsOnly) != 0;  // (with kFromPds)
+  // The item's K and V tiles: for the S and dP GEMMs, which kFromPds (but for kDsOnly's S) leaves
+  // out. Without them their 32 KB hold the staged epilogue's dK tiles (one per warpgroup).
+  constexpr bool kNeedKv = !kPds || kDsOnlyMode;
   extern __shared__ uint8_t smem_raw[];
   KvSmem& s = attn::aligned_shared<KvSmem>(smem_raw);
   uint8_t* const smem_base = reinterpret_cast<uint8_t*>(&s);
@@ -778,10 +784,12 @@ __device__ __forceinline__ void dkdv_body(const CUtensorMap& tm_q, const CUtenso
     // One item's loads; `it` Q tiles and `kv_i` K/V tiles were loaded before (persistent CTAs).
     auto produce = [&](const Item& w, int n_q, int it, int kv_i) {
       const int64_t k_row = int64_t(w.h) * p.Pk + p.cu_k_sf[w.b] + int64_t(w.blk) * kTile;
-      if (kPersistent) sm90::mbar_wait(&s.kv_empty, (kv_i & 1) ^ 1);
-      sm90::mbar_arrive_expect_tx(&s.kv_full, 2 * kTileBytes);
-      sm90::tma_load_2d(s.k, &tm_k, &s.kv_full, 0, int(k_row));
-      sm90::tma_load_2d(s.v, &tm_v, &s.kv_full, 0, int(k_row));
+      if constexpr (kNeedKv) {
+        if (kPersistent) sm90::mbar_wait(&s.kv_empty, (kv_i & 1) ^ 1);
+        sm90::mbar_arrive_expect_tx(&s.kv_full, 2 * kTileBytes);
+        sm90::tma_load_2d(s.k, &tm_k, &s.kv_full, 0, int(k_row));
+        sm90::tma_load_2d(s.v, &tm_v, &s.kv_full, 0, int(k_row));
+      }
       const int64_t q_pad0 = p.cu_q_sf[w.qb];
       for (int j = 0; j < n_q; ++j) {
         const int stage = (it + j) % kKvStages;
@@ -856,7 +864,7 @@ __device__ __forceinline__ void dkdv_body(const CUtensorMap& tm_q, const CUtenso
     if (n_q > 0) {
       const float* q_tiles =
           kTileScales ? p.qt_tile_scale + int64_t(w.h) * (p.Pq / kTile) + p.cu_q_sf[w.qb] / kTile : nullptr;
-      sm90::mbar_wait(&s.kv_full, kv_i & 1);
+      if constexpr (kNeedKv) sm90::mbar_wait(&s.kv_full, kv_i & 1);
       const uint64_t desc_k = sm90::make_desc_k128b(s.k + cw * kHalf * kHeadDim);
       const uint64_t desc_v = sm90::make_desc_k128b(s.v + cw * kHalf * kHeadDim);
       uint32_t pa[8], da[8];
@@ -1043,7 +1051,6 @@ __device__ __forceinline__ void dkdv_body(const CUtensorMap& tm_q, const CUtenso
               pds_load_words(st.q, hh, cw, warp, lane, pa);
               pds_load_words(st.dout, hh, cw, warp, lane, da);
               rs[0] = rs[1] = sm90::ld_shared_f32(&st.ds_scale[hh]);
-              if (kPersistent && j == n_q - 1 && hh == 1) sm90::mbar_arrive(&s.kv_empty);
             } else {
               float sc[32], dp[32];
               issue_sdp(sc, dp, st, hh);
@@ -1109,24 +1116,27 @@ __device__ __forceinline__ void dkdv_body(const CUtensorMap& tm_q, const CUtenso
     };
     const int first_key = w.blk * kTile + cw * kHalf;  // the warpgroup's first key of the sequence
     // Staged: dV, then dK, through the warpgroup's tile, where all its 64 keys are the sequence's (a
-    // box cannot skip the next sequence's rows); the same values as the direct stores below.
+    // box cannot skip the next sequence's rows); the same values as the direct stores below. Without
+    // K and V (kNeedKv false) dK goes through the warpgroup's half of their space, so that it need
+    // not wait for dV's store to have read the tile.
     if (kPersistent && p.staged_dkdv && first_key + kHalf <= w.Lk) {
       const bool issuer = warp == 0 && lane == 0;
-      const int barrier = kBarStage0 + cw, tok = p.cu_k[w.b] + first_key;
+      const int barrier = kBarStage0 + cw, tok = w.k0 + first_key;
       uint32_t packed[2][16];
       attn::staging_acquire(issuer, barrier);
       pack_bf16_rows(dv, quad, [](int) { return 1.f; }, packed);
       attn::stage_and_store(&tm_dv, stg.t[cw], issuer, barrier, warp, lane, packed, w.h, tok);
-      attn::staging_acquire(issuer, barrier);
+      if constexpr (kNeedKv) attn::staging_acquire(issuer, barrier);
       pack_bf16_rows(dk, quad, dk_factor, packed);
-      attn::stage_and_store(&tm_dk, stg.t[cw], issuer, barrier, warp, lane, packed, w.h, tok);
+      attn::stage_and_store(&tm_dk, kNeedKv ? stg.t[cw] : cw == 0 ? s.k : s.v, issuer, barrier, warp, lane, packed,
+                            w.h, tok);
       return;
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int key = w.blk * kTile + cw * kHalf + warp * 16 + lane / 4 + 8 * r;
       if (key >= w.Lk) continue;
-      const int64_t at = ((int64_t(p.cu_k[w.b]) + key) * p.heads + w.h) * kHeadDim;
+      const int64_t at = ((int64_t(w.k0) + key) * p.heads + w.h) * kHeadDim;
 #pragma unroll
       for (int jn = 0; jn < 16; ++jn) {
         const int col = 8 * jn + 2 * quad;
