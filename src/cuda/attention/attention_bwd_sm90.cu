@@ -1254,7 +1254,8 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
                                            uint64_t (&empty)[kQStages], uint8_t* q, uint8_t* dout,
                                            uint64_t* q_full, uint32_t q_phase, const float4* info, const BwdParams& p,
                                            const Item& w, int cw, int tid, int it, const CUtensorMap* tm_dq = nullptr,
-                                           float* wg_amax = nullptr, uint64_t* dump_done = nullptr) {
+                                           float* wg_amax = nullptr, uint64_t* dump_done = nullptr,
+                                           uint64_t* q_release = nullptr) {
   const int n_k = (w.Lk + kTile - 1) / kTile;
   const int64_t o_row = w.o_pad0 + int64_t(w.blk) * kTile;  // padded output row of the Q tile
   const int warp = tid / 32, lane = tid % 32, quad = lane % 4;
@@ -1313,6 +1314,9 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
         const float k_tile = kTileScales ? p.kt_tile_scale[tile0 + kt] : 1.f;
         issue_dp(sb, j);
         sm90::wgmma_wait<0>();
+        // q_release (the ring's dQ role): Q and dO read for the last time (S and dP of the last tile
+        // done), so that the next item's load under this tile's math, dQ GEMM and epilogue.
+        if (q_release != nullptr && j == n_k - 1) sm90::mbar_arrive(q_release);
         attn::fence_all(sa);
         attn::fence_all(sb);
         const int valid = w.Lk - kt * kTile;
@@ -1638,8 +1642,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // shared by both roles would meet them with two register counts: ptxas then ignores every
   // setmaxnreg of the kernel, C7507). The K/V pipeline and the dump barriers run on across items
   // (`it`: the tiles before), and the producer loads an item's Q and dO once the consumers have
-  // released the previous item's (q_empty): the next item's first K/V tiles load under this item's
-  // last tiles and epilogue, as in the persistent dQ kernel.
+  // released the previous item's (q_empty, as soon as its last S and dP GEMMs are done): the next
+  // item's Q, dO and first K/V tiles load under this item's last tile and epilogue.
   extern __shared__ uint8_t smem_raw[];
   QSmem& s = attn::aligned_shared<QSmem>(smem_raw);
   const int wg = attn::warpgroup_index(), tid = threadIdx.x % kWarpgroupThreads;
@@ -1681,11 +1685,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const Item w = item(index);
     const int n_k = (w.Lk + kTile - 1) / kTile;
     consume_dq<true, false, kDqDiag>(s.st, s.full, s.empty, s.q, s.dout, &s.q_full, n & 1, pq.info, pq, w, wg - 1, tid,
-                                     it, nullptr, &s.wg_amax[0][0][0], s.dump_done);
-    if (n_k > 0) {
-      sm90::mbar_arrive(&s.q_empty);
-      it += n_k, ++n;
-    }
+                                     it, nullptr, &s.wg_amax[0][0][0], s.dump_done, &s.q_empty);
+    if (n_k > 0) it += n_k, ++n;
   }
 }
 
