@@ -123,6 +123,11 @@ inline SplitTailLengths split_tail_lengths(int64_t heads) {
   const int64_t tiles = (3 * int64_t(sms) / 2 + heads - 1) / heads;
   return {tiles * 192 - 50, 32 * 128 - 30};
 }
+// One Q and one K/V sequence of those lengths, uploaded (false on any failure).
+inline bool split_tail_metas(const SplitTailLengths& n, JaggedMeta* qm, JaggedMeta* km) {
+  return JaggedMeta::FromLengths({n.q}, qm).ok() && JaggedMeta::FromLengths({n.k}, km).ok() && qm->upload().ok() &&
+         km->upload().ok();
+}
 
 // The split tail beside the persistent kernel's whole items (the plan's default wherever items are
 // split, docs/attention.md) against a CTA per whole item and against the persistent kernel on 2 and

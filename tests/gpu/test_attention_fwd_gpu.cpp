@@ -257,10 +257,7 @@ TEST_F(AttentionFwdGpu, SplitTailBesidePersistentWholeItems) {
   const int64_t H = 2;
   const gputest::SplitTailLengths n = gputest::split_tail_lengths(H);
   JaggedMeta qm, km;
-  ASSERT_TRUE(JaggedMeta::FromLengths({n.q}, &qm).ok());
-  ASSERT_TRUE(JaggedMeta::FromLengths({n.k}, &km).ok());
-  ASSERT_TRUE(qm.upload().ok());
-  ASSERT_TRUE(km.upload().ok());
+  ASSERT_TRUE(gputest::split_tail_metas(n, &qm, &km));
   const HostMx hq = quantize_host(normal_values(n.q * H * kHeadDim, 31), qm, H, Orientation::kHdim,
                                   PayloadLayout::kTokenMajor, ScaleLayout::kPlain);
   const HostMx hk = quantize_host(normal_values(n.k * H * kHeadDim, 32), km, H, Orientation::kHdim,

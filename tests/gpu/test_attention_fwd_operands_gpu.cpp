@@ -409,10 +409,7 @@ TEST_F(AttentionFwdOperandsGpu, ForwardSplitTailBesidePersistentWholeItems) {
   const int64_t H = 2, row = H * kHeadDim;
   const gputest::SplitTailLengths n = gputest::split_tail_lengths(H);
   JaggedMeta qm, km;
-  ASSERT_TRUE(JaggedMeta::FromLengths({n.q}, &qm).ok());
-  ASSERT_TRUE(JaggedMeta::FromLengths({n.k}, &km).ok());
-  ASSERT_TRUE(qm.upload().ok());
-  ASSERT_TRUE(km.upload().ok());
+  ASSERT_TRUE(gputest::split_tail_metas(n, &qm, &km));
   std::mt19937_64 rng(41);
   DeviceBuffer xq(gputest::input_bytes(draw(n.q * row, rng), true)), xk(gputest::input_bytes(draw(n.k * row, rng), true)),
       xv(gputest::input_bytes(draw(n.k * row, rng), true));
