@@ -45,6 +45,10 @@ struct Case {
   bool broadcast_q;
   bool bf16;
   bool ring = false;  // the backward's ring forced (MXFLASH_BWD_RING=1; else unset: small shapes run without)
+  // Per 128-token K/V tile of a sequence (cycled): V times 2^v_exp[j], K times 2^(j % 4 - 1), so that
+  // dS's scale jumps from one K tile to the next; then only the fast backward's checks against the
+  // CPU reference and its determinism are run.
+  std::vector<int> v_exp = {};
 };
 
 void run_case(const Case& c, uint64_t seed) {
@@ -64,6 +68,13 @@ void run_case(const Case& c, uint64_t seed) {
     return x;
   };
   std::vector<float> q = draw(Tq), k = draw(Tk), v = draw(Tk), g = draw(To);
+  if (!c.v_exp.empty())
+    for (int64_t b = 0; b < km.batch(); ++b)
+      for (int64_t t = km.cu_seqlens()[size_t(b)]; t < km.cu_seqlens()[size_t(b) + 1]; ++t) {
+        const int64_t j = (t - km.cu_seqlens()[size_t(b)]) / 128;
+        const float sv = std::ldexp(1.f, c.v_exp[size_t(j) % c.v_exp.size()]), sk = std::ldexp(1.f, int(j % 4) - 1);
+        for (int64_t i = 0; i < row; ++i) v[size_t(t * row + i)] *= sv, k[size_t(t * row + i)] *= sk;
+      }
   if (c.bf16)
     for (auto* x : {&q, &k, &v})
       for (auto& e : *x) e = bf16_to_float(float_to_bf16(e));
@@ -240,6 +251,7 @@ void run_case(const Case& c, uint64_t seed) {
       for (int i = 0; i < 3; ++i) EXPECT_TRUE(got[i] == first[i]) << "fast backward output " << i << " not deterministic";
     }
   }
+  if (!c.v_exp.empty()) return;
   {  // dQ, dK, dV 4 bytes past a 16-byte boundary (the API asks 4): the staged epilogues (TMA stores)
      // need 16, so the kernels' direct stores run for every row: the same bytes.
     DeviceBuffer s_dq(dq.size() * 2 + 16), s_dk(dk.size() * 2 + 16), s_dv(dv.size() * 2 + 16);
@@ -360,6 +372,14 @@ TEST_F(AttentionBwdOperandsGpu, RingUniformLengthsBf16) {
 TEST_F(AttentionBwdOperandsGpu, RingShortestSequencesFp32) {
   // the ring's shortest sequences (4 tiles, 4 steps), 9 groups in flight at once
   run_case({{512, 512, 512}, {512, 512, 512}, 3, false, false, true}, 15);
+}
+
+TEST_F(AttentionBwdOperandsGpu, RingScaleJumpsBetweenKTilesBf16) {
+  // V's tiles 2^0 .. 2^+-100 apart and K's 2^-1 .. 2^2 (Case::v_exp), square ring of 8 tiles: dS's
+  // scale (one per 64 queries x 128 keys) changes by many binades from one K tile to the next and
+  // D reaches ~2^100; then the rectangular ring on a broadcast Q over K/V of several lengths.
+  run_case({{1024, 1024}, {1024, 1024}, 2, false, true, true, {0, 60, -60, 100, -100, 20, -20, 7}}, 18);
+  run_case({{300}, {700, 0, 129, 1000}, 2, true, true, true, {0, -40, 40, 90, -90, 3}}, 19);
 }
 
 TEST_F(AttentionBwdOperandsGpu, RectRingBroadcastJaggedBf16) {
