@@ -21,6 +21,8 @@ SECTIONS=${SECTIONS:-"tests sanitizer python report bench accuracy peers"}
 # (EXPERIMENTS=1 scripts/stage_gpu_bin.sh): their GPU tests and speed; and both work-list orders.
 # "accuracy_full" (not in the default list): issue 4's whole forward accuracy matrix (minutes).
 # "accuracy_bwd" (not in the default list): issue 5's backward accuracy matrix (minutes).
+# "floor" (not in the default list): scripts/fp8_gemm_floor.py, a large FP8 GEMM's TFLOP/s, power and
+# pJ/FLOP at the card's power cap (seconds).
 # "probe" (not in the default list): mxflash-overlap-probe (tensor cores beside MUFU / FMA work on
 # one SM, seconds) and, with $BIN/exp staged, the forward's and the dK/dV kernel's consumer traces
 # on llm-long (scripts/attn_trace.py).
@@ -111,6 +113,11 @@ if want probe && [ -x "$BIN/mxflash-overlap-probe" ]; then
       --workload bwd --impl mxfp8 --warmup-s 0.3 --window-s 0.5 2>/dev/null | grep -E "^llm" || status=1
     python3 scripts/attn_trace.py "$OUT/bwd_trace.txt" --kind bwd --slots 20:23 || status=1
   fi
+fi
+if want floor; then
+  note "FP8 GEMM energy floor (cuBLASLt through torch._scaled_mm, at the power cap)"
+  python3 scripts/fp8_gemm_floor.py > "$OUT/fp8_floor.log" 2>&1 || { status=1; note "FP8 FLOOR FAILED"; }
+  cat "$OUT/fp8_floor.log"
 fi
 if want ab && [ -x "$BIN/exp/mxflash_tests_gpu" ]; then
   # Attention forward variants (docs/attention.md; the cases of launch_main's experiments switch):
