@@ -57,7 +57,9 @@ enum Stream : int {
   kMcast = 4096,  // the loads in clusters of two CTAs: each loads half of a chunk, multicast to both
   kReduce = 8192, kF16 = 16384, kHot = 32768,  // bulk reductions into L2 (f32, or f16; hot: one 256 KB)
   kDsmem = 65536,  // chunks pushed into the cluster peer's shared memory (clusters of two)
-  kDeep = 131072  // the reductions with 16 in flight instead of 4 (from the same four buffers)
+  kDeep = 131072,  // the reductions with 16 in flight instead of 4 (from the same four buffers)
+  kF16Acc = 262144,  // the tensor stream with an f16 accumulator (m64n128k32: 32 registers)
+  kN256 = 524288     // with kF16Acc: m64n256k32 (64 registers; an f32 one would need 128)
 };
 constexpr int kCluster = kMcast | kDsmem;  // the runs launched in clusters of two
 constexpr int kLoadSlots = 4;
@@ -66,7 +68,7 @@ constexpr size_t kL2Window = size_t(16) << 20, kDramBytes = size_t(4) << 30;
 
 struct alignas(1024) Smem {
   uint8_t a[64 * 128];   // 64 rows x 128 bytes, 128-byte swizzle (contents: e4m3 1.0)
-  uint8_t b[128 * 128];  // 128 rows x 128 bytes
+  uint8_t b[256 * 128];  // 256 rows x 128 bytes (N = 256: all; else the first 128)
   alignas(128) uint8_t ld[kLoadSlots][kLoadChunk];  // the load stream's destinations
   alignas(128) uint8_t out[kLoadChunk];              // the push stream's source
   uint64_t bar[kLoadSlots];
@@ -90,6 +92,63 @@ __device__ __forceinline__ void wgmma_m64n32k32_ss(float (&d)[16], uint64_t desc
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// D(64xN, f16) (+)= A(64x32 e4m3, shared) * B(Nx32 e4m3, shared)^T, N = 128 or 256 (the accumulator
+// as f16 pairs, N / 4 registers).
+template <int kN>
+__device__ __forceinline__ void wgmma_f16acc_ss(uint32_t (&d)[kN / 4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  static_assert(kN == 128 || kN == 256, "m64n128k32 or m64n256k32");
+  if constexpr (kN == 128) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f16.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1;\n}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+          "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+          "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+          "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k32.f16.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1;\n}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+          "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+          "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+          "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+          "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+          "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+          "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+          "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  }
+}
+
+// The f16-accumulator tensor stream (kF16Acc): as tensor_stream, N = 128 or 256.
+template <int kN>
+__device__ __forceinline__ float tensor_stream_f16(int n_tensor, uint64_t da, uint64_t db) {
+  uint32_t d[kN / 4];
+#pragma unroll
+  for (int i = 0; i < kN / 4; ++i) d[i] = 0u;
+  for (int it = 0; it < n_tensor; ++it) {
+    mxflash::sm90::wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kWgmmaPerGroup; ++k) wgmma_f16acc_ss<kN>(d, da + 2 * (k % 4), db + 2 * (k % 4), (it | k) != 0);
+    mxflash::sm90::wgmma_commit();
+    mxflash::sm90::wgmma_wait<0>();
+  }
+  uint32_t acc = 0u;
+#pragma unroll
+  for (int i = 0; i < kN / 4; ++i) acc ^= d[i];
+  return float(acc & 0xffffu);
 }
 
 // The tensor stream: n_tensor commit groups of kWgmmaPerGroup m64nNk32 steps, N = kN (128, 64 or
@@ -133,11 +192,14 @@ __device__ __forceinline__ uint64_t clock64_now() {
 template <bool kRsA>
 __global__ void __launch_bounds__(kThreads, 1)
     probe_kernel(int streams, int n_tensor, int n_mufu, int n_fma, int n_load, const uint8_t* src,
-                 unsigned long long* cycles, float* sink, bool random) {
+                 unsigned long long* cycles, float* sink, int random) {
   extern __shared__ uint8_t raw[];
   Smem& s = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
   for (int i = threadIdx.x; i < int((sizeof(s.a) + sizeof(s.b)) / 4); i += blockDim.x)
-    reinterpret_cast<uint32_t*>(&s)[i] = random ? (uint32_t(i) * 2654435761u) & 0x77777777u : 0x38383838u;
+    reinterpret_cast<uint32_t*>(&s)[i] =
+        random == 2   ? (((uint32_t(i) * 2654435761u) ^ (uint32_t(i) >> 3) * 0x9E3779B9u) & 0x8F8F8F8Fu) | 0x30303030u
+        : random == 1 ? (uint32_t(i) * 2654435761u) & 0x77777777u
+                      : 0x38383838u;
   for (int i = threadIdx.x; i < int((sizeof(s.ld) + sizeof(s.out)) / 4); i += blockDim.x)
     reinterpret_cast<uint32_t*>(s.ld)[i] = 0x14001400u;  // f16 pairs of 2^-10 (tiny f32): sums stay finite
   if (threadIdx.x == 0) {
@@ -167,6 +229,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint64_t da = mxflash::sm90::make_desc_k128b(s.a), db = mxflash::sm90::make_desc_k128b(s.b);
     if constexpr (kRsA)
       acc = tensor_stream<128, true>(n_tensor, da, db);
+    else if (streams & kF16Acc)
+      acc = (streams & kN256) ? tensor_stream_f16<256>(n_tensor, da, db) : tensor_stream_f16<128>(n_tensor, da, db);
     else
       acc = (streams & kN64)   ? tensor_stream<64, false>(n_tensor, da, db)
             : (streams & kN32) ? tensor_stream<32, false>(n_tensor, da, db)
@@ -321,7 +385,7 @@ __global__ void fill_kernel(uint32_t* p, size_t n) {
 
 // A launch of the probe: one CTA per SM; clusters of two for the multicast runs.
 cudaError_t launch(bool rs, int sms, size_t smem, int streams, int n_tensor, int n_mufu, int n_fma, int n_load,
-                   const uint8_t* src, unsigned long long* cycles, float* sink, bool random) {
+                   const uint8_t* src, unsigned long long* cycles, float* sink, int random) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned((streams & kCluster) ? sms & ~1 : sms));
   cfg.blockDim = dim3(unsigned(kThreads));
@@ -351,10 +415,12 @@ void check(cudaError_t e, const char* what) {
 int main(int argc, char** argv) {
   int n_tensor = 2000, n_mufu = 8000, n_fma = 60000, n_load = 800;
   std::string only;  // --only a,b: only the runs of these names
-  bool random = false;  // --random 1: operand bytes from a hash (finite e4m3) instead of all 1.0
+  // --random 1: operand bytes from a hash (finite positive e4m3) instead of all 1.0; 2: signed bytes of
+  // magnitude 0.5 to 1.875 (sums stay in an f16 accumulator's range: the kF16Acc runs against f32)
+  int random = 0;
   double energy_s = 0;  // --energy S: each run's power and energy per unit of work over S seconds
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--random")) random = std::atoi(argv[i + 1]) != 0;
+    if (!std::strcmp(argv[i], "--random")) random = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--energy")) energy_s = std::atof(argv[i + 1]);
     if (!std::strcmp(argv[i], "--tensor")) n_tensor = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--mufu")) n_mufu = std::atoi(argv[i + 1]);
@@ -413,6 +479,9 @@ int main(int argc, char** argv) {
       {"l2 reduce deep", kReduce | kDeep},
       {"tensor (SS) + l2 reduce", kTensor | kReduce}, {"tensor (SS) + l2 reduce f16", kTensor | kReduce | kF16},
       {"dsmem push", kDsmem}, {"tensor (SS) + dsmem push", kTensor | kDsmem},
+      // The accumulator's width: f16 instead of f32 (half the registers), and m64n256k32 with f16.
+      {"tensor f16acc (SS)", kTensor | kF16Acc}, {"tensor n256 f16acc (SS)", kTensor | kF16Acc | kN256},
+      {"tensor f16acc (SS) + mufu", kTensor | kF16Acc | kMufu},
   };
   auto selected = [&](const char* name) {
     if (only.empty()) return true;
@@ -449,7 +518,7 @@ int main(int argc, char** argv) {
       std::sort(v.begin(), v.end());
       return double(v[v.size() / 2]);
     };
-    const int n = (r.streams & kN64) ? 64 : (r.streams & kN32) ? 32 : 128;  // the tensor stream's N
+    const int n = (r.streams & kN64) ? 64 : (r.streams & kN32) ? 32 : (r.streams & kN256) ? 256 : 128;  // the tensor stream's N
     const double work[kWarpgroups] = {double(n_tensor) * kWgmmaPerGroup * 64 * n * 32 * 2,
                                       (r.streams & (kLoad | kReduce | kDsmem)) ? double(n_load) * kLoadChunk
                                                                                : double(n_mufu) * 16 * 128,
