@@ -29,6 +29,10 @@
 // a stream's rate alone and beside another shows what running together costs it. The attention
 // forward's per-tile trace (docs/attention.md) suggested that its exponentials slow down while the
 // tensor cores run; this measures that without the attention kernel around it.
+// `tensor f16acc` / `tensor n256 f16acc`: the tensor stream with an f16 accumulator (m64n128k32,
+// m64n256k32), run with `--random 2` (signed operand bytes whose sums stay in f16's range) against
+// the f32 one. `--sm-census` instead prints the SM each block of a one-CTA-per-SM cooperative grid
+// lands on.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -403,6 +407,19 @@ cudaError_t launch(bool rs, int sms, size_t smem, int streams, int n_tensor, int
                                  sink, random);
 }
 
+// --sm-census: the SM each block of a grid of one CTA per SM lands on (shared memory forces one), the
+// placement the ring backward's roles inherit from their block ranges (docs/backward.md).
+__global__ void census_kernel(unsigned* sm_of_block) {
+  extern __shared__ uint8_t keep[];
+  if (threadIdx.x == 0) {
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    keep[0] = uint8_t(sm);
+    sm_of_block[blockIdx.x] = sm;
+  }
+  __nanosleep(100000);  // every block resident at once
+}
+
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
     std::fprintf(stderr, "overlap_probe: %s: %s\n", what, cudaGetErrorString(e));
@@ -430,6 +447,24 @@ int main(int argc, char** argv) {
   }
   int sms = 0;
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--sm-census") != 0) continue;
+    unsigned* d = nullptr;
+    check(cudaMalloc(&d, sizeof(unsigned) * size_t(sms)), "malloc");
+    const int smem = 200 * 1024;
+    check(cudaFuncSetAttribute(census_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem");
+    void* args[] = {&d};
+    check(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(census_kernel), dim3(unsigned(sms)), dim3(384), args,
+                                      size_t(smem), nullptr),
+          "census launch");
+    check(cudaDeviceSynchronize(), "census");
+    std::vector<unsigned> h(static_cast<size_t>(sms));
+    check(cudaMemcpy(h.data(), d, h.size() * sizeof(unsigned), cudaMemcpyDeviceToHost), "copy");
+    std::printf("block -> SM (%d blocks, cooperative, one per SM):", sms);
+    for (unsigned v : h) std::printf(" %u", v);
+    std::printf("\n");
+    return 0;
+  }
   if (energy_s > 0) {
     char bus[64] = {0};
     check(cudaDeviceGetPCIBusId(bus, sizeof bus, 0), "PCI bus id");

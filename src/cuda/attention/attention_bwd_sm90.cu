@@ -2077,6 +2077,8 @@ RingConfig ring_config(const cuda::AttentionBwdProblem& p, int sms) {
   RingConfig c;
   c.n = ring_tiles(p);
   if (c.n == 0) return c;
+  // (Even counts: the hardware places blocks 2t and 2t + 1 on one TPC, and a TPC holding one CTA of
+  // each role measured 6-7% slower than TPCs of one role; docs/performance.md, twelfth session.)
   c.ctas = c.n <= 16 ? 56 : kRingDkdvCtas;
   if (c.n % 8 == 0) c.steps = 8;
   if (const char* e = std::getenv("MXFLASH_BWD_RING_CTAS")) {
