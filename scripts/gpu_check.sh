@@ -5,7 +5,8 @@
 #
 # Binaries: taken from ${BIN:-.gpu-bin} when present (built on a CPU machine with
 # scripts/stage_gpu_bin.sh and carried over), otherwise built here with scripts/build.sh.
-# The Python module is always built here (it must match this machine's Python).
+# The Python module is always built here (it must match this machine's Python). On a machine with
+# two GPUs the Python tests' two-device cases run too (skipped on one): SECTIONS="python".
 # Sections can be chosen: SECTIONS="tests sanitizer python report bench accuracy peers" (default all).
 # All of it takes longer than one 10-minute device command; split it, e.g.
 #   SECTIONS="tests sanitizer python report" scripts/gpu_check.sh      (~4 min)

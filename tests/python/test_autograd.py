@@ -81,6 +81,43 @@ def test_cuda_matches_cpu(torch_cuda):
     assert (kg.grad[33:34] == 0).all(), "one key: dK is exactly 0 on the GPU too"
 
 
+@pytest.mark.parametrize("ring", [None, "square", "rect"], ids=["jagged", "ring", "rect"])
+def test_training_step_on_a_second_device(torch_cuda, ring, monkeypatch):
+    """A training step whose tensors live on cuda:1 while cuda:0 is the current device (one process
+    driving two GPUs): the outputs and gradients land on cuda:1, the current device stays cuda:0, and
+    they are the step's on cuda:0 bit for bit (the same kernels, plans and work lists: the SM count,
+    the ring's cooperative launch and the workspaces are taken from the tensors' device). ring: as
+    in the graph-capture test (the square and rectangular ring forced)."""
+    torch = torch_cuda
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices")
+    from mxflash.autograd import mx_attention
+
+    q_lengths, k_lengths = {
+        None: (Q_LENGTHS, K_LENGTHS),
+        "square": ([512, 512], [512, 512]),
+        "rect": ([256, 256], [700, 129]),
+    }[ring]
+    if ring:
+        monkeypatch.setenv("MXFLASH_BWD_RING", "1")
+    qm, km = mxflash.JaggedMeta.from_lengths(q_lengths), mxflash.JaggedMeta.from_lengths(k_lengths)
+    results = {}
+    for dev in ("cuda:0", "cuda:1"):
+        q, k, v = leaves(dev, torch.bfloat16, seed=5, q_lengths=q_lengths, k_lengths=k_lengths)
+        dout = torch.randn(sum(q_lengths), H, 128, generator=torch.Generator().manual_seed(6)).to(dev)
+        with torch.cuda.device(0):
+            out = mx_attention(q, k, v, qm, km)
+            (out.float() * dout).sum().backward()
+            assert torch.cuda.current_device() == 0
+        torch.cuda.synchronize(dev)
+        for name, x in (("out", out), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
+            assert x.device == torch.device(dev), f"{name} on {x.device}, not {dev}"
+        results[dev] = [x.detach().cpu() for x in (out, q.grad, k.grad, v.grad)]
+    for name, a, b in zip(("out", "dq", "dk", "dv"), results["cuda:0"], results["cuda:1"]):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), name + ": cuda:1 differs from cuda:0"
+    assert results["cuda:1"][0].abs().sum() > 0 and results["cuda:1"][3].abs().sum() > 0
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_the_graph_keeps_operands_not_inputs(device, request):
     """The forward writes the backward's FP8 operands (quantize_attention_training) and the graph keeps
