@@ -16,7 +16,8 @@ the autograd graph keeps those FP8 operands (about 5 bytes per element of Q and 
 q, k, v. The backward then runs mxflash.attention_backward_operands on them (no prepare passes).
 The forward and the backward run the sm_90a kernels on CUDA tensors (the backward is deterministic:
 no atomics) and the exact-MX CPU references on CPU tensors. Gradients come back in the inputs'
-dtype.
+dtype. Under torch.compile, mx_attention is a graph break (it runs eagerly between the compiled
+layers around it; fullgraph=True is not supported).
 """
 import mxflash
 
@@ -105,6 +106,22 @@ def mx_attention(q, k, v, q_meta, k_meta, softmax_scale=None, broadcast_q=False)
     torch = _torch()
     training = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
     return _function.apply(q, k, v, q_meta, k_meta, softmax_scale, bool(broadcast_q), training)
+
+
+def _opaque_to_torch_compile(fn):
+    """fn as torch.compile's tracer (dynamo) sees it: a call it does not trace, so that a compiled
+    model breaks its graph around the attention and runs it eagerly, the layers around it compiled.
+    Traced, its launchers' stream lookups fail (dynamo hands them a generic torch.Stream). Without
+    torch (or a torch before torch.compiler) fn as it is. fullgraph=True compiles are not supported."""
+    try:
+        import torch
+    except ImportError:
+        return fn
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    return disable(fn) if disable is not None else fn
+
+
+mx_attention = _opaque_to_torch_compile(mx_attention)
 
 
 def _check_inputs(q, k, v, q_meta, k_meta):

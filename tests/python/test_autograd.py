@@ -118,6 +118,33 @@ def test_training_step_on_a_second_device(torch_cuda, ring, monkeypatch):
     assert results["cuda:1"][0].abs().sum() > 0 and results["cuda:1"][3].abs().sum() > 0
 
 
+def test_torch_compile_of_a_training_step(torch_cuda):
+    """A step compiled with torch.compile (default mode: the autograd function runs eagerly at a
+    graph break around it, the ops around it compiled) gives the eager step's gradients bit for bit
+    and its loss to float32 rounding (the compiled sum may add in another order)."""
+    torch = torch_cuda
+    from mxflash.autograd import mx_attention
+
+    qm, km = mxflash.JaggedMeta.from_lengths(Q_LENGTHS), mxflash.JaggedMeta.from_lengths(K_LENGTHS)
+    dout = torch.randn(sum(Q_LENGTHS), H, 128, generator=torch.Generator().manual_seed(7)).cuda()
+
+    def step(q, k, v):
+        out = mx_attention(q * 2.0, k, v * 0.5, qm, km)  # (exact scalings around the call)
+        return (out.float() * dout).sum()
+
+    results = []
+    for fn in (step, torch.compile(step)):
+        q, k, v = leaves("cuda", torch.float32, seed=8)
+        loss = fn(q, k, v)
+        loss.backward()
+        torch.cuda.synchronize()
+        results.append([loss.detach(), q.grad, k.grad, v.grad])
+    assert torch.allclose(results[0][0], results[1][0], rtol=1e-5, atol=0), "loss"
+    for name, a, b in zip(("dq", "dk", "dv"), results[0][1:], results[1][1:]):
+        assert torch.equal(a, b), name + ": compiled differs from eager"
+    assert results[1][1].abs().sum() > 0
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_the_graph_keeps_operands_not_inputs(device, request):
     """The forward writes the backward's FP8 operands (quantize_attention_training) and the graph keeps
