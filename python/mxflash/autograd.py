@@ -12,8 +12,10 @@ and K along the head dim and V along tokens) and runs mxflash.attention_forward_
 (no prepare pass). When q, k or v requires grad (and grad mode is on), the same pass also writes the
 backward kernels' operands (mxflash.quantize_attention_training: Q and K along tokens and V along
 the head dim, RCEIL; Q' and K' are the forward's): each input is read once per training step, and
-the autograd graph keeps those FP8 operands (about 5 bytes per element of Q and K/V) and out, not
-q, k, v. The backward then runs mxflash.attention_backward_operands on them (no prepare passes).
+the autograd graph keeps those FP8 operands (about 5 bytes per element of Q and K/V), out and the
+LSE, not q, k, v, all through save_for_backward (so activation checkpointing drops and recomputes
+them like any layer's activations). The backward then runs mxflash.attention_backward_operands on
+them (no prepare passes).
 The forward and the backward run the sm_90a kernels on CUDA tensors (the backward is deterministic:
 no atomics) and the exact-MX CPU references on CPU tensors. Gradients come back in the inputs'
 dtype. Under torch.compile, mx_attention is a graph break (it runs eagerly between the compiled
@@ -63,9 +65,13 @@ def _make_function():
             del xs
             out, lse = mxflash.attention_forward_operands(ops, q_meta, k_meta, softmax_scale=softmax_scale,
                                                           broadcast_q=broadcast_q)
-            del ops  # V' is the forward's alone; Q' and K' live on in ctx.bwd_ops
-            ctx.save_for_backward(out)
-            ctx.lse = lse  # an intermediate: kept on ctx rather than through save_for_backward
+            del ops  # V' is the forward's alone; Q' and K' live on in the backward's operands
+            # Everything the backward reads goes through save_for_backward (intermediates included:
+            # no double backward), so that saved-tensor hooks see it: activation checkpointing
+            # (torch.utils.checkpoint) then drops the FP8 operands and lse after the forward and
+            # recomputes them, as it does for any layer's activations.
+            bwd_ops, ctx.bwd_ops = ctx.bwd_ops, None
+            ctx.save_for_backward(out, lse, *(bwd_ops if bwd_ops is not None else ()))
             ctx.q_meta, ctx.k_meta = q_meta, k_meta
             ctx.softmax_scale, ctx.broadcast_q = softmax_scale, broadcast_q
             ctx.dtypes = (q.dtype, k.dtype, v.dtype)
@@ -77,9 +83,10 @@ def _make_function():
 
         @staticmethod
         def backward(ctx, dout):
-            (out,) = ctx.saved_tensors
-            ops, ctx.bwd_ops = ctx.bwd_ops, None  # (a graph exists only when the forward kept them)
-            dq, dk, dv = mxflash.attention_backward_operands(ops, out, dout.to(torch.bfloat16).contiguous(), ctx.lse,
+            out, lse, *arrays = ctx.saved_tensors  # (a graph exists only when the forward kept the operands)
+            ops = mxflash.AttentionBwdOperands(*arrays)
+            del arrays
+            dq, dk, dv = mxflash.attention_backward_operands(ops, out, dout.to(torch.bfloat16).contiguous(), lse,
                                                              ctx.q_meta, ctx.k_meta, softmax_scale=ctx.softmax_scale,
                                                              broadcast_q=ctx.broadcast_q)
             dt = ctx.dtypes

@@ -118,6 +118,46 @@ def test_training_step_on_a_second_device(torch_cuda, ring, monkeypatch):
     assert results["cuda:1"][0].abs().sum() > 0 and results["cuda:1"][3].abs().sum() > 0
 
 
+def test_activation_checkpointing_drops_the_operands(torch_cuda):
+    """Under torch.utils.checkpoint (non-reentrant), a layer's FP8 operands and LSE go with the
+    forward and come back by recomputation: after four checkpointed layers the memory held is their
+    outputs' (the operands would be ~2.5x that more), and the gradients are the plain step's bit for
+    bit."""
+    torch = torch_cuda
+    from torch.utils.checkpoint import checkpoint
+    from mxflash.autograd import mx_attention
+
+    lengths = [512, 384]
+    qm, km = mxflash.JaggedMeta.from_lengths(lengths), mxflash.JaggedMeta.from_lengths(lengths)
+    layers = 4
+    ins = [leaves("cuda", torch.bfloat16, seed=20 + i, q_lengths=lengths, k_lengths=lengths) for i in range(layers)]
+    dout = torch.randn(sum(lengths), H, 128, generator=torch.Generator().manual_seed(9)).cuda()
+    results = []
+    for ckpt in (False, True):
+        for q, k, v in ins:
+            for x in (q, k, v):
+                x.grad = None
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        if ckpt:
+            outs = [checkpoint(mx_attention, q, k, v, qm, km, use_reentrant=False) for q, k, v in ins]
+        else:
+            outs = [mx_attention(q, k, v, qm, km) for q, k, v in ins]
+        torch.cuda.synchronize()
+        held = torch.cuda.memory_allocated() - before
+        out_bytes = sum(o.numel() * o.element_size() for o in outs)
+        if ckpt:
+            assert held <= out_bytes + layers * 64 * 1024, f"checkpointed layers hold {held} bytes, outputs {out_bytes}"
+        else:
+            assert held > 2 * out_bytes, f"plain layers hold {held} bytes: the operands should be among them"
+        sum((o.float() * dout).sum() for o in outs).backward()
+        torch.cuda.synchronize()
+        results.append([x.grad.clone() for q, k, v in ins for x in (q, k, v)])
+        del outs
+    for i, (a, b) in enumerate(zip(*results)):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"gradient {i}: checkpointed differs"
+
+
 def test_torch_compile_of_a_training_step(torch_cuda):
     """A step compiled with torch.compile (default mode: the autograd function runs eagerly at a
     graph break around it, the ops around it compiled) gives the eager step's gradients bit for bit
