@@ -1670,13 +1670,15 @@ int split_parts(int64_t r, int sms, int max_tiles) {
 // rounds: 901-903 TFLOP/s against 882 for a CTA per whole item (cuDNN FP8 916); persistent without
 // the split 870-873. jagged (split too) 810 against 807-808.
 constexpr int kPersistentMaxTiles = 32;
-int persistent_ctas(int sms, int max_tiles, bool split) {
+// The persistent grid's CTAs, 0 for a CTA per item: `wanted` by the rule above (items split, or no
+// K/V sequence longer than kPersistentMaxTiles tiles), unless MXFLASH_FWD_PERSISTENT says otherwise.
+int persistent_ctas(int sms, bool wanted) {
   if (const char* e = std::getenv("MXFLASH_FWD_PERSISTENT")) {
     const int n = std::atoi(e);
     if (n == 0) return 0;
     return n >= 2 ? std::min(n, sms) : sms;
   }
-  return split || max_tiles <= kPersistentMaxTiles ? sms : 0;
+  return wanted ? sms : 0;
 }
 
 // How the forward (on operands or MX tensors alike) runs a problem: the consumer count, the work
@@ -1708,7 +1710,8 @@ ExecPlan exec_plan(const std::vector<int32_t>& cu_q, const std::vector<int32_t>&
   ExecPlan e;
   e.three = three_consumers(cu_q, batch, heads, broadcast_q, sms);
   for (int b = 0; b < batch; ++b) e.longest_lk = std::max<int64_t>(e.longest_lk, cu_k[size_t(b) + 1] - cu_k[size_t(b)]);
-  e.persistent = sms > 0 ? persistent_ctas(sms, int((e.longest_lk + attn::kTile - 1) / attn::kTile), false) : 0;
+  const bool short_keys = (e.longest_lk + attn::kTile - 1) / attn::kTile <= kPersistentMaxTiles;
+  e.persistent = sms > 0 ? persistent_ctas(sms, short_keys) : 0;
   e.tiles = schedule(cu_q, cu_k, batch, broadcast_q, e.three ? attn::kQTile3 : attn::kTile);
   e.items = int64_t(e.tiles.size()) * heads;
   e.split_first = e.items;
@@ -1722,7 +1725,7 @@ ExecPlan exec_plan(const std::vector<int32_t>& cu_q, const std::vector<int32_t>&
   e.split_parts = split_parts(r, sms, max_tiles);
   if (e.split_parts > 1) {
     e.split_first = e.items - r;
-    e.persistent = persistent_ctas(sms, max_tiles, /*split=*/true);
+    e.persistent = persistent_ctas(sms, /*wanted=*/true);
   }
   return e;
 }
