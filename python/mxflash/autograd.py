@@ -82,6 +82,7 @@ def _make_function():
             return out
 
         @staticmethod
+        @torch.autograd.function.once_differentiable  # (no double backward: a clear error, not zeros)
         def backward(ctx, dout):
             out, lse, *arrays = ctx.saved_tensors  # (a graph exists only when the forward kept the operands)
             ops = mxflash.AttentionBwdOperands(*arrays)

@@ -158,6 +158,21 @@ def test_activation_checkpointing_drops_the_operands(torch_cuda):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"gradient {i}: checkpointed differs"
 
 
+def test_double_backward_is_refused():
+    """The backward is not differentiable (its kernels are not autograd ops): a second-order
+    gradient (create_graph=True, then backward through the first gradient) raises instead of
+    silently giving zeros."""
+    import torch
+    from mxflash.autograd import mx_attention
+
+    qm, km = mxflash.JaggedMeta.from_lengths(Q_LENGTHS), mxflash.JaggedMeta.from_lengths(K_LENGTHS)
+    q, k, v = leaves("cpu", torch.float32, seed=11)
+    out = mx_attention(q, k, v, qm, km)
+    (gq,) = torch.autograd.grad(out.float().pow(2).sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        gq.sum().backward()
+
+
 def test_torch_compile_of_a_training_step(torch_cuda):
     """A step compiled with torch.compile (default mode: the autograd function runs eagerly at a
     graph break around it, the ops around it compiled) gives the eager step's gradients bit for bit
