@@ -43,6 +43,20 @@ def leaves(device, dtype, seed=0, q_lengths=Q_LENGTHS, k_lengths=K_LENGTHS):
     return make(sum(q_lengths)), make(sum(k_lengths)), make(sum(k_lengths))
 
 
+def ring_case(ring, monkeypatch):
+    """The lengths and metadata of a training-step test's case: None the module's jagged lengths;
+    "square" uniform lengths and "rect" Q sequences of one length against K/V of two, each with the
+    backward's ring forced (MXFLASH_BWD_RING=1: its square and rectangular forms)."""
+    q_lengths, k_lengths = {
+        None: (Q_LENGTHS, K_LENGTHS),
+        "square": ([512, 512], [512, 512]),
+        "rect": ([256, 256], [700, 129]),
+    }[ring]
+    if ring:
+        monkeypatch.setenv("MXFLASH_BWD_RING", "1")
+    return q_lengths, k_lengths, mxflash.JaggedMeta.from_lengths(q_lengths), mxflash.JaggedMeta.from_lengths(k_lengths)
+
+
 def run(device, dtype, seed=0):
     import torch
     from mxflash.autograd import mx_attention
@@ -93,14 +107,7 @@ def test_training_step_on_a_second_device(torch_cuda, ring, monkeypatch):
         pytest.skip("needs two CUDA devices")
     from mxflash.autograd import mx_attention
 
-    q_lengths, k_lengths = {
-        None: (Q_LENGTHS, K_LENGTHS),
-        "square": ([512, 512], [512, 512]),
-        "rect": ([256, 256], [700, 129]),
-    }[ring]
-    if ring:
-        monkeypatch.setenv("MXFLASH_BWD_RING", "1")
-    qm, km = mxflash.JaggedMeta.from_lengths(q_lengths), mxflash.JaggedMeta.from_lengths(k_lengths)
+    q_lengths, k_lengths, qm, km = ring_case(ring, monkeypatch)
     results = {}
     for dev in ("cuda:0", "cuda:1"):
         q, k, v = leaves(dev, torch.bfloat16, seed=5, q_lengths=q_lengths, k_lengths=k_lengths)
@@ -243,14 +250,7 @@ def test_cuda_graph_capture_of_a_training_step(torch_cuda, ring, monkeypatch):
     torch = torch_cuda
     from mxflash.autograd import mx_attention
 
-    q_lengths, k_lengths = {
-        None: (Q_LENGTHS, K_LENGTHS),
-        "square": ([512, 512], [512, 512]),
-        "rect": ([256, 256], [700, 129]),
-    }[ring]
-    if ring:
-        monkeypatch.setenv("MXFLASH_BWD_RING", "1")
-    qm, km = mxflash.JaggedMeta.from_lengths(q_lengths), mxflash.JaggedMeta.from_lengths(k_lengths)
+    q_lengths, k_lengths, qm, km = ring_case(ring, monkeypatch)
     qm.upload()
     km.upload()
     q, k, v = leaves("cuda", torch.bfloat16, seed=3, q_lengths=q_lengths, k_lengths=k_lengths)
