@@ -136,19 +136,28 @@ __device__ __forceinline__ void wgmma_f16acc_ss(uint32_t (&d)[kN / 4], uint64_t 
   }
 }
 
+// n_tensor commit groups of kWgmmaPerGroup wgmma steps, each group waited for: step(k, scale_d)
+// issues step k of a group (the A and B descriptors' k32 offset k % 4), scale_d 0 only for the very
+// first (every group accumulates into the same registers: kWgmmaPerGroup's note).
+template <typename Step>
+__device__ __forceinline__ void tensor_groups(int n_tensor, Step&& step) {
+  for (int it = 0; it < n_tensor; ++it) {
+    mxflash::sm90::wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kWgmmaPerGroup; ++k) step(k, (it | k) != 0);
+    mxflash::sm90::wgmma_commit();
+    mxflash::sm90::wgmma_wait<0>();
+  }
+}
+
 // The f16-accumulator tensor stream (kF16Acc): as tensor_stream, N = 128 or 256.
 template <int kN>
 __device__ __forceinline__ float tensor_stream_f16(int n_tensor, uint64_t da, uint64_t db) {
   uint32_t d[kN / 4];
 #pragma unroll
   for (int i = 0; i < kN / 4; ++i) d[i] = 0u;
-  for (int it = 0; it < n_tensor; ++it) {
-    mxflash::sm90::wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < kWgmmaPerGroup; ++k) wgmma_f16acc_ss<kN>(d, da + 2 * (k % 4), db + 2 * (k % 4), (it | k) != 0);
-    mxflash::sm90::wgmma_commit();
-    mxflash::sm90::wgmma_wait<0>();
-  }
+  tensor_groups(n_tensor,
+                [&](int k, int scale_d) { wgmma_f16acc_ss<kN>(d, da + 2 * (k % 4), db + 2 * (k % 4), scale_d); });
   uint32_t acc = 0u;
 #pragma unroll
   for (int i = 0; i < kN / 4; ++i) acc ^= d[i];
@@ -164,23 +173,17 @@ __device__ __forceinline__ float tensor_stream(int n_tensor, uint64_t da, uint64
 #pragma unroll
   for (int i = 0; i < kN / 2; ++i) d[i] = 0.f;
   const uint32_t a[4] = {0x38383838u, 0x38383838u, 0x38383838u, 0x38383838u};
-  for (int it = 0; it < n_tensor; ++it) {
-    mxflash::sm90::wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < kWgmmaPerGroup; ++k) {
-      const uint64_t a_k = da + 2 * (k % 4), b_k = db + 2 * (k % 4);
-      if constexpr (kRsA)
-        mxflash::sm90::wgmma_m64n128k32_rs(d, a, b_k, (it | k) != 0);
-      else if constexpr (kN == 128)
-        mxflash::sm90::wgmma_m64n128k32_ss(d, a_k, b_k, (it | k) != 0);
-      else if constexpr (kN == 64)
-        mxflash::sm90::wgmma_m64n64k32_ss(d, a_k, b_k, (it | k) != 0);
-      else
-        wgmma_m64n32k32_ss(d, a_k, b_k, (it | k) != 0);
-    }
-    mxflash::sm90::wgmma_commit();
-    mxflash::sm90::wgmma_wait<0>();
-  }
+  tensor_groups(n_tensor, [&](int k, int scale_d) {
+    const uint64_t a_k = da + 2 * (k % 4), b_k = db + 2 * (k % 4);
+    if constexpr (kRsA)
+      mxflash::sm90::wgmma_m64n128k32_rs(d, a, b_k, scale_d);
+    else if constexpr (kN == 128)
+      mxflash::sm90::wgmma_m64n128k32_ss(d, a_k, b_k, scale_d);
+    else if constexpr (kN == 64)
+      mxflash::sm90::wgmma_m64n64k32_ss(d, a_k, b_k, scale_d);
+    else
+      wgmma_m64n32k32_ss(d, a_k, b_k, scale_d);
+  });
   float acc = 0.f;
 #pragma unroll
   for (int i = 0; i < kN / 2; ++i) acc += d[i];
