@@ -59,9 +59,9 @@ def _make_function():
             if training:
                 # One read of q, k, v for both passes: the backward's operands are written now and
                 # kept instead of q, k, v (five bytes per element of Q and K/V, with the scales).
-                ops, ctx.bwd_ops = mxflash.quantize_attention_training(*xs, q_meta, k_meta)
+                ops, bwd_ops = mxflash.quantize_attention_training(*xs, q_meta, k_meta)
             else:
-                ops, ctx.bwd_ops = mxflash.quantize_attention_forward(*xs, q_meta, k_meta), None
+                ops, bwd_ops = mxflash.quantize_attention_forward(*xs, q_meta, k_meta), None
             del xs
             out, lse = mxflash.attention_forward_operands(ops, q_meta, k_meta, softmax_scale=softmax_scale,
                                                           broadcast_q=broadcast_q)
@@ -70,7 +70,6 @@ def _make_function():
             # no double backward), so that saved-tensor hooks see it: activation checkpointing
             # (torch.utils.checkpoint) then drops the FP8 operands and lse after the forward and
             # recomputes them, as it does for any layer's activations.
-            bwd_ops, ctx.bwd_ops = ctx.bwd_ops, None
             ctx.save_for_backward(out, lse, *(bwd_ops if bwd_ops is not None else ()))
             ctx.q_meta, ctx.k_meta = q_meta, k_meta
             ctx.softmax_scale, ctx.broadcast_q = softmax_scale, broadcast_q
