@@ -7,7 +7,8 @@
 # scripts/stage_gpu_bin.sh and carried over), otherwise built here with scripts/build.sh.
 # The Python module is always built here (it must match this machine's Python). On a machine with
 # two GPUs the Python tests' two-device cases run too (skipped on one): SECTIONS="python".
-# Sections can be chosen: SECTIONS="tests sanitizer python report bench accuracy peers" (default all).
+# Sections can be chosen: SECTIONS="tests sanitizer python report bench fused accuracy peers" (default
+# all; "fused": scripts/rmsnorm_bench.py, the fused RMSNorm+Quantize against torch's RMSNorm).
 # All of it takes longer than one 10-minute device command; split it, e.g.
 #   SECTIONS="tests sanitizer python report" scripts/gpu_check.sh      (~4 min)
 #   SECTIONS="bench accuracy peers" BENCH_ARGS="--warmup-s 0.5 --window-s 2" scripts/gpu_check.sh
@@ -17,7 +18,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-logs}
 mkdir -p "$OUT"
 BIN=${BIN:-.gpu-bin}
-SECTIONS=${SECTIONS:-"tests sanitizer python report bench accuracy peers"}
+SECTIONS=${SECTIONS:-"tests sanitizer python report bench fused accuracy peers"}
 # "ab" (not in the default list): the forward and backward variants staged in $BIN/exp
 # (EXPERIMENTS=1 scripts/stage_gpu_bin.sh): their GPU tests and speed; and both work-list orders.
 # "accuracy_full" (not in the default list): issue 4's whole forward accuracy matrix (minutes).
@@ -28,6 +29,13 @@ SECTIONS=${SECTIONS:-"tests sanitizer python report bench accuracy peers"}
 # one SM, seconds) and, with $BIN/exp staged, the forward's and the dK/dV kernel's consumer traces
 # on llm-long (scripts/attn_trace.py).
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
+# The Python module, built here for this machine's Python (once per call).
+py_built=""
+build_python_module() {
+  [ -n "$py_built" ] && return 0
+  cmake -S . -B build-gpu-py -G Ninja -DMXFLASH_TESTS=OFF -DPython3_EXECUTABLE="$(command -v python3)" > "$OUT/build_py.log" 2>&1 &&
+    cmake --build build-gpu-py --target _mxflash -j "$(nproc)" >> "$OUT/build_py.log" 2>&1 && py_built=1
+}
 status=0
 note() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 
@@ -59,7 +67,7 @@ fi
 if want sanitizer; then
   # The exhaustive codec sweeps are pure arithmetic (and slow under the tools); every kernel that
   # touches memory or barriers runs here: quantize, dequantize, converters, attention forward.
-  SANITIZER_FILTER=${SANITIZER_FILTER:-"QuantizeGpu.HostileLengthsThreeHeads:QuantizeGpu.RandomBatches:DequantizeGpu.*:LayoutGpu.*:AttentionFwdGpu.JaggedHostileLengths:AttentionFwdGpu.CrossLengthsAndEmptyKeys:AttentionFwdGpu.BroadcastQ:AttentionBwdGpu.ExactPathMatchesCpuReferenceOnJaggedBatch:AttentionBwdGpu.ExactPathBroadcastQBlockedTokenContiguous:AttentionBwdGpu.JaggedMultiTileBothSides:AttentionBwdGpu.BroadcastQMultiTile:AttentionFwdOperandsGpu.QuantizerMatchesCpuOnHostileLengthsBf16AndFp32:AttentionFwdOperandsGpu.ForwardJaggedHostileLengths:AttentionFwdOperandsGpu.ForwardLongSequences:AttentionFwdGpu.SplitTailBesidePersistentWholeItems:AttentionFwdOperandsGpu.ForwardSplitTailBesidePersistentWholeItems:AttentionBwdOperandsGpu.*"}
+  SANITIZER_FILTER=${SANITIZER_FILTER:-"QuantizeGpu.HostileLengthsThreeHeads:QuantizeGpu.RandomBatches:DequantizeGpu.*:LayoutGpu.*:AttentionFwdGpu.JaggedHostileLengths:AttentionFwdGpu.CrossLengthsAndEmptyKeys:AttentionFwdGpu.BroadcastQ:AttentionBwdGpu.ExactPathMatchesCpuReferenceOnJaggedBatch:AttentionBwdGpu.ExactPathBroadcastQBlockedTokenContiguous:AttentionBwdGpu.JaggedMultiTileBothSides:AttentionBwdGpu.BroadcastQMultiTile:AttentionFwdOperandsGpu.QuantizerMatchesCpuOnHostileLengthsBf16AndFp32:AttentionFwdOperandsGpu.ForwardJaggedHostileLengths:AttentionFwdOperandsGpu.ForwardLongSequences:AttentionFwdGpu.SplitTailBesidePersistentWholeItems:AttentionFwdOperandsGpu.ForwardSplitTailBesidePersistentWholeItems:AttentionBwdOperandsGpu.*:RmsNormQuantizeGpu.*"}
   for tool in memcheck racecheck synccheck; do
     note "compute-sanitizer $tool ($SANITIZER_FILTER)"
     compute-sanitizer --tool "$tool" --error-exitcode 9 "$BIN/mxflash_tests_gpu" --gtest_brief=1 \
@@ -70,8 +78,7 @@ if want sanitizer; then
 fi
 if want python; then
   note "Python tests (CUDA tensors through DLPack)"
-  if cmake -S . -B build-gpu-py -G Ninja -DMXFLASH_TESTS=OFF -DPython3_EXECUTABLE="$(command -v python3)" > "$OUT/build_py.log" 2>&1 &&
-     cmake --build build-gpu-py --target _mxflash -j "$(nproc)" >> "$OUT/build_py.log" 2>&1; then
+  if build_python_module; then
     PYTHONPATH="$PWD/python" MXFLASH_REQUIRE_CUDA=1 python3 -m pytest -q -rs tests/python > "$OUT/pytest.log" 2>&1 || { status=1; note "PYTHON TESTS FAILED"; }
     tail -3 "$OUT/pytest.log"
   else
@@ -99,6 +106,16 @@ if want bench && [ -x "$BIN/mxflash-bench" ]; then
   note "mxflash-bench attention presets (mxfp8 vs cuDNN BF16 and FP8, --check)"
   "$BIN/mxflash-bench" --preset all --workload fwd,bwd --check ${BENCH_ARGS:-} --json "$OUT/bench_attention.json" > "$OUT/bench_attention.log" 2>"$OUT/bench_attention.err" || { status=1; note "BENCH ATTENTION FAILED"; }
   cat "$OUT/bench_attention.log"
+fi
+if want fused; then
+  note "RMSNorm+Quantize against torch's RMSNorm (scripts/rmsnorm_bench.py)"
+  if build_python_module; then
+    PYTHONPATH="$PWD/python" python3 scripts/rmsnorm_bench.py --json "$OUT/bench_fused.json" > "$OUT/bench_fused.log" 2>&1 \
+      || { status=1; note "FUSED BENCH FAILED"; }
+    cat "$OUT/bench_fused.log"
+  else
+    status=1; note "PYTHON BUILD FAILED"; tail -20 "$OUT/build_py.log"
+  fi
 fi
 if want probe && [ -x "$BIN/mxflash-overlap-probe" ]; then
   note "mxflash-overlap-probe (random operands)"

@@ -54,6 +54,7 @@ __all__ = [
     "quantize",
     "quantize_mx",
     "quantize_hdim_seq",
+    "rmsnorm_quantize",
     "dequantize",
     "to_token_contiguous",
     "to_token_major",
@@ -439,6 +440,39 @@ def quantize_hdim_seq(x, meta, mode="rceil", scale_layout="plain", payload_layou
                          _code(_C.SCALE_LAYOUTS, scale_layout), _code(_C.PAYLOAD_LAYOUTS, payload_layout),
                          *(_view(o, n, True) for o, n in zip(outs, names)), _stream(x))
     return outs
+
+
+def rmsnorm_quantize(x, weight=None, eps=1e-6, mode="rceil", rstd=True, out=None):
+    """RMSNorm and MX quantization along each row, in one pass over x (a fused producer).
+
+    x: (T, C) bfloat16 or float32, C a multiple of 32 from 32 to 65536. weight: (C) float32 or
+    bfloat16, or None. In fp32 (y is never rounded to bf16):
+    rstd[t] = 1 / sqrt(mean(x[t] ** 2) + eps) and y[t] = x[t] * rstd[t] * weight, quantized in blocks
+    of 32 along C (mode "rceil" or "floor"): the operand of a GEMM that contracts over C. For
+    C = H * 128 the bytes equal ``quantize(y.reshape(T, H, 128), meta, "hdim")``. A NaN y is stored
+    as 0x7F; a block holding inf or NaN gets scale 255.
+    Returns (payload (T, C) float8_e4m3fn, scales (T, C // 32) uint8, rstd (T,) float32, or None
+    when rstd=False: what an RMSNorm backward needs). out=(payload, scales, rstd or None) writes
+    into given tensors.
+    """
+    x = _as_array(x, "x")
+    if weight is not None:
+        weight = _as_array(weight, "weight")
+    outs = _outputs(out, 3, "payload, scales, rstd")
+    if outs is None:
+        if x.ndim != 2:
+            raise ValueError(f"x: must be 2-D (T, C), got shape {tuple(int(d) for d in x.shape)}")
+        rows, cols = (int(d) for d in x.shape)
+        payload = _empty(x, (rows, cols), _PAYLOAD_DTYPE)
+        scales = _empty(x, (rows, cols // BLOCK_SIZE), _SCALE_DTYPE)
+        r = _empty(x, (rows,), "float32") if rstd else None
+    else:
+        payload, scales = (_as_array(o, n) for o, n in zip(outs[:2], ("payload", "scales")))
+        r = None if outs[2] is None else _as_array(outs[2], "rstd")
+    _C.rmsnorm_quantize(_view(x, "x"), None if weight is None else _view(weight, "weight"), float(eps),
+                        _code(_C.MODES, mode), _view(payload, "payload", True), _view(scales, "scales", True),
+                        None if r is None else _view(r, "rstd", True), _stream(x))
+    return payload, scales, r
 
 
 _OUT_DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}

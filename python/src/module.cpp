@@ -26,6 +26,7 @@
 #endif
 
 #include "mxflash/attention.h"
+#include "mxflash/fused.h"
 #include "mxflash/jagged.h"
 #include "mxflash/mx.h"
 #include "mxflash/quantize.h"
@@ -339,6 +340,23 @@ NB_MODULE(_mxflash, m) {
       },
       "meta"_a, "x"_a, "orientation"_a, "mode"_a, "scale_layout"_a, "payload_layout"_a, "payload"_a, "scales"_a,
       "stream"_a, nb::call_guard<nb::gil_scoped_release>());
+
+  m.def(
+      "rmsnorm_quantize",
+      [](const View& x, const std::optional<View>& weight, float eps, int mode, const View& payload,
+         const View& scales, const std::optional<View>& rstd, uintptr_t stream) {
+        const TensorView tx = to_view(x, "x");
+        const TensorView tw = weight ? to_view(*weight, "weight") : TensorView{};
+        const TensorView tr = rstd ? to_view(*rstd, "rstd") : TensorView{};
+        RmsNormQuantizeOptions opt;
+        opt.eps = eps;
+        opt.mode = ScalingMode(mode);
+        DeviceGuard guard(tx);
+        throw_if_error(rmsnorm_quantize(tx, tw, opt, to_view(payload, "payload"), to_view(scales, "scales"), tr,
+                                        as_stream(stream)));
+      },
+      "x"_a, "weight"_a.none(), "eps"_a, "mode"_a, "payload"_a, "scales"_a, "rstd"_a.none(), "stream"_a,
+      nb::call_guard<nb::gil_scoped_release>());
 
   m.def(
       "quantize_hdim_seq",

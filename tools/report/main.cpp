@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "mxflash/attention.h"
+#include "mxflash/fused.h"
 #include "mxflash/quantize.h"
 
 #ifdef MXFLASH_WITH_CUDA
@@ -386,6 +387,81 @@ int attention_report(bool gpu, uint64_t seed) {
 
 }  // namespace
 
+// ------------------------------------------------------------------------------ RMSNorm+Quantize
+// The batch's rows (T, H * 128) through rmsnorm_quantize with a random weight: the SQNR of the
+// dequantized y against an FP64 RMSNorm, and on the GPU the bytes of payload, scales and rstd
+// against the CPU's. Returns 1 on a failed check.
+int rmsnorm_report(const std::vector<uint16_t>& x, const std::vector<float>& xf, int64_t T, int64_t C, bool gpu,
+                   uint64_t seed) {
+  std::mt19937_64 rng(seed + 7);
+  std::normal_distribution<float> normal;
+  std::vector<float> w(static_cast<size_t>(C));
+  for (auto& v : w) v = 1.f + 0.25f * normal(rng);
+  const float eps = 1e-6f;
+  RmsNormQuantizeOptions opt;
+  opt.eps = eps;
+  std::vector<uint8_t> payload(size_t(T * C)), scales(size_t(T * C / kBlockSize));
+  std::vector<float> rstd(static_cast<size_t>(T));
+  Status st = rmsnorm_quantize(make_view(const_cast<uint16_t*>(x.data()), DType::kBFloat16, Device::kCPU, {T, C}),
+                               make_view(w.data(), DType::kFloat32, Device::kCPU, {C}), opt,
+                               make_view(payload.data(), DType::kE4M3, Device::kCPU, {T, C}),
+                               make_view(scales.data(), DType::kE8M0, Device::kCPU, {T, C / kBlockSize}),
+                               make_view(rstd.data(), DType::kFloat32, Device::kCPU, {T}));
+  if (!st.ok()) return fail(st, "rmsnorm_quantize (CPU)");
+  std::vector<float> ref(xf.size()), back(xf.size());
+  for (int64_t t = 0; t < T; ++t) {
+    double ss = 0;
+    for (int64_t c = 0; c < C; ++c) ss += double(xf[size_t(t * C + c)]) * xf[size_t(t * C + c)];
+    const double r = 1.0 / std::sqrt(ss / double(C) + eps);
+    for (int64_t c = 0; c < C; ++c) {
+      const size_t i = size_t(t * C + c);
+      ref[i] = float(xf[i] * r * w[size_t(c)]);
+      back[i] = dequantize_element(payload[i], scales[i / kBlockSize]);
+    }
+  }
+  std::string verdict = "n/a";
+  bool same = true;
+#ifdef MXFLASH_WITH_CUDA
+  if (gpu) {
+    void *dx = nullptr, *dw = nullptr, *dp = nullptr, *ds = nullptr, *dr = nullptr;
+    auto chk = [](cudaError_t e) { return e == cudaSuccess ? Status::Ok() : Status::Cuda(cudaGetErrorString(e)); };
+    st = chk(cudaMalloc(&dx, x.size() * 2));
+    if (st.ok()) st = chk(cudaMalloc(&dw, w.size() * 4));
+    if (st.ok()) st = chk(cudaMalloc(&dp, payload.size()));
+    if (st.ok()) st = chk(cudaMalloc(&ds, scales.size()));
+    if (st.ok()) st = chk(cudaMalloc(&dr, rstd.size() * 4));
+    if (st.ok()) st = chk(cudaMemcpy(dx, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+    if (st.ok()) st = chk(cudaMemcpy(dw, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+    for (auto [ptr, n] : {std::pair{dp, payload.size()}, {ds, scales.size()}, {dr, rstd.size() * 4}})
+      if (st.ok()) st = chk(cudaMemset(ptr, 0xA5, n));  // poisoned: every byte must be written
+    if (st.ok())
+      st = rmsnorm_quantize(make_view(dx, DType::kBFloat16, Device::kCUDA, {T, C}),
+                            make_view(dw, DType::kFloat32, Device::kCUDA, {C}), opt,
+                            make_view(dp, DType::kE4M3, Device::kCUDA, {T, C}),
+                            make_view(ds, DType::kE8M0, Device::kCUDA, {T, C / kBlockSize}),
+                            make_view(dr, DType::kFloat32, Device::kCUDA, {T}));
+    if (st.ok()) st = chk(cudaDeviceSynchronize());
+    std::vector<uint8_t> gp(payload.size()), gs(scales.size());
+    std::vector<float> gr(rstd.size());
+    if (st.ok()) st = chk(cudaMemcpy(gp.data(), dp, gp.size(), cudaMemcpyDeviceToHost));
+    if (st.ok()) st = chk(cudaMemcpy(gs.data(), ds, gs.size(), cudaMemcpyDeviceToHost));
+    if (st.ok()) st = chk(cudaMemcpy(gr.data(), dr, gr.size() * 4, cudaMemcpyDeviceToHost));
+    for (void* ptr : {dx, dw, dp, ds, dr}) cudaFree(ptr);
+    if (!st.ok()) return fail(st, "rmsnorm_quantize (GPU)");
+    same = gp == payload && gs == scales && std::memcmp(gr.data(), rstd.data(), gr.size() * 4) == 0;
+    verdict = same ? "yes (" + std::to_string(gp.size() + gs.size() + 4 * gr.size()) + " bytes)" : "NO";
+  }
+#endif
+  const double db = sqnr_db(ref, back);
+  std::printf("\nmxflash-report: RMSNorm+Quantize (fused producer) of the same rows as (T, C) = (%lld, %lld),\n"
+              "  weight 1 + N(0, 0.25), eps 1e-6, RCEIL, 32-blocks along C\n"
+              "  y SQNR vs FP64 RMSNorm %.2f dB (e4m3 rounding: ~31 dB expected)   GPU == CPU: %s\n",
+              (long long)T, (long long)C, db, verdict.c_str());
+  const bool bad = !same || !(db > 28.0);
+  if (bad) std::printf("FAILED: RMSNorm+Quantize %s\n", same ? "below 28 dB" : "GPU and CPU disagree");
+  return bad ? 1 : 0;
+}
+
 int main(int argc, char** argv) {
   Options opt;
   if (!parse(argc, argv, &opt)) return 2;
@@ -469,8 +545,9 @@ int main(int argc, char** argv) {
                 to_string(c.payload), sqnr_db(xf, back), verdict.c_str());
   }
   if (mismatches) std::printf("\nFAILED: GPU and CPU quantizers disagree\n");
+  const int rmsnorm_failed = rmsnorm_report(x, xf, T, H * kHeadDim, gpu, opt.seed);
   const int attention_failed = attention_report(gpu, opt.seed);
-  const bool bad = mismatches || attention_failed;
+  const bool bad = mismatches || rmsnorm_failed || attention_failed;
   std::printf("\n%s\n", bad ? "FAILED" : "ok");
   return bad ? 1 : 0;
 }

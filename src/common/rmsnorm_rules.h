@@ -1,0 +1,51 @@
+// The arithmetic of rmsnorm_quantize, shared by the CPU reference and the CUDA kernel so that both
+// give the same bits (include/mxflash/fused.h).
+//
+// A row of C values is read in chunks of kRmsChunk consecutive values; chunk i belongs to lane
+// i % kRmsLanes. Each lane sums the squares of its chunks' values in order (chunk by chunk, value by
+// value), one fused multiply-add each, from 0. The lanes' sums are then combined by a butterfly:
+// for d = 16, 8, 4, 2, 1 every lane adds the sum of lane (its index xor d) to its own (fp32 addition
+// commutes, so all lanes end with the same bits). The CUDA kernel runs one warp per row this way.
+#pragma once
+#include <cstdint>
+
+#include "mxflash/mx.h"
+
+namespace mxflash {
+
+inline constexpr int kRmsChunk = 8;   // values a lane reads at once (16 bytes of bf16)
+inline constexpr int kRmsLanes = 32;  // lanes sharing a row
+inline constexpr int kRmsMaxCols = 65536;
+
+// rstd = 1 / sqrt(ss / C + eps), each step rounded to nearest (no fast-math forms). A NaN result
+// is the quiet NaN 0x7FC00000 (CPU and GPU arithmetic make NaNs of different bits).
+MXFLASH_HD float rms_rstd(float ss, int64_t cols, float eps) {
+#if defined(__CUDA_ARCH__)
+  const float r = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, float(cols)), eps)));
+#else
+  volatile float mean = ss / float(cols);  // volatile: no contraction or reassociation by the host compiler
+  volatile float v = mean + eps;
+  volatile float root = __builtin_sqrtf(v);
+  const float r = 1.f / root;
+#endif
+  return is_nan_bits(float_bits(r)) ? bits_float(0x7FC00000u) : r;
+}
+
+// y = (x * rstd) * w, two rounded multiplies (w = 1 without a weight gives x * rstd exactly).
+MXFLASH_HD float rms_apply(float x, float rstd, float w) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(__fmul_rn(x, rstd), w);
+#else
+  volatile float xr = x * rstd;
+  return xr * w;
+#endif
+}
+
+// The byte of y in a block whose 1/scale is inv_scale: NaN -> 0x7F whatever its sign (CPU and GPU
+// arithmetic give NaNs of different signs), else quantize_element (inf saturates to +-448).
+MXFLASH_HD uint8_t rms_quantize_element(float y, float inv_scale) {
+  if (is_nan_bits(float_bits(y))) return kE4m3Nan;
+  return quantize_element(y, inv_scale);
+}
+
+}  // namespace mxflash

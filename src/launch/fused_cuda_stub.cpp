@@ -1,0 +1,8 @@
+// CPU-only build: the CUDA fused producers report that CUDA was not built.
+#include "cuda/fused/fused_cuda.h"
+
+namespace mxflash::cuda {
+Status rmsnorm_quantize(const detail::RmsNormQuantizeProblem&, void*) {
+  return Status::Unsupported("mxflash was built without CUDA");
+}
+}  // namespace mxflash::cuda
