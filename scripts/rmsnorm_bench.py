@@ -39,10 +39,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--elements", type=float, default=5.4e8, help="x elements per shape (bf16: 2 bytes each)")
+    ap.add_argument("--cols", default="384,512,1024,4096,8192", help="row lengths C, comma-separated")
     args = ap.parse_args()
     rows_out = []
     print(f"{'C':>6} {'T':>9} {'impl':>8} {'ms':>8} {'TB/s':>6} {'vs unfused':>10} {'vs torch':>8}")
-    for C in [384, 512, 1024, 4096, 8192]:
+    for C in [int(c) for c in args.cols.split(",")]:
         T = int(args.elements // C)
         g = torch.Generator(device="cuda").manual_seed(C)
         x = torch.randn(T, C, device="cuda", generator=g).to(torch.bfloat16)

@@ -1,11 +1,15 @@
 // The arithmetic of rmsnorm_quantize, shared by the CPU reference and the CUDA kernel so that both
 // give the same bits (include/mxflash/fused.h).
 //
-// A row of C values is read in chunks of kRmsChunk consecutive values; chunk i belongs to lane
-// i % kRmsLanes. Each lane sums the squares of its chunks' values in order (chunk by chunk, value by
-// value), one fused multiply-add each, from 0. The lanes' sums are then combined by a butterfly:
-// for d = 16, 8, 4, 2, 1 every lane adds the sum of lane (its index xor d) to its own (fp32 addition
-// commutes, so all lanes end with the same bits). The CUDA kernel runs one warp per row this way.
+// A row of C values is read in chunks of kRmsChunk consecutive values, shared by L = rms_lanes(C)
+// lanes: the largest power of two from 4 to 32 that divides the chunk count C / 8, so that every
+// lane has the same number of chunks (C = 384: 48 chunks, 16 lanes of 3; C = 512: 32 lanes of 2).
+// Chunk i belongs to lane i % L. Each lane sums the squares of its chunks' values in order (chunk by
+// chunk, value by value), one fused multiply-add each, from 0. The lanes' sums are then combined by
+// a butterfly: for d = L/2, ..., 2, 1 every lane adds the sum of lane (its index xor d) to its own
+// (fp32 addition commutes, so all lanes end with the same bits). The CUDA kernel runs 32 / L rows
+// side by side in a warp this way. An MX block (4 chunks, C a multiple of 32) lies on 4 consecutive
+// lanes.
 #pragma once
 #include <cstdint>
 
@@ -13,9 +17,17 @@
 
 namespace mxflash {
 
-inline constexpr int kRmsChunk = 8;   // values a lane reads at once (16 bytes of bf16)
-inline constexpr int kRmsLanes = 32;  // lanes sharing a row
+inline constexpr int kRmsChunk = 8;      // values a lane reads at once (16 bytes of bf16)
+inline constexpr int kRmsMaxLanes = 32;  // lanes sharing a row, at most (a warp)
 inline constexpr int kRmsMaxCols = 65536;
+
+// L for a row of `cols` values (a multiple of 32).
+MXFLASH_HD int rms_lanes(int64_t cols) {
+  const int64_t chunks = cols / kRmsChunk;
+  int lanes = kRmsMaxLanes;
+  while (lanes > 4 && chunks % lanes != 0) lanes /= 2;
+  return lanes;
+}
 
 // rstd = 1 / sqrt(ss / C + eps), each step rounded to nearest (no fast-math forms). A NaN result
 // is the quiet NaN 0x7FC00000 (CPU and GPU arithmetic make NaNs of different bits).

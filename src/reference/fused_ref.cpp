@@ -17,18 +17,19 @@ float element(const void* base, bool bf16, int64_t i) {
 }  // namespace
 
 float rms_sum_of_squares(const float* row, int64_t cols) {
-  float lane[kRmsLanes] = {};
+  const int L = rms_lanes(cols);
+  float lane[kRmsMaxLanes] = {};
   for (int64_t c = 0; c < cols / kRmsChunk; ++c) {
-    float& acc = lane[c % kRmsLanes];
+    float& acc = lane[c % L];
     for (int e = 0; e < kRmsChunk; ++e) {
       const float v = row[c * kRmsChunk + e];
       acc = std::fma(v, v, acc);
     }
   }
-  for (int d = kRmsLanes / 2; d >= 1; d /= 2) {
-    float next[kRmsLanes];
-    for (int i = 0; i < kRmsLanes; ++i) next[i] = lane[i] + lane[i ^ d];
-    for (int i = 0; i < kRmsLanes; ++i) lane[i] = next[i];
+  for (int d = L / 2; d >= 1; d /= 2) {
+    float next[kRmsMaxLanes];
+    for (int i = 0; i < L; ++i) next[i] = lane[i] + lane[i ^ d];
+    for (int i = 0; i < L; ++i) lane[i] = next[i];
   }
   return lane[0];
 }

@@ -1,10 +1,12 @@
-// rmsnorm_quantize on CUDA (include/mxflash/fused.h): one warp per row, the arithmetic of
-// src/common/rmsnorm_rules.h (so the bytes equal the CPU reference's), memory-bound by design:
-// x is read once from DRAM and held in registers as loaded (raw bf16 or fp32 words) between the
-// sum of squares and the quantization (rows of up to 4096 bf16 or 2048 fp32 values; longer rows are
-// read a second time, from L1/L2); payload and scales are written once. Short rows are taken
-// several to a warp, all loads issued before any arithmetic, so that each lane keeps six to eight
-// 16-byte loads in flight.
+// rmsnorm_quantize on CUDA (include/mxflash/fused.h): the arithmetic of src/common/rmsnorm_rules.h
+// (so the bytes equal the CPU reference's), memory-bound by design. A row belongs to L =
+// rms_lanes(C) lanes (32 / L rows side by side in a warp), each holding C / (8 L) chunks of 8
+// values, so every lane has work for every C (C = 384: 16 lanes of 3 chunks, two rows a warp).
+// x is read once from DRAM and held in registers as loaded (raw bf16 or fp32 words) between the sum
+// of squares and the quantization (1, 2, 3, 4, 6 or 8 chunks a lane: C up to 2048; other rows are
+// read a second time, from L1/L2); payload and scales are written once. A warp takes several rounds of
+// rows when a lane holds few chunks, all loads issued before any arithmetic, so that each lane
+// keeps six to eight 16-byte loads in flight.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -20,7 +22,7 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kGroupLanes = kBlockSize / kRmsChunk;  // lanes sharing an MX block: 4
-static_assert(kRmsLanes == 32, "a row's lanes are one warp's");
+static_assert(kRmsMaxLanes == 32, "a row's lanes are at most one warp's");
 
 struct RmsParams {
   const void* x;
@@ -32,6 +34,8 @@ struct RmsParams {
   int cols;
   float eps;
   ScalingMode mode;
+  int lanes;  // L = rms_lanes(cols)
+  int per_lane;  // chunks a lane: cols / (8 L)
 };
 
 // A chunk of 8 values as loaded: one 16-byte word of bf16, two of fp32.
@@ -75,19 +79,20 @@ __device__ __forceinline__ float add_squares(const Raw<T>& r, float ss) {
   return ss;
 }
 
-// Chunk c of the row (x as loaded): y, its MX block's scale (the block's four lanes agree through
-// two shuffles, which every lane of the warp executes: `active` only guards memory), e4m3 bytes.
-// Without a weight (kWeight false) y = x * rstd, which is what (x * rstd) * 1 is. The weights are
-// loaded here for each row (L1 hits after the first): held in registers across a warp's rows they
-// cost more warps an SM than the loads they save (measured).
+// Chunk c of a row (x as loaded): y, its MX block's scale (the block's four lanes agree through two
+// shuffles, which every lane of the warp executes: `valid` only guards memory), e4m3 bytes. Without
+// a weight (kWeight false) y = x * rstd, which is what (x * rstd) * 1 is. The weights are loaded
+// here for each row (L1 hits after the first): held in registers across a warp's rows they cost
+// more warps an SM than the loads they save (measured).
+//  prow, srow: the row's payload and scale bytes.
 template <typename In, typename W, bool kWeight>
-__device__ __forceinline__ void emit_chunk(const RmsParams& p, int64_t row, int c, bool active, int lane,
-                                           const Raw<In>& raw, float rstd) {
+__device__ __forceinline__ void emit_chunk(const RmsParams& p, uint8_t* prow, uint8_t* srow, int c, bool valid,
+                                           int lane, const Raw<In>& raw, float rstd) {
   float xv[kRmsChunk], w[kRmsChunk];
   widen(raw, xv);
   if constexpr (kWeight) {
     Raw<W> wraw{};
-    if (active) wraw = load_raw(static_cast<const W*>(p.weight), int64_t(c) * kRmsChunk);
+    if (valid) wraw = load_raw(static_cast<const W*>(p.weight), int64_t(c) * kRmsChunk);
     widen(wraw, w);
   }
   float y[kRmsChunk];
@@ -99,7 +104,7 @@ __device__ __forceinline__ void emit_chunk(const RmsParams& p, int64_t row, int 
   }
   amax = max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
   amax = max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
-  if (!active) return;
+  if (!valid) return;
   const uint32_t s = scale_byte_from_amax_bits(amax, p.mode);
   const float inv = e8m0_inv_scale(uint8_t(s));
   uint32_t q[2];
@@ -117,100 +122,121 @@ __device__ __forceinline__ void emit_chunk(const RmsParams& p, int64_t row, int 
       q[e / 4] = (q[e / 4] & ~(0xFFu << sh)) | (b << sh);
     }
   }
-  const int64_t base = row * p.cols + int64_t(c) * kRmsChunk;
-  *reinterpret_cast<uint2*>(p.payload + base) = make_uint2(q[0], q[1]);
-  if (lane % kGroupLanes == 0) p.scales[base / kBlockSize] = uint8_t(s);
+  *reinterpret_cast<uint2*>(prow + int64_t(c) * kRmsChunk) = make_uint2(q[0], q[1]);
+  if (lane % kGroupLanes == 0) srow[c / kGroupLanes] = uint8_t(s);
 }
 
-// The butterfly of rmsnorm_rules.h, then rstd (written by lane 0 when requested).
-__device__ __forceinline__ float row_rstd(const RmsParams& p, float ss, int64_t row, int lane) {
+// The butterfly of rmsnorm_rules.h over the row's L lanes (xor d < L stays in the row's lane
+// group), then rstd, written by the group's first lane when requested and the row is real.
+template <int kLanes>
+__device__ __forceinline__ float row_rstd(const RmsParams& p, float ss, int64_t row, bool valid, int q) {
+  if constexpr (kLanes > 0) {
 #pragma unroll
-  for (int d = 16; d >= 1; d /= 2) ss = __fadd_rn(ss, __shfl_xor_sync(0xFFFFFFFFu, ss, d));
+    for (int d = kLanes / 2; d >= 1; d /= 2) ss = __fadd_rn(ss, __shfl_xor_sync(0xFFFFFFFFu, ss, d));
+  } else {
+    for (int d = p.lanes / 2; d >= 1; d /= 2) ss = __fadd_rn(ss, __shfl_xor_sync(0xFFFFFFFFu, ss, d));
+  }
   const float rstd = rms_rstd(ss, p.cols, p.eps);
-  if (p.rstd != nullptr && lane == 0) p.rstd[row] = rstd;
+  if (p.rstd != nullptr && valid && q == 0) p.rstd[row] = rstd;
   return rstd;
 }
 
-// kChunks > 0: each of the warp's kRows rows is held in registers (cols <= kChunks * 256), all of
-// them loaded before any arithmetic. kChunks == 0: one row a warp, read twice.
-template <typename In, typename W, bool kWeight, int kChunks, int kRows>
-__global__ void __launch_bounds__(kThreads) rmsnorm_quantize_kernel(const RmsParams p) {
+// Lane `lane` serves row (row0 + round * G + lane / L) with chunks q + L i (q = lane % L,
+// i < per_lane), G = 32 / L rows a round. kChunks > 0: a lane's chunks of kRounds rounds are held in
+// registers (launched where per_lane == kChunks: the loops have no bounds to test), all loaded
+// before any arithmetic (rows past the end read the last row; nothing of theirs is stored).
+// kChunks == 0: one round, each chunk read twice.
+// kLanes: L at compile time (32, the common case), or 0: p.lanes.
+// Forms of up to 4 chunks a lane are held to 64 registers (4 CTAs, 32 warps an SM).
+template <typename In, typename W, bool kWeight, int kChunks, int kRounds, int kLanes>
+__global__ void __launch_bounds__(kThreads, (kChunks > 0 && kChunks <= 4) ? 4 : 1)
+    rmsnorm_quantize_kernel(const RmsParams p) {
   const int lane = int(threadIdx.x % 32);
-  const int64_t row0 = (int64_t(blockIdx.x) * kWarps + threadIdx.x / 32) * kRows;
-  if (row0 >= p.rows) return;  // whole warps
-  const int nchunks = p.cols / kRmsChunk;
-  const int iters = (nchunks + 31) / 32;
+  const int L = kLanes > 0 ? kLanes : p.lanes, G = 32 / L, q = lane % L;
+  const int64_t warp_row0 = (int64_t(blockIdx.x) * kWarps + threadIdx.x / 32) * kRounds * G;
+  if (warp_row0 >= p.rows) return;  // whole warps
+  const int K = kChunks > 0 ? kChunks : p.per_lane;  // register forms run where per_lane == kChunks
+  const In* x = static_cast<const In*>(p.x);
+  auto row_of = [&](int round) { return warp_row0 + int64_t(round) * G + lane / L; };
+  auto payload_row = [&](int64_t row) { return p.payload + row * p.cols; };
+  auto scale_row = [&](int64_t row) { return p.scales + row * (p.cols / kBlockSize); };
   if constexpr (kChunks > 0) {
-    Raw<In> v[kRows][kChunks];
+    Raw<In> v[kRounds][kChunks];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r)
+    for (int r = 0; r < kRounds; ++r) {
+      const In* xr = x + min(row_of(r), p.rows - 1) * p.cols;
 #pragma unroll
-      for (int i = 0; i < kChunks; ++i) {
-        const int c = lane + 32 * i;
-        if (row0 + r < p.rows && c < nchunks) v[r][i] = load_raw(static_cast<const In*>(p.x) + (row0 + r) * p.cols, int64_t(c) * kRmsChunk);
-      }
+      for (int i = 0; i < kChunks; ++i)
+        if (i < K) v[r][i] = load_raw(xr, int64_t(q + L * i) * kRmsChunk);
+    }
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      if (row0 + r >= p.rows) break;  // warp-uniform
+    for (int r = 0; r < kRounds; ++r) {
+      if (warp_row0 + int64_t(r) * G >= p.rows) break;  // warp-uniform
+      const int64_t row = row_of(r);
+      const bool valid = row < p.rows;
       float ss = 0.f;
 #pragma unroll
       for (int i = 0; i < kChunks; ++i)
-        if (lane + 32 * i < nchunks) ss = add_squares(v[r][i], ss);
-      const float rstd = row_rstd(p, ss, row0 + r, lane);
+        if (i < K) ss = add_squares(v[r][i], ss);
+      const float rstd = row_rstd<kLanes>(p, ss, row, valid, q);
+      uint8_t* prow = payload_row(row);
+      uint8_t* srow = scale_row(row);
 #pragma unroll
-      for (int i = 0; i < kChunks; ++i) {
-        if (i >= iters) break;  // warp-uniform
-        const int c = lane + 32 * i;
-        emit_chunk<In, W, kWeight>(p, row0 + r, c, c < nchunks, lane, v[r][i], rstd);
-      }
+      for (int i = 0; i < kChunks; ++i)
+        if (i < K) emit_chunk<In, W, kWeight>(p, prow, srow, q + L * i, valid, lane, v[r][i], rstd);
     }
   } else {
-    const In* xr = static_cast<const In*>(p.x) + row0 * p.cols;
+    const int64_t row = row_of(0);
+    const bool valid = row < p.rows;
+    const In* xr = x + min(row, p.rows - 1) * p.cols;
     float ss = 0.f;
-    for (int i = 0; i < iters; ++i) {
-      const int c = lane + 32 * i;
-      if (c < nchunks) ss = add_squares(load_raw(xr, int64_t(c) * kRmsChunk), ss);
-    }
-    const float rstd = row_rstd(p, ss, row0, lane);
-    for (int i = 0; i < iters; ++i) {
-      const int c = lane + 32 * i;
-      const bool active = c < nchunks;
-      Raw<In> raw{};
-      if (active) raw = load_raw(xr, int64_t(c) * kRmsChunk);
-      emit_chunk<In, W, kWeight>(p, row0, c, active, lane, raw, rstd);
-    }
+    for (int i = 0; i < K; ++i) ss = add_squares(load_raw(xr, int64_t(q + L * i) * kRmsChunk), ss);
+    const float rstd = row_rstd<kLanes>(p, ss, row, valid, q);
+    uint8_t* prow = payload_row(row);
+    uint8_t* srow = scale_row(row);
+    for (int i = 0; i < K; ++i)
+      emit_chunk<In, W, kWeight>(p, prow, srow, q + L * i, valid, lane, load_raw(xr, int64_t(q + L * i) * kRmsChunk),
+                                 rstd);
   }
 }
 
-template <typename In, typename W, int kChunks, int kRows>
+template <typename In, typename W, int kChunks, int kRounds>
 Status launch_form(const RmsParams& p, cudaStream_t s) {
-  const int64_t per_cta = int64_t(kWarps) * kRows;
+  const int64_t per_cta = int64_t(kWarps) * kRounds * (32 / p.lanes);
   const int64_t grid = (p.rows + per_cta - 1) / per_cta;
   if (grid > int64_t(0x7FFFFFFF)) return Status::Invalid("x: too many rows for one launch");
   const dim3 g{static_cast<unsigned>(grid)}, b{unsigned(kThreads)};
-  if (p.weight != nullptr)
-    rmsnorm_quantize_kernel<In, W, true, kChunks, kRows><<<g, b, 0, s>>>(p);
-  else
-    rmsnorm_quantize_kernel<In, W, false, kChunks, kRows><<<g, b, 0, s>>>(p);
+  const bool full = p.lanes == 32;  // a row a warp: L known at compile time
+  if (p.weight != nullptr) {
+    if (full)
+      rmsnorm_quantize_kernel<In, W, true, kChunks, kRounds, 32><<<g, b, 0, s>>>(p);
+    else
+      rmsnorm_quantize_kernel<In, W, true, kChunks, kRounds, 0><<<g, b, 0, s>>>(p);
+  } else {
+    if (full)
+      rmsnorm_quantize_kernel<In, W, false, kChunks, kRounds, 32><<<g, b, 0, s>>>(p);
+    else
+      rmsnorm_quantize_kernel<In, W, false, kChunks, kRounds, 0><<<g, b, 0, s>>>(p);
+  }
   return check_launch("rmsnorm_quantize_kernel");
 }
 
-// The smallest form that holds a row: chunks a lane (rows of up to 4096 bf16 / 2048 fp32 values;
-// more registers a thread leave too few warps on an SM to keep its loads in flight), with rows of at
-// most 1024 values taken 2 to 8 to a warp, so that each lane has 6 to 8 loads in flight.
+// The form whose chunk count is a lane's, for 1 to 8 chunks (C up to 2048 where L = 32),
+// with 2 to 8 rounds of rows where a lane holds 1 to 4 chunks, so that each lane has 6 to 8 loads in
+// flight; other counts read each chunk twice. Measured (H200, docs/fused.md): a 16-chunk register
+// form ran C = 4096 in 0.99 ms against 0.57 read twice (24% occupancy at 94-114 registers); a form
+// with more chunks than a lane's, its loops testing the count, ran as slowly.
 template <typename In, typename W>
 Status launch_typed(const RmsParams& p, cudaStream_t s) {
-  const int iters = (p.cols / kRmsChunk + 31) / 32;
-  constexpr bool kBf16 = sizeof(In) == 2;
-  if (iters <= 1) return launch_form<In, W, 1, 8>(p, s);
-  if (iters <= 2) return launch_form<In, W, 2, 4>(p, s);
-  if (iters <= 3) return launch_form<In, W, 3, 2>(p, s);
-  if (iters <= 4) return launch_form<In, W, 4, 2>(p, s);
-  if (iters <= 6) return launch_form<In, W, 6, 1>(p, s);
-  if (iters <= 8) return launch_form<In, W, 8, 1>(p, s);
-  if (kBf16 && iters <= 12) return launch_form<In, W, kBf16 ? 12 : 1, 1>(p, s);
-  if (kBf16 && iters <= 16) return launch_form<In, W, kBf16 ? 16 : 1, 1>(p, s);
-  return launch_form<In, W, 0, 1>(p, s);
+  switch (p.per_lane) {
+    case 1: return launch_form<In, W, 1, 8>(p, s);
+    case 2: return launch_form<In, W, 2, 4>(p, s);
+    case 3: return launch_form<In, W, 3, 2>(p, s);
+    case 4: return launch_form<In, W, 4, 2>(p, s);
+    case 6: return launch_form<In, W, 6, 1>(p, s);
+    case 8: return launch_form<In, W, 8, 1>(p, s);
+    default: return launch_form<In, W, 0, 1>(p, s);
+  }
 }
 
 }  // namespace
@@ -219,7 +245,9 @@ Status rmsnorm_quantize(const detail::RmsNormQuantizeProblem& p, void* stream) {
   MXFLASH_RETURN_IF_ERROR(check_aligned(p.x, 16, "x"));
   if (p.weight != nullptr) MXFLASH_RETURN_IF_ERROR(check_aligned(p.weight, 16, "weight"));
   MXFLASH_RETURN_IF_ERROR(check_aligned(p.payload, 8, "payload"));
-  const RmsParams k{p.x, p.weight, p.payload, p.scales, p.rstd, p.rows, int(p.cols), p.eps, p.mode};
+  const int lanes = rms_lanes(p.cols);
+  const RmsParams k{p.x,   p.weight, p.payload, p.scales, p.rstd, p.rows, int(p.cols), p.eps, p.mode,
+                    lanes, int(p.cols / kRmsChunk / lanes)};
   const auto s = static_cast<cudaStream_t>(stream);
   if (p.x_bf16)
     return p.weight_bf16 ? launch_typed<uint16_t, uint16_t>(k, s) : launch_typed<uint16_t, float>(k, s);
