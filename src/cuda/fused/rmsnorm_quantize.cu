@@ -155,7 +155,6 @@ __global__ void __launch_bounds__(kThreads, (kChunks > 0 && kChunks <= 4) ? 4 : 
   const int L = kLanes > 0 ? kLanes : p.lanes, G = 32 / L, q = lane % L;
   const int64_t warp_row0 = (int64_t(blockIdx.x) * kWarps + threadIdx.x / 32) * kRounds * G;
   if (warp_row0 >= p.rows) return;  // whole warps
-  const int K = kChunks > 0 ? kChunks : p.per_lane;  // register forms run where per_lane == kChunks
   const In* x = static_cast<const In*>(p.x);
   auto row_of = [&](int round) { return warp_row0 + int64_t(round) * G + lane / L; };
   auto payload_row = [&](int64_t row) { return p.payload + row * p.cols; };
@@ -166,8 +165,7 @@ __global__ void __launch_bounds__(kThreads, (kChunks > 0 && kChunks <= 4) ? 4 : 
     for (int r = 0; r < kRounds; ++r) {
       const In* xr = x + min(row_of(r), p.rows - 1) * p.cols;
 #pragma unroll
-      for (int i = 0; i < kChunks; ++i)
-        if (i < K) v[r][i] = load_raw(xr, int64_t(q + L * i) * kRmsChunk);
+      for (int i = 0; i < kChunks; ++i) v[r][i] = load_raw(xr, int64_t(q + L * i) * kRmsChunk);
     }
 #pragma unroll
     for (int r = 0; r < kRounds; ++r) {
@@ -176,16 +174,16 @@ __global__ void __launch_bounds__(kThreads, (kChunks > 0 && kChunks <= 4) ? 4 : 
       const bool valid = row < p.rows;
       float ss = 0.f;
 #pragma unroll
-      for (int i = 0; i < kChunks; ++i)
-        if (i < K) ss = add_squares(v[r][i], ss);
+      for (int i = 0; i < kChunks; ++i) ss = add_squares(v[r][i], ss);
       const float rstd = row_rstd<kLanes>(p, ss, row, valid, q);
       uint8_t* prow = payload_row(row);
       uint8_t* srow = scale_row(row);
 #pragma unroll
       for (int i = 0; i < kChunks; ++i)
-        if (i < K) emit_chunk<In, W, kWeight>(p, prow, srow, q + L * i, valid, lane, v[r][i], rstd);
+        emit_chunk<In, W, kWeight>(p, prow, srow, q + L * i, valid, lane, v[r][i], rstd);
     }
   } else {
+    const int K = p.per_lane;
     const int64_t row = row_of(0);
     const bool valid = row < p.rows;
     const In* xr = x + min(row, p.rows - 1) * p.cols;
