@@ -114,6 +114,9 @@ int fail(const Status& s, const char* what) {
 }
 
 #ifdef MXFLASH_WITH_CUDA
+// A CUDA runtime result as a Status (the report's GPU paths stop at the first failure).
+Status chk(cudaError_t e) { return e == cudaSuccess ? Status::Ok() : Status::Cuda(cudaGetErrorString(e)); }
+
 bool gpu_present(std::string* name) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return false;
@@ -127,7 +130,6 @@ bool gpu_present(std::string* name) {
 Status run_gpu(const std::vector<uint16_t>& x, const JaggedMeta& meta, int64_t H, const Case& c,
                const QuantizeOptions& opt, std::vector<uint8_t>* payload, std::vector<uint8_t>* scales) {
   void *dx = nullptr, *dp = nullptr, *ds = nullptr;
-  auto chk = [](cudaError_t e) { return e == cudaSuccess ? Status::Ok() : Status::Cuda(cudaGetErrorString(e)); };
   Status st = chk(cudaMalloc(&dx, x.size() * 2));
   if (st.ok()) st = chk(cudaMalloc(&dp, payload->size()));
   if (st.ok()) st = chk(cudaMalloc(&ds, scales->size()));
@@ -243,7 +245,6 @@ struct GpuAttention {
 Status attention_gpu(const HostOperand& q, const HostOperand& k, const HostOperand& v, const HostOperand& q_seq,
                      const HostOperand& k_seq, const HostOperand& v_hdim, const std::vector<uint16_t>& dout_bits,
                      const JaggedMeta& qm, const JaggedMeta& km, int64_t H, GpuAttention* r) {
-  auto chk = [](cudaError_t e) { return e == cudaSuccess ? Status::Ok() : Status::Cuda(cudaGetErrorString(e)); };
   std::vector<void*> owned;
   Status st;
   auto dev_copy = [&](const void* src, size_t n, void** dst) {
@@ -424,8 +425,7 @@ int rmsnorm_report(const std::vector<uint16_t>& x, const std::vector<float>& xf,
 #ifdef MXFLASH_WITH_CUDA
   if (gpu) {
     void *dx = nullptr, *dw = nullptr, *dp = nullptr, *ds = nullptr, *dr = nullptr;
-    auto chk = [](cudaError_t e) { return e == cudaSuccess ? Status::Ok() : Status::Cuda(cudaGetErrorString(e)); };
-    st = chk(cudaMalloc(&dx, x.size() * 2));
+      st = chk(cudaMalloc(&dx, x.size() * 2));
     if (st.ok()) st = chk(cudaMalloc(&dw, w.size() * 4));
     if (st.ok()) st = chk(cudaMalloc(&dp, payload.size()));
     if (st.ok()) st = chk(cudaMalloc(&ds, scales.size()));
