@@ -22,12 +22,6 @@ constexpr uint8_t kPoison = 0xA5;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-uint16_t bf16_bits(float f) {  // RNE, finite inputs
-  uint32_t u = mxtest::bits_of(f);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-
 struct Case {
   int64_t T = 0, C = 0;
   bool x_bf16 = true, has_weight = true, w_bf16 = false;
@@ -75,7 +69,7 @@ Case make_case(int64_t T, int64_t C, bool x_bf16, bool has_weight, bool w_bf16, 
     if (bf16) {
       b.resize(vals.size());
       for (size_t i = 0; i < vals.size(); ++i) {
-        b[i] = bf16_bits(vals[i]);
+        b[i] = float_to_bf16(vals[i]);
         vals[i] = mxtest::bf16_value(b[i]);
       }
     } else {
