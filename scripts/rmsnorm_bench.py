@@ -35,6 +35,12 @@ def median_ms(fn, samples=30, launches=5, warmup=10):
     return statistics.median(times)
 
 
+def write_json(path, rows):
+    if path:
+        with open(path, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
@@ -95,9 +101,7 @@ def main():
         rows_out.append(dict(C=C, T=T, impl="fused", sqnr_db=sqnr))
         del x, payload, scales, rstd, y16, up, us
         torch.cuda.empty_cache()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows_out, f, indent=1)
+    write_json(args.json, rows_out)
 
 
 if __name__ == "__main__":

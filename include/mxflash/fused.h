@@ -29,4 +29,32 @@ struct RmsNormQuantizeOptions {
 Status rmsnorm_quantize(const TensorView& x, const TensorView& weight, const RmsNormQuantizeOptions& opt,
                         TensorView payload, TensorView scales, TensorView rstd, void* stream = nullptr);
 
+// Which arithmetic gemm_quantize runs.
+//  kAuto:   CUDA: kCoarse where its shapes allow (N a multiple of 128, 16-byte aligned pointers),
+//           else kExact. CPU: kExact.
+//  kExact:  the MX definition: every 32-block scale pair applied to its block's exact partial sum
+//           (src/common/gemm_rules.h). CPU and CUDA bytes are identical.
+//  kCoarse: the fast path's arithmetic: A re-expressed against one scale per row, W against one per
+//           output channel, a plain FP8 GEMM (wgmma on CUDA) with fp32 accumulation, both scales
+//           applied in the epilogue. On the CPU a model of that arithmetic (fp64 sums), for tests.
+enum class GemmPath : int { kAuto = 0, kExact = 1, kCoarse = 2 };
+
+struct GemmQuantizeOptions {
+  ScalingMode mode = ScalingMode::kRceil;  // of the output's block scales
+  GemmPath path = GemmPath::kAuto;
+};
+
+// GEMM + MX quantization of its result, in one pass (the projections that produce Q, K, V):
+//   y[m, n] = sum_k A[m, k] W[n, k]   (y = A W^T, W in nn.Linear's (out, in) layout),
+// A and W MX tensors blocked along K (what rmsnorm_quantize writes, what `quantize(..., hdim)` gives
+// for K = H * 128), y quantized in 32-blocks along n (for N = H * 128: Q or K for attention_forward,
+// `hdim` orientation, plain scales). y is never stored wider than e4m3. The CUDA fast path needs a
+// workspace of N * (K + 4) bytes, allocated stream-ordered (cudaMallocAsync) inside the call.
+//  a:        (M, K) e4m3 (uint8 accepted); K a multiple of 32, 32..65536; M < 2^31.
+//  a_scales: (M, K / 32) e8m0 (uint8 accepted), plain.
+//  w:        (N, K) e4m3;  N a multiple of 32, 32..65536.   w_scales: (N, K / 32) e8m0, plain.
+//  payload:  (M, N) e4m3.  scales: (M, N / 32) e8m0, plain.
+Status gemm_quantize(const TensorView& a, const TensorView& a_scales, const TensorView& w, const TensorView& w_scales,
+                     const GemmQuantizeOptions& opt, TensorView payload, TensorView scales, void* stream = nullptr);
+
 }  // namespace mxflash

@@ -38,6 +38,7 @@ import ml_dtypes
 from . import _mxflash as _C
 
 __all__ = [
+    "gemm_quantize",
     "JaggedMeta",
     "MxTensor",
     "AttentionFwdOperands",
@@ -473,6 +474,40 @@ def rmsnorm_quantize(x, weight=None, eps=1e-6, mode="rceil", rstd=True, out=None
                         _code(_C.MODES, mode), _view(payload, "payload", True), _view(scales, "scales", True),
                         None if r is None else _view(r, "rstd", True), _stream(x))
     return payload, scales, r
+
+
+def gemm_quantize(a, a_scales, w, w_scales, mode="rceil", path="auto", out=None):
+    """y = a @ w.T with MX operands, quantized to MX along its rows, in one pass (a fused producer:
+    the projections that write Q, K, V for attention_forward).
+
+    a: (M, K) float8_e4m3fn (or uint8) with a_scales (M, K // 32) uint8 E8M0, blocks along K (what
+    rmsnorm_quantize returns); w: (N, K) the same (nn.Linear's weight layout, quantized along K). K
+    and N multiples of 32. y is quantized in blocks of 32 along N (mode "rceil" or "floor"): for
+    N = H * 128 that is the "hdim" operand attention_forward reads.
+    path: "auto" (CUDA: the FP8 wgmma kernel where N is a multiple of 128, M >= 128, K >= 128 and the
+    pointers are 16-byte aligned, else the exact kernel; CPU: exact), "exact" (every 32-block's scale
+    pair applied to its exact partial sum: the MX definition) or "coarse" (the fast kernel's
+    arithmetic: A re-expressed against one scale per row, W against one per output channel;
+    docs/fused.md gives its accuracy cost). A NaN y is stored as 0x7F.
+    Returns (payload (M, N) float8_e4m3fn, scales (M, N // 32) uint8). out=(payload, scales) writes
+    into given tensors.
+    """
+    a, a_scales, w, w_scales = (_as_array(t, n) for t, n in
+                                ((a, "a"), (a_scales, "a_scales"), (w, "w"), (w_scales, "w_scales")))
+    outs = _outputs(out, 2, "payload, scales")
+    if outs is None:
+        if a.ndim != 2 or w.ndim != 2:
+            raise ValueError(f"a, w: must be 2-D, got shapes {tuple(int(d) for d in a.shape)} and "
+                             f"{tuple(int(d) for d in w.shape)}")
+        rows, cols = int(a.shape[0]), int(w.shape[0])
+        payload = _empty(a, (rows, cols), _PAYLOAD_DTYPE)
+        scales = _empty(a, (rows, cols // BLOCK_SIZE), _SCALE_DTYPE)
+    else:
+        payload, scales = (_as_array(o, n) for o, n in zip(outs, ("payload", "scales")))
+    _C.gemm_quantize(_view(a, "a"), _view(a_scales, "a_scales"), _view(w, "w"), _view(w_scales, "w_scales"),
+                     _code(_C.MODES, mode), _code(_C.GEMM_PATHS, path), _view(payload, "payload", True),
+                     _view(scales, "scales", True), _stream(a))
+    return payload, scales
 
 
 _OUT_DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}

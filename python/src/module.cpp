@@ -252,6 +252,13 @@ NB_MODULE(_mxflash, m) {
   m.attr("DEVICE_CUDA") = int(Device::kCUDA);
   m.attr("ORIENTATIONS") = enum_names<Orientation>(3);
   m.attr("MODES") = enum_names<ScalingMode>(2);
+  {
+    nb::dict paths;
+    paths["auto"] = int(GemmPath::kAuto);
+    paths["exact"] = int(GemmPath::kExact);
+    paths["coarse"] = int(GemmPath::kCoarse);
+    m.attr("GEMM_PATHS") = paths;
+  }
   m.attr("SCALE_LAYOUTS") = enum_names<ScaleLayout>(2);
   m.attr("PAYLOAD_LAYOUTS") = enum_names<PayloadLayout>(2);
   m.attr("BLOCK_SIZE") = kBlockSize;
@@ -356,6 +363,21 @@ NB_MODULE(_mxflash, m) {
                                         as_stream(stream)));
       },
       "x"_a, "weight"_a.none(), "eps"_a, "mode"_a, "payload"_a, "scales"_a, "rstd"_a.none(), "stream"_a,
+      nb::call_guard<nb::gil_scoped_release>());
+
+  m.def(
+      "gemm_quantize",
+      [](const View& a, const View& a_scales, const View& w, const View& w_scales, int mode, int path,
+         const View& payload, const View& scales, uintptr_t stream) {
+        const TensorView ta = to_view(a, "a");
+        GemmQuantizeOptions opt;
+        opt.mode = ScalingMode(mode);
+        opt.path = GemmPath(path);
+        DeviceGuard guard(ta);
+        throw_if_error(gemm_quantize(ta, to_view(a_scales, "a_scales"), to_view(w, "w"), to_view(w_scales, "w_scales"),
+                                     opt, to_view(payload, "payload"), to_view(scales, "scales"), as_stream(stream)));
+      },
+      "a"_a, "a_scales"_a, "w"_a, "w_scales"_a, "mode"_a, "path"_a, "payload"_a, "scales"_a, "stream"_a,
       nb::call_guard<nb::gil_scoped_release>());
 
   m.def(

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 
+#include "mxflash/fused.h"
 #include "mxflash/mx.h"
 
 namespace mxflash::detail {
@@ -19,6 +20,18 @@ struct RmsNormQuantizeProblem {
   uint8_t* payload = nullptr;  // (T, C)
   uint8_t* scales = nullptr;   // (T, C / 32)
   float* rstd = nullptr;       // (T), or null
+};
+
+struct GemmQuantizeProblem {
+  const uint8_t* a = nullptr;         // (M, K) e4m3, blocks along K
+  const uint8_t* a_scales = nullptr;  // (M, K / 32)
+  const uint8_t* w = nullptr;         // (N, K) e4m3, blocks along K
+  const uint8_t* w_scales = nullptr;  // (N, K / 32)
+  int64_t m = 0, n = 0, k = 0;        // K and N multiples of 32
+  ScalingMode mode = ScalingMode::kRceil;
+  GemmPath path = GemmPath::kAuto;    // resolved by the launcher: kExact or kCoarse
+  uint8_t* payload = nullptr;         // (M, N), blocks along N
+  uint8_t* scales = nullptr;          // (M, N / 32)
 };
 
 }  // namespace mxflash::detail

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 
+#include "common/gemm_rules.h"
 #include "common/rmsnorm_rules.h"
 #include "cuda/fused/fused_cuda.h"
 #include "launch/device_runtime.h"
@@ -77,6 +78,75 @@ Status rmsnorm_quantize(const TensorView& x, const TensorView& weight, const Rms
     return Status::Ok();
   }
   return cuda::rmsnorm_quantize(p, stream);
+}
+
+namespace {
+
+// A 2-D MX operand blocked along K: payload (rows, K) and plain scales (rows, K / 32).
+Status check_operand(const TensorView& x, const TensorView& scales, const char* name, const char* scales_name,
+                     int64_t* rows, int64_t* k) {
+  MXFLASH_RETURN_IF_ERROR(check_dtype(x, name, {DType::kE4M3, DType::kUInt8}));
+  if (x.ndim != 2) return Status::Invalid(std::string(name) + ": must be 2-D, got " + x.shape_string());
+  const int64_t K = x.shape[1];
+  if (K < kBlockSize || K % kBlockSize != 0 || K > kGemmMaxDim)
+    return Status::Invalid(std::string(name) + ": K (axis 1) must be a multiple of 32 from 32 to " +
+                           std::to_string(kGemmMaxDim) + ", got " + std::to_string(K));
+  MXFLASH_RETURN_IF_ERROR(check_contiguous(x, name));
+  MXFLASH_RETURN_IF_ERROR(check_not_null(x, name));
+  const int64_t sshape[2] = {x.shape[0], K / kBlockSize};
+  MXFLASH_RETURN_IF_ERROR(check_dense(scales, scales_name, {DType::kE8M0, DType::kUInt8}, 2, sshape));
+  *rows = x.shape[0];
+  *k = K;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status gemm_quantize(const TensorView& a, const TensorView& a_scales, const TensorView& w, const TensorView& w_scales,
+                     const GemmQuantizeOptions& opt, TensorView payload, TensorView scales, void* stream) {
+  if (int(opt.mode) < 0 || int(opt.mode) > 1) return Status::Invalid("mode: must be rceil or floor");
+  if (int(opt.path) < 0 || int(opt.path) > 2) return Status::Invalid("path: must be auto, exact or coarse");
+  int64_t M = 0, K = 0, N = 0, Kw = 0;
+  MXFLASH_RETURN_IF_ERROR(check_operand(a, a_scales, "a", "a_scales", &M, &K));
+  MXFLASH_RETURN_IF_ERROR(check_operand(w, w_scales, "w", "w_scales", &N, &Kw));
+  if (Kw != K)
+    return Status::Invalid("w: K (axis 1) must equal a's K (" + std::to_string(K) + "), got " + std::to_string(Kw));
+  if (N < kBlockSize || N % kBlockSize != 0 || N > kGemmMaxDim)
+    return Status::Invalid("w: N (axis 0) must be a multiple of 32 from 32 to " + std::to_string(kGemmMaxDim) +
+                           ", got " + std::to_string(N));
+  if (M >= (int64_t(1) << 31)) return Status::Invalid("a: M (axis 0) must be below 2^31, got " + std::to_string(M));
+  const int64_t pshape[2] = {M, N}, sshape[2] = {M, N / kBlockSize};
+  MXFLASH_RETURN_IF_ERROR(check_dense(payload, "payload", {DType::kE4M3, DType::kUInt8}, 2, pshape));
+  MXFLASH_RETURN_IF_ERROR(check_dense(scales, "scales", {DType::kE8M0, DType::kUInt8}, 2, sshape));
+  Device dev;
+  MXFLASH_RETURN_IF_ERROR(check_same_device({{&a, "a"}, {&a_scales, "a_scales"}, {&w, "w"}, {&w_scales, "w_scales"},
+                                             {&payload, "payload"}, {&scales, "scales"}},
+                                            &dev));
+  if (dev == Device::kCUDA) MXFLASH_RETURN_IF_ERROR(detail::check_cuda_ready(a.device_id, "a"));
+
+  detail::GemmQuantizeProblem p;
+  p.a = a.ptr<uint8_t>();
+  p.a_scales = a_scales.ptr<uint8_t>();
+  p.w = w.ptr<uint8_t>();
+  p.w_scales = w_scales.ptr<uint8_t>();
+  p.m = M;
+  p.n = N;
+  p.k = K;
+  p.mode = opt.mode;
+  p.payload = payload.ptr<uint8_t>();
+  p.scales = scales.ptr<uint8_t>();
+  if (dev == Device::kCPU) {
+    p.path = opt.path == GemmPath::kCoarse ? GemmPath::kCoarse : GemmPath::kExact;
+    if (M > 0) ref::gemm_quantize(p);
+    return Status::Ok();
+  }
+  const bool coarse_ok = cuda::gemm_coarse_supported(p);
+  if (opt.path == GemmPath::kCoarse && !coarse_ok)
+    return Status::Invalid("path: coarse on CUDA needs N a multiple of 128 and 16-byte aligned a, w, payload; got N " +
+                           std::to_string(N));
+  p.path = opt.path == GemmPath::kExact || !coarse_ok ? GemmPath::kExact : GemmPath::kCoarse;
+  if (M == 0) return Status::Ok();
+  return cuda::gemm_quantize(p, stream);
 }
 
 }  // namespace mxflash

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/gemm_rules.h"
 #include "common/rmsnorm_rules.h"
 
 namespace mxflash::ref {
@@ -54,6 +55,88 @@ void rmsnorm_quantize(const detail::RmsNormQuantizeProblem& p) {
       for (int e = 0; e < kBlockSize; ++e)
         p.payload[t * C + k * kBlockSize + e] = rms_quantize_element(blk[e], inv);
     }
+  }
+}
+
+}  // namespace mxflash::ref
+
+namespace mxflash::ref {
+
+void quantize_row_blocks(const float* y, int64_t n, ScalingMode mode, uint8_t* payload, uint8_t* scales) {
+  for (int64_t b = 0; b < n / kBlockSize; ++b) {
+    const float* blk = y + b * kBlockSize;
+    float amax = 0.f;
+    for (int e = 0; e < kBlockSize; ++e) amax = amax_nan(amax, blk[e]);
+    const uint8_t s = e8m0_scale_byte(amax, mode);
+    scales[b] = s;
+    const float inv = e8m0_inv_scale(s);
+    for (int e = 0; e < kBlockSize; ++e) payload[b * kBlockSize + e] = gemm_quantize_element(blk[e], inv);
+  }
+}
+
+void reexpress_rows(const uint8_t* src, const uint8_t* scales, int64_t rows, int64_t k, uint8_t* dst,
+                    uint8_t* coarse) {
+  const int64_t blocks = k / kBlockSize;
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* srow = scales + r * blocks;
+    const uint32_t e = coarse_exponent(srow, blocks);
+    coarse[r] = uint8_t(e);
+    for (int64_t i = 0; i < k; ++i)
+      dst[r * k + i] = e4m3_shift_down(src[r * k + i], block_shift(e, srow[i / kBlockSize]));
+  }
+}
+
+namespace {
+
+std::vector<double> decoded(const uint8_t* x, int64_t n) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = double(e4m3_to_float(x[i]));
+  return v;
+}
+
+// sum_k a[k] w[k] over [k0, k1) in fp64: exact for one 32-block (see gemm_rules.h).
+double dot(const double* a, const double* w, int64_t k0, int64_t k1) {
+  double s = 0.0;
+  for (int64_t i = k0; i < k1; ++i) s += a[i] * w[i];
+  return s;
+}
+
+double e8m0_double(uint8_t b) { return b == kE8m0Nan ? std::nan("") : std::ldexp(1.0, int(b) - 127); }
+
+}  // namespace
+
+void gemm_quantize(const detail::GemmQuantizeProblem& p) {
+  const int64_t M = p.m, N = p.n, K = p.k, blocks = K / kBlockSize;
+  std::vector<float> y(static_cast<size_t>(N));
+  if (p.path == GemmPath::kCoarse) {
+    std::vector<uint8_t> a(static_cast<size_t>(M * K)), w(static_cast<size_t>(N * K)), ea(static_cast<size_t>(M)),
+        ew(static_cast<size_t>(N));
+    reexpress_rows(p.a, p.a_scales, M, K, a.data(), ea.data());
+    reexpress_rows(p.w, p.w_scales, N, K, w.data(), ew.data());
+    const std::vector<double> wd = decoded(w.data(), N * K);
+    for (int64_t m = 0; m < M; ++m) {
+      const std::vector<double> ad = decoded(a.data() + m * K, K);
+      const float sa = e8m0_to_float(ea[size_t(m)]);
+      for (int64_t n = 0; n < N; ++n) {
+        const float acc = float(dot(ad.data(), wd.data() + n * K, 0, K));
+        y[size_t(n)] = (acc * sa) * e8m0_to_float(ew[size_t(n)]);
+      }
+      quantize_row_blocks(y.data(), N, p.mode, p.payload + m * N, p.scales + m * (N / kBlockSize));
+    }
+    return;
+  }
+  const std::vector<double> wd = decoded(p.w, N * K);
+  for (int64_t m = 0; m < M; ++m) {
+    const std::vector<double> ad = decoded(p.a + m * K, K);
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0.0;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const double scale = e8m0_double(p.a_scales[m * blocks + b]) * e8m0_double(p.w_scales[n * blocks + b]);
+        s += dot(ad.data(), wd.data() + n * K, b * kBlockSize, (b + 1) * kBlockSize) * scale;
+      }
+      y[size_t(n)] = float(s);
+    }
+    quantize_row_blocks(y.data(), N, p.mode, p.payload + m * N, p.scales + m * (N / kBlockSize));
   }
 }
 

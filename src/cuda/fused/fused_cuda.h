@@ -7,4 +7,9 @@ namespace mxflash::cuda {
 
 Status rmsnorm_quantize(const detail::RmsNormQuantizeProblem& p, void* stream);
 
+// Whether the coarse (wgmma) gemm_quantize kernel takes this problem's shapes and pointers.
+bool gemm_coarse_supported(const detail::GemmQuantizeProblem& p);
+// p.path kExact or kCoarse (resolved by the launcher).
+Status gemm_quantize(const detail::GemmQuantizeProblem& p, void* stream);
+
 }  // namespace mxflash::cuda
