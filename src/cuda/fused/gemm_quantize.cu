@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
 #include <string>
 
@@ -113,15 +114,29 @@ constexpr int kThreads = 384;
 constexpr int kLaunchRegs = 168, kProducerRegs = 24, kConsumerRegs = 240;
 static_assert((kLaunchRegs - kProducerRegs) * 128 >= (kConsumerRegs - kLaunchRegs) * 256, "register pool");
 constexpr int kTileBytes = kTileM * kTileK;  // an A or W tile: 16 KB
-constexpr int kStageBytes = 2 * kTileBytes;
 // The A tile's block scales, all K / 32 of each of its 128 rows, loaded with each stage (one bulk
-// copy: the rows' scales are contiguous) when K <= kSlabMaxK and the tile is whole; otherwise the
-// consumers read them from global memory.
-// (6 stages with 2 KB slabs for K <= 512 measured the same as these 4, 2026-12-01.)
-constexpr int kStages = 4;
-constexpr int kSlabMaxK = 2048;
-constexpr int kSlabBytes = kTileM * kSlabMaxK / kBlockSize;  // 8 KB
-constexpr int kSmemBytes = kStages * (kStageBytes + kSlabBytes) + 2 * kStages * 8 + 1024;
+// copy: the rows' scales are contiguous) when the slab holds them and the tile is whole; otherwise
+// the consumers read them from global memory.
+//
+// Two pipelines (template kResident):
+//  streaming: each stage holds an A tile and a W tile (32 KB) and an 8 KB slab (K <= 2048), 4 stages;
+//    CTAs walk tiles channels-fastest, so that CTAs running together share A tiles in L2.
+//  resident (K <= 768): the CTA's 128-channel W panel (K x 128 bytes, at most 96 KB) is loaded once
+//    and stays; stages hold only A tiles (16 KB) and 3 KB slabs, 6 stages. Each CTA keeps one
+//    channel panel and walks row tiles. Half the bytes a stage brings from L2 per FLOP.
+//    (H200, streaming: a stage of the bare pipeline took 0.52 us with no math at all, so its 32 KB a
+//    step from L2 capped the kernel well below the tensor cores' rate.)
+constexpr int kResidentMaxK = 768;
+template <bool kResident>
+struct Pipe {
+  static constexpr int kStages = kResident ? 6 : 4;
+  static constexpr int kStageBytes = kResident ? kTileBytes : 2 * kTileBytes;
+  static constexpr int kSlabMaxK = kResident ? kResidentMaxK : 2048;
+  static constexpr int kSlabBytes = kTileM * kSlabMaxK / kBlockSize;
+  static constexpr int kPanelBytes = kResident ? kTileBytes * (kResidentMaxK / kTileK) : 0;
+  static constexpr int kSmemBytes = kPanelBytes + kStages * (kStageBytes + kSlabBytes) + (2 * kStages + 1) * 8 + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+};
 
 struct CoarseParams {
   const uint8_t* a_scales;
@@ -130,22 +145,33 @@ struct CoarseParams {
   uint8_t* scales;
   int M, N, K;
   int k_tiles, n_tiles, tiles;
-  bool slab;  // K <= kSlabMaxK and a_scales 16-byte aligned
+  int m_tiles, groups;  // resident: CTAs b, b + n_tiles, ... share channel panel b % n_tiles (groups of them)
+  bool slab;  // K fits the pipeline's slab and a_scales is 16-byte aligned
   ScalingMode mode;
 };
 
-// The pipeline step `step` of this CTA: its tile (blockIdx.x + i gridDim.x) and k tile.
-struct Step {
-  int tile, kt;
-  bool valid;
-};
-__device__ __forceinline__ Step step_of(const CoarseParams& p, int step) {
-  const int i = step / p.k_tiles;
-  Step s;
-  s.tile = int(blockIdx.x) + i * int(gridDim.x);
-  s.kt = step - i * p.k_tiles;
-  s.valid = s.tile < p.tiles;
-  return s;
+// This CTA's tiles: how many, and the origin of its i-th.
+template <bool kResident>
+__device__ __forceinline__ int tiles_of_cta(const CoarseParams& p) {
+  const int b = int(blockIdx.x);
+  if constexpr (kResident) {
+    const int first = b / p.n_tiles;
+    return first < p.m_tiles ? (p.m_tiles - first + p.groups - 1) / p.groups : 0;
+  } else {
+    return p.tiles > b ? (p.tiles - b + int(gridDim.x) - 1) / int(gridDim.x) : 0;
+  }
+}
+template <bool kResident>
+__device__ __forceinline__ void tile_origin(const CoarseParams& p, int i, int& m0, int& n0) {
+  const int b = int(blockIdx.x);
+  if constexpr (kResident) {
+    m0 = (b / p.n_tiles + i * p.groups) * kTileM;
+    n0 = (b % p.n_tiles) * kTileN;
+  } else {
+    const int tile = b + i * int(gridDim.x);
+    m0 = (tile / p.n_tiles) * kTileM;
+    n0 = (tile % p.n_tiles) * kTileN;
+  }
 }
 
 // Four 8 x 8 b16 matrices from shared memory (lane l gives the address of row l % 8 of matrix l / 8);
@@ -176,14 +202,19 @@ __device__ __forceinline__ void quad_transpose(uint32_t w0, uint32_t w1, int q, 
   }
 }
 
+template <bool kResident>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_coarse_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_w,
                        const CoarseParams p) {
+  using P = Pipe<kResident>;
+  constexpr int kStages = P::kStages;
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint8_t* slabs = smem + kStages * kStageBytes;  // [stage][128 rows][K / 32]
-  uint64_t* full = reinterpret_cast<uint64_t*>(slabs + kStages * kSlabBytes);
+  uint8_t* panel = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* smem = panel + P::kPanelBytes;             // the stages
+  uint8_t* slabs = smem + kStages * P::kStageBytes;   // [stage][128 rows][K / 32]
+  uint64_t* full = reinterpret_cast<uint64_t*>(slabs + kStages * P::kSlabBytes);
   uint64_t* empty = full + kStages;
+  uint64_t* panel_full = empty + kStages;
   const int tid = threadIdx.x;
   const int wg = tid / 128;
   if (tid == 0) {
@@ -191,10 +222,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       sm90::mbar_init(&full[s], 1);
       sm90::mbar_init(&empty[s], 8);  // one arrival per consumer warp
     }
+    sm90::mbar_init(panel_full, 1);
     sm90::fence_barrier_init();
   }
   __syncthreads();
-  const int my_tiles = p.tiles > int(blockIdx.x) ? (p.tiles - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x) : 0;
+  const int my_tiles = tiles_of_cta<kResident>(p);
   const int steps = my_tiles * p.k_tiles;
   const int ablocks = p.K / kBlockSize;
   const uint32_t slab_bytes = uint32_t(kTileM * ablocks);
@@ -203,17 +235,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---------------------------------------------------------- producer
     sm90::setmaxnreg_dec<kProducerRegs>();
     if (tid != 0) return;
+    if constexpr (kResident) {
+      if (my_tiles > 0) {
+        int m0, n0;
+        tile_origin<kResident>(p, 0, m0, n0);
+        sm90::mbar_arrive_expect_tx(panel_full, uint32_t(p.k_tiles * kTileBytes));
+        for (int kt = 0; kt < p.k_tiles; ++kt)
+          sm90::tma_load_2d(panel + kt * kTileBytes, &tm_w, panel_full, kt * kTileK, n0);
+      }
+    }
     for (int step = 0; step < steps; ++step) {
-      const Step st = step_of(p, step);
+      const int i = step / p.k_tiles, kt = step - i * p.k_tiles;
       const int s = step % kStages, use = step / kStages;
       if (use > 0) sm90::mbar_wait(&empty[s], (use - 1) & 1);
-      uint8_t* base = smem + s * kStageBytes;
-      const int m0 = (st.tile / p.n_tiles) * kTileM, n0 = (st.tile % p.n_tiles) * kTileN;
+      uint8_t* base = smem + s * P::kStageBytes;
+      int m0, n0;
+      tile_origin<kResident>(p, i, m0, n0);
       const bool slab = p.slab && m0 + kTileM <= p.M;
-      sm90::mbar_arrive_expect_tx(&full[s], kStageBytes + (slab ? slab_bytes : 0u));
-      sm90::tma_load_2d(base, &tm_a, &full[s], st.kt * kTileK, m0);
-      sm90::tma_load_2d(base + kTileBytes, &tm_w, &full[s], st.kt * kTileK, n0);
-      if (slab) sm90::bulk_load(slabs + s * kSlabBytes, p.a_scales + int64_t(m0) * ablocks, slab_bytes, &full[s]);
+      sm90::mbar_arrive_expect_tx(&full[s], P::kStageBytes + (slab ? slab_bytes : 0u));
+      sm90::tma_load_2d(base, &tm_a, &full[s], kt * kTileK, m0);
+      if constexpr (!kResident) sm90::tma_load_2d(base + kTileBytes, &tm_w, &full[s], kt * kTileK, n0);
+      if (slab) sm90::bulk_load(slabs + s * P::kSlabBytes, p.a_scales + int64_t(m0) * ablocks, slab_bytes, &full[s]);
     }
     return;
   }
@@ -228,16 +270,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int lchunk = (lane / 8) >> 1;
   float acc[64], fresh[64];
   int step = 0;
+  if (kResident && my_tiles > 0) sm90::mbar_wait(panel_full, 0);
   for (int it = 0; it < my_tiles; ++it) {
-    const int tile = int(blockIdx.x) + it * int(gridDim.x);
-    const int m0 = (tile / p.n_tiles) * kTileM, n0 = (tile % p.n_tiles) * kTileN;
+    int m0, n0;
+    tile_origin<kResident>(p, it, m0, n0);
     const bool slab = p.slab && m0 + kTileM <= p.M;
     const int row0 = m0 + r0, row1 = row0 + 8;
     uint32_t e0 = 0, e1 = 0;  // the rows' coarse exponents
     for (int kt = 0; kt < p.k_tiles; ++kt, ++step) {
       const int s = step % kStages;
       sm90::mbar_wait(&full[s], (step / kStages) & 1);
-      const uint8_t* s0 = slab ? slabs + s * kSlabBytes + r0 * ablocks : p.a_scales + int64_t(row0) * ablocks;
+      const uint8_t* s0 = slab ? slabs + s * P::kSlabBytes + r0 * ablocks : p.a_scales + int64_t(row0) * ablocks;
       const uint8_t* s1 = slab ? s0 + 8 * ablocks : p.a_scales + int64_t(row1) * ablocks;
       const bool live0 = row0 < p.M, live1 = row1 < p.M;
       if (kt == 0) {
@@ -249,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       // A fragments of the k tile's four k32 steps, re-expressed against the rows' exponents.
-      const uint8_t* base = smem + s * kStageBytes;
+      const uint8_t* base = smem + s * P::kStageBytes;
       uint32_t frag[16];
 #pragma unroll
       for (int kk = 0; kk < kTileK / 32; ++kk) {
@@ -265,7 +308,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         frag[4 * kk + 2] = e4m3x4_shift_down(r[2], d0);
         frag[4 * kk + 3] = e4m3x4_shift_down(r[3], d1);
       }
-      const uint64_t db = sm90::make_desc_k128b(base + kTileBytes);
+      const uint64_t db = sm90::make_desc_k128b(kResident ? panel + kt * kTileBytes : base + kTileBytes);
 #pragma unroll
       for (int i = 0; i < 16; ++i) sm90::fence_regs(frag[i]);
       sm90::wgmma_fence();
@@ -374,14 +417,27 @@ Status run_coarse(const detail::GemmQuantizeProblem& p, cudaStream_t s) {
     if (tiles > 0x7FFFFFFF) return Status::Invalid("a: too many output tiles");
     cp.tiles = int(tiles);
     cp.mode = p.mode;
-    cp.slab = p.k <= kSlabMaxK && is_aligned(p.a_scales, 16);
     int sms = 0;
     MXFLASH_RETURN_IF_ERROR(sm_count(&sms));
-    const int grid = int(std::min<int64_t>(tiles, sms));
-    MXFLASH_RETURN_IF_ERROR(cuda_error(
-        cudaFuncSetAttribute(gemm_coarse_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
-        "cudaFuncSetAttribute(gemm_coarse_kernel)"));
-    gemm_coarse_kernel<<<grid, kThreads, kSmemBytes, s>>>(tm_a, tm_w, cp);
+    cp.m_tiles = int((p.m + kTileM - 1) / kTileM);
+    // MXFLASH_GEMM_STREAMING=1 forces the streaming pipeline (A/B runs, tests).
+    const char* stream_env = std::getenv("MXFLASH_GEMM_STREAMING");
+    const bool resident = p.k <= kResidentMaxK && cp.n_tiles <= sms && !(stream_env != nullptr && stream_env[0] == '1');
+    cp.slab = p.k <= (resident ? Pipe<true>::kSlabMaxK : Pipe<false>::kSlabMaxK) && is_aligned(p.a_scales, 16);
+    auto launch = [&](auto kernel, int smem, int grid) -> Status {
+      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                                         "cudaFuncSetAttribute(gemm_coarse_kernel)"));
+      kernel<<<grid, kThreads, smem, s>>>(tm_a, tm_w, cp);
+      return Status::Ok();
+    };
+    if (resident) {
+      cp.groups = std::min(sms / cp.n_tiles, cp.m_tiles);
+      MXFLASH_RETURN_IF_ERROR(launch(gemm_coarse_kernel<true>, Pipe<true>::kSmemBytes, cp.groups * cp.n_tiles));
+    } else {
+      cp.groups = 0;
+      MXFLASH_RETURN_IF_ERROR(launch(gemm_coarse_kernel<false>, Pipe<false>::kSmemBytes,
+                                     int(std::min<int64_t>(tiles, sms))));
+    }
     return check_launch("gemm_coarse_kernel");
   }();
   const Status freed = cuda_error(cudaFreeAsync(ws, s), "cudaFreeAsync (gemm_quantize workspace)");
