@@ -140,12 +140,14 @@ Status gemm_quantize(const TensorView& a, const TensorView& a_scales, const Tens
     if (M > 0) ref::gemm_quantize(p);
     return Status::Ok();
   }
+  if (M == 0) return Status::Ok();
   const bool coarse_ok = cuda::gemm_coarse_supported(p);
   if (opt.path == GemmPath::kCoarse && !coarse_ok)
-    return Status::Invalid("path: coarse on CUDA needs N a multiple of 128 and 16-byte aligned a, w, payload; got N " +
-                           std::to_string(N));
+    return Status::Invalid(
+        "path: coarse on CUDA needs N a multiple of 128, M and K at least 128, a and w 16-byte aligned, payload "
+        "8-byte and scales 4-byte aligned; got M " + std::to_string(M) + ", K " + std::to_string(K) + ", N " +
+        std::to_string(N));
   p.path = opt.path == GemmPath::kExact || !coarse_ok ? GemmPath::kExact : GemmPath::kCoarse;
-  if (M == 0) return Status::Ok();
   return cuda::gemm_quantize(p, stream);
 }
 

@@ -14,8 +14,8 @@
 //          k tile promoted into fp32 registers (two-level accumulation), then scale by
 //          2^(row) * 2^(channel), quantize along n in registers (the block's amax over the four
 //          lanes of a quad, two shuffles) and store 8 bytes a lane after a quad transpose.
-//          Persistent CTAs walk 128 x 128 output tiles, channels fastest, so that CTAs running
-//          together share the A tile in L2.
+//          Persistent CTAs walk 128 x 128 output tiles; the two pipelines (Pipe below) differ in
+//          whether the CTA's W panel stays in shared memory. Speed: docs/fused.md (not fast yet).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
