@@ -64,6 +64,11 @@ if want tests; then
   MXFLASH_QUANT_VARIANT=8 "$BIN/mxflash_tests_gpu" --gtest_brief=1 --gtest_filter='QuantizeGpu.*' \
     > "$OUT/tests_gpu_wave.log" 2>&1 || { status=1; note "GPU QUANTIZE TESTS (WAVE) FAILED"; }
   tail -2 "$OUT/tests_gpu_wave.log"
+  # gemm_quantize's other pipeline (A and W tiles streamed, where K <= 768 would keep W resident).
+  note "GPU gemm tests with MXFLASH_GEMM_STREAMING=1"
+  MXFLASH_GEMM_STREAMING=1 "$BIN/mxflash_tests_gpu" --gtest_brief=1 --gtest_filter='GemmQuantizeGpu.*' \
+    > "$OUT/tests_gpu_gemm_streaming.log" 2>&1 || { status=1; note "GPU GEMM TESTS (STREAMING) FAILED"; }
+  tail -2 "$OUT/tests_gpu_gemm_streaming.log"
 fi
 if want sanitizer; then
   # The exhaustive codec sweeps are pure arithmetic (and slow under the tools); every kernel that
