@@ -7,7 +7,9 @@
 #include <random>
 #include <vector>
 
+#include "mxflash/fused.h"
 #include "mxflash/mx.h"
+#include "mxflash/tensor.h"
 
 namespace mxtest {
 
@@ -43,6 +45,30 @@ inline GemmOperand make_gemm_operand(int64_t rows, int64_t k, uint32_t seed, int
     }
   }
   return o;
+}
+
+// gemm_quantize on CPU tensors: y = a w^T into payload and scales, which are filled with `poison`
+// first (so that a byte the call does not write is seen).
+struct GemmOutputs {
+  std::vector<uint8_t> payload, scales;
+};
+inline mxflash::Status gemm_quantize_cpu(const GemmOperand& a, const GemmOperand& w, mxflash::GemmPath path,
+                                         mxflash::ScalingMode mode, uint8_t poison, GemmOutputs* out) {
+  using mxflash::DType;
+  using mxflash::make_view;
+  constexpr mxflash::Device kCpu = mxflash::Device::kCPU;
+  const int64_t M = a.rows, N = w.rows, K = a.k;
+  out->payload.assign(size_t(M * N), poison);
+  out->scales.assign(size_t(M * N / 32), poison);
+  mxflash::GemmQuantizeOptions opt;
+  opt.path = path;
+  opt.mode = mode;
+  return mxflash::gemm_quantize(make_view(const_cast<uint8_t*>(a.payload.data()), DType::kE4M3, kCpu, {M, K}),
+                                make_view(const_cast<uint8_t*>(a.scales.data()), DType::kE8M0, kCpu, {M, K / 32}),
+                                make_view(const_cast<uint8_t*>(w.payload.data()), DType::kE4M3, kCpu, {N, w.k}),
+                                make_view(const_cast<uint8_t*>(w.scales.data()), DType::kE8M0, kCpu, {N, w.k / 32}),
+                                opt, make_view(out->payload.data(), DType::kE4M3, kCpu, {M, N}),
+                                make_view(out->scales.data(), DType::kE8M0, kCpu, {M, N / 32}));
 }
 
 }  // namespace mxtest

@@ -161,6 +161,14 @@ MXFLASH_HD uint8_t quantize_element(float x, float inv_scale) {
   return float_to_e4m3(x * inv_scale, /*saturate=*/true);
 }
 
+// An element a fused producer computed (rmsnorm_quantize's and gemm_quantize's y) in a block whose
+// 1/scale is inv_scale: NaN -> 0x7F whatever its sign (CPU and GPU arithmetic give NaNs of different
+// signs), else quantize_element (inf saturates to +-448).
+MXFLASH_HD uint8_t quantize_produced_element(float y, float inv_scale) {
+  if (is_nan_bits(float_bits(y))) return kE4m3Nan;
+  return quantize_element(y, inv_scale);
+}
+
 // Decoded value of an element: e4m3 value times the block scale.
 MXFLASH_HD float dequantize_element(uint8_t q, uint8_t scale) {
   return e4m3_to_float(q) * e8m0_to_float(scale);

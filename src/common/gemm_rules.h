@@ -69,11 +69,4 @@ MXFLASH_HD uint32_t coarse_exponent(const uint8_t* scales, int64_t blocks) {
 // are NaN through the row scale).
 MXFLASH_HD uint32_t block_shift(uint32_t coarse, uint32_t block) { return coarse - block; }
 
-// Output of gemm_quantize: y quantized along n in 32-blocks by the quantizers' rules, a NaN y stored
-// as 0x7F (the CPU's and GPU's NaN signs differ), as rmsnorm_quantize does.
-MXFLASH_HD uint8_t gemm_quantize_element(float y, float inv_scale) {
-  if (is_nan_bits(float_bits(y))) return kE4m3Nan;
-  return quantize_element(y, inv_scale);
-}
-
 }  // namespace mxflash

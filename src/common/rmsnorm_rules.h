@@ -53,11 +53,4 @@ MXFLASH_HD float rms_apply(float x, float rstd, float w) {
 #endif
 }
 
-// The byte of y in a block whose 1/scale is inv_scale: NaN -> 0x7F whatever its sign (CPU and GPU
-// arithmetic give NaNs of different signs), else quantize_element (inf saturates to +-448).
-MXFLASH_HD uint8_t rms_quantize_element(float y, float inv_scale) {
-  if (is_nan_bits(float_bits(y))) return kE4m3Nan;
-  return quantize_element(y, inv_scale);
-}
-
 }  // namespace mxflash

@@ -1,5 +1,6 @@
-// CPU reference of rmsnorm_quantize (include/mxflash/fused.h): the arithmetic and its order are
-// those of src/common/rmsnorm_rules.h, which the CUDA kernel follows too.
+// CPU reference of the fused producers (include/mxflash/fused.h): rmsnorm_quantize in the arithmetic and
+// order of src/common/rmsnorm_rules.h, gemm_quantize in those of src/common/gemm_rules.h, which the
+// CUDA kernels follow too.
 #include "reference/fused_ref.h"
 
 #include <cmath>
@@ -45,22 +46,10 @@ void rmsnorm_quantize(const detail::RmsNormQuantizeProblem& p) {
     const float rstd = rms_rstd(rms_sum_of_squares(x.data(), C), C, p.eps);
     if (p.rstd) p.rstd[t] = rstd;
     for (int64_t c = 0; c < C; ++c) y[size_t(c)] = rms_apply(x[size_t(c)], rstd, w[size_t(c)]);
-    for (int64_t k = 0; k < C / kBlockSize; ++k) {
-      const float* blk = y.data() + k * kBlockSize;
-      float amax = 0.f;
-      for (int e = 0; e < kBlockSize; ++e) amax = amax_nan(amax, blk[e]);
-      const uint8_t s = e8m0_scale_byte(amax, p.mode);
-      p.scales[t * (C / kBlockSize) + k] = s;
-      const float inv = e8m0_inv_scale(s);
-      for (int e = 0; e < kBlockSize; ++e)
-        p.payload[t * C + k * kBlockSize + e] = rms_quantize_element(blk[e], inv);
-    }
+    quantize_row_blocks(y.data(), C, p.mode, p.payload + t * C, p.scales + t * (C / kBlockSize));
   }
 }
 
-}  // namespace mxflash::ref
-
-namespace mxflash::ref {
 
 void quantize_row_blocks(const float* y, int64_t n, ScalingMode mode, uint8_t* payload, uint8_t* scales) {
   for (int64_t b = 0; b < n / kBlockSize; ++b) {
@@ -70,7 +59,7 @@ void quantize_row_blocks(const float* y, int64_t n, ScalingMode mode, uint8_t* p
     const uint8_t s = e8m0_scale_byte(amax, mode);
     scales[b] = s;
     const float inv = e8m0_inv_scale(s);
-    for (int e = 0; e < kBlockSize; ++e) payload[b * kBlockSize + e] = gemm_quantize_element(blk[e], inv);
+    for (int e = 0; e < kBlockSize; ++e) payload[b * kBlockSize + e] = quantize_produced_element(blk[e], inv);
   }
 }
 

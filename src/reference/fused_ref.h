@@ -19,7 +19,7 @@ void gemm_quantize(const detail::GemmQuantizeProblem& p);
 void reexpress_rows(const uint8_t* src, const uint8_t* scales, int64_t rows, int64_t k, uint8_t* dst,
                     uint8_t* coarse);
 
-// Quantizes one row of fp32 values along it in 32-blocks (gemm_quantize_element's rule).
+// Quantizes one row of fp32 values along it in 32-blocks (mx.h's quantize_produced_element).
 void quantize_row_blocks(const float* y, int64_t n, ScalingMode mode, uint8_t* payload, uint8_t* scales);
 
 }  // namespace mxflash::ref

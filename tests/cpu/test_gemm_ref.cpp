@@ -25,21 +25,9 @@ constexpr uint8_t kPoison = 0xA5;
 using Operand = mxtest::GemmOperand;
 using mxtest::make_gemm_operand;
 
-struct Out {
-  std::vector<uint8_t> payload, scales;
-};
+using Out = mxtest::GemmOutputs;
 Status run(const Operand& a, const Operand& w, GemmPath path, ScalingMode mode, Out* out) {
-  out->payload.assign(size_t(a.rows * w.rows), kPoison);
-  out->scales.assign(size_t(a.rows * w.rows / 32), kPoison);
-  GemmQuantizeOptions opt;
-  opt.path = path;
-  opt.mode = mode;
-  return gemm_quantize(make_view(const_cast<uint8_t*>(a.payload.data()), DType::kE4M3, Device::kCPU, {a.rows, a.k}),
-                       make_view(const_cast<uint8_t*>(a.scales.data()), DType::kE8M0, Device::kCPU, {a.rows, a.k / 32}),
-                       make_view(const_cast<uint8_t*>(w.payload.data()), DType::kE4M3, Device::kCPU, {w.rows, w.k}),
-                       make_view(const_cast<uint8_t*>(w.scales.data()), DType::kE8M0, Device::kCPU, {w.rows, w.k / 32}),
-                       opt, make_view(out->payload.data(), DType::kE4M3, Device::kCPU, {a.rows, w.rows}),
-                       make_view(out->scales.data(), DType::kE8M0, Device::kCPU, {a.rows, w.rows / 32}));
+  return mxtest::gemm_quantize_cpu(a, w, path, mode, kPoison, out);
 }
 
 double sqnr_db(const std::vector<double>& ref, const std::vector<double>& got) {

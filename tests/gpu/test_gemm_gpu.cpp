@@ -32,25 +32,14 @@ Operand make_operand(int64_t rows, int64_t k, uint32_t seed, int spread) {
   return mxtest::make_gemm_operand(rows, k, seed, spread, /*uniform_rows=*/false, /*zero_blocks=*/true);
 }
 
-struct Outputs {
-  std::vector<uint8_t> payload, scales;
-};
+using Outputs = mxtest::GemmOutputs;
 
 Status run(const Operand& a, const Operand& w, GemmPath path, ScalingMode mode, Device dev, Outputs* out) {
+  if (dev == Device::kCPU) return mxtest::gemm_quantize_cpu(a, w, path, mode, gputest::kHostPoison, out);
   const int64_t M = a.rows, N = w.rows, K = a.k;
   GemmQuantizeOptions opt;
   opt.path = path;
   opt.mode = mode;
-  if (dev == Device::kCPU) {
-    out->payload.assign(size_t(M * N), 0x5A);
-    out->scales.assign(size_t(M * N / 32), 0x5A);
-    return gemm_quantize(make_view(const_cast<uint8_t*>(a.payload.data()), DType::kE4M3, dev, {M, K}),
-                         make_view(const_cast<uint8_t*>(a.scales.data()), DType::kE8M0, dev, {M, K / 32}),
-                         make_view(const_cast<uint8_t*>(w.payload.data()), DType::kE4M3, dev, {N, K}),
-                         make_view(const_cast<uint8_t*>(w.scales.data()), DType::kE8M0, dev, {N, K / 32}), opt,
-                         make_view(out->payload.data(), DType::kE4M3, dev, {M, N}),
-                         make_view(out->scales.data(), DType::kE8M0, dev, {M, N / 32}));
-  }
   DeviceBuffer da(a.payload), dsa(a.scales), dw(w.payload), dsw(w.scales), dp(size_t(M * N)), ds(size_t(M * N / 32));
   dp.fill(gputest::kDevicePoison);
   ds.fill(gputest::kDevicePoison);

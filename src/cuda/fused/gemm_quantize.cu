@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kExactWarps * 32)
 #pragma unroll
   for (int d = 16; d >= 1; d /= 2) bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, d));
   const uint8_t sb = e8m0_scale_byte(__uint_as_float(bits), mode);
-  payload[m * N + n] = gemm_quantize_element(y, e8m0_inv_scale(sb));
+  payload[m * N + n] = quantize_produced_element(y, e8m0_inv_scale(sb));
   if (lane == 0) scales[m * nblk_out + n / kBlockSize] = sb;
 }
 

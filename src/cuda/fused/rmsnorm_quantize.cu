@@ -117,7 +117,7 @@ __device__ __forceinline__ void emit_chunk(const RmsParams& p, uint8_t* prow, ui
     for (int e = 0; e < kRmsChunk; ++e) {
       const uint32_t u = __float_as_uint(y[e]);
       if ((u & kExpAllOnes) != kExpAllOnes) continue;
-      const uint32_t b = rms_quantize_element(y[e], inv);
+      const uint32_t b = quantize_produced_element(y[e], inv);
       const int sh = 8 * (e % 4);
       q[e / 4] = (q[e / 4] & ~(0xFFu << sh)) | (b << sh);
     }
