@@ -17,18 +17,9 @@ import argparse
 import torch
 
 import mxflash
-from rmsnorm_bench import median_ms, write_json
+from rmsnorm_bench import deq, median_ms, sqnr, write_json
 
 SHAPES = "4194304x384x384,4194304x384x768,1048576x1024x1024,16384x8192x8192"
-
-
-def sqnr(ref, got):
-    return 10 * torch.log10(ref.pow(2).sum() / (got.double() - ref).pow(2).sum()).item()
-
-
-def deq(payload, scales):
-    R, C = payload.shape
-    return (payload.double().view(R, C // 32, 32) * torch.exp2(scales.double() - 127)[..., None]).view(R, C)
 
 
 def per_row_e4m3(t):

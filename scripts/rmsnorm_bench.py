@@ -35,6 +35,17 @@ def median_ms(fn, samples=30, launches=5, warmup=10):
     return statistics.median(times)
 
 
+def sqnr(ref, got):
+    """SQNR in dB of got against ref (fp64)."""
+    return 10 * torch.log10(ref.pow(2).sum() / (got.double() - ref).pow(2).sum()).item()
+
+
+def deq(payload, scales):
+    """(R, C) MX payload with plain (R, C / 32) scales, blocks along C, as fp64."""
+    R, C = payload.shape
+    return (payload.double().view(R, C // 32, 32) * torch.exp2(scales.double() - 127)[..., None]).view(R, C)
+
+
 def write_json(path, rows):
     if path:
         with open(path, "w") as f:
@@ -95,10 +106,9 @@ def main():
         k = min(T, 4096)
         ref = x[:k].double()
         ref = ref * torch.rsqrt(ref.pow(2).mean(1, keepdim=True) + 1e-6) * w32.double()
-        deq = (payload[:k].double().view(k, C // 32, 32) * torch.exp2(scales[:k].double() - 127)[..., None]).view(k, C)
-        sqnr = 10 * torch.log10(ref.pow(2).sum() / (deq - ref).pow(2).sum()).item()
-        print(f"{C:>6} {T:>9} fused y SQNR vs fp64: {sqnr:.2f} dB")
-        rows_out.append(dict(C=C, T=T, impl="fused", sqnr_db=sqnr))
+        db = sqnr(ref, deq(payload[:k], scales[:k]))
+        print(f"{C:>6} {T:>9} fused y SQNR vs fp64: {db:.2f} dB")
+        rows_out.append(dict(C=C, T=T, impl="fused", sqnr_db=db))
         del x, payload, scales, rstd, y16, up, us
         torch.cuda.empty_cache()
     write_json(args.json, rows_out)
