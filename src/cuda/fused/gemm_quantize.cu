@@ -123,9 +123,8 @@ constexpr int kTileBytes = kTileM * kTileK;  // an A or W tile: 16 KB
 //    CTAs walk tiles channels-fastest, so that CTAs running together share A tiles in L2.
 //  resident (K <= 768): the CTA's 128-channel W panel (K x 128 bytes, at most 96 KB) is loaded once
 //    and stays; stages hold only A tiles (16 KB) and 3 KB slabs, 6 stages. Each CTA keeps one
-//    channel panel and walks row tiles. Half the bytes a stage brings from L2 per FLOP.
-//    (H200, streaming: a stage of the bare pipeline took 0.52 us with no math at all, so its 32 KB a
-//    step from L2 capped the kernel well below the tensor cores' rate.)
+//    channel panel and walks row tiles. Half the bytes a stage brings from L2 per FLOP (H200: +5% at
+//    K = 384 over streaming; the consumer loop, not L2, is what limits both, docs/fused.md).
 constexpr int kResidentMaxK = 768;
 template <bool kResident>
 struct Pipe {
@@ -149,6 +148,10 @@ struct CoarseParams {
   bool slab;  // K fits the pipeline's slab and a_scales is 16-byte aligned
   ScalingMode mode;
 };
+
+// Whether the tile at row m0 gets its rows' scales with each stage (a slab): the producer's expected
+// bytes and the consumers' reads both follow this.
+__device__ __forceinline__ bool tile_has_slab(const CoarseParams& p, int m0) { return p.slab && m0 + kTileM <= p.M; }
 
 // This CTA's tiles: how many, and the origin of its i-th.
 template <bool kResident>
@@ -251,7 +254,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint8_t* base = smem + s * P::kStageBytes;
       int m0, n0;
       tile_origin<kResident>(p, i, m0, n0);
-      const bool slab = p.slab && m0 + kTileM <= p.M;
+      const bool slab = tile_has_slab(p, m0);
       sm90::mbar_arrive_expect_tx(&full[s], P::kStageBytes + (slab ? slab_bytes : 0u));
       sm90::tma_load_2d(base, &tm_a, &full[s], kt * kTileK, m0);
       if constexpr (!kResident) sm90::tma_load_2d(base + kTileBytes, &tm_w, &full[s], kt * kTileK, n0);
@@ -274,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int it = 0; it < my_tiles; ++it) {
     int m0, n0;
     tile_origin<kResident>(p, it, m0, n0);
-    const bool slab = p.slab && m0 + kTileM <= p.M;
+    const bool slab = tile_has_slab(p, m0);
     const int row0 = m0 + r0, row1 = row0 + 8;
     uint32_t e0 = 0, e1 = 0;  // the rows' coarse exponents
     for (int kt = 0; kt < p.k_tiles; ++kt, ++step) {
@@ -327,7 +330,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     // Epilogue: y = (acc * 2^row) * 2^channel, quantized along n in 32-blocks.
     const float sa0 = e8m0_to_float(uint8_t(e0)), sa1 = e8m0_to_float(uint8_t(e1));
-        uint32_t sc0 = 0, sc1 = 0;  // the four blocks' scale bytes of rows r0, r0 + 8
+    uint32_t sc0 = 0, sc1 = 0;  // the four blocks' scale bytes of rows r0, r0 + 8
 #pragma unroll
     for (int bb = 0; bb < kTileN / kBlockSize; ++bb) {
       float y[2][8];
