@@ -39,19 +39,27 @@ MXFLASH_HD uint8_t e4m3_shift_down(uint8_t b, uint32_t d) {
   return uint8_t(sign | q);  // q <= 8
 }
 
-// Four e4m3 bytes of one block divided by 2^d: e4m3_shift_down on each byte. The common case (every
-// byte a normal whose exponent field exceeds d, none NaN: e.g. d <= 3 on most data) is one
-// subtraction; other words go byte by byte.
+// The common case of the shift of a 4-byte word (all four bytes of one block) by d, as two byte-wise
+// additions on mags = w & 0x7F7F7F7F (no carry leaves a byte): every byte of mags + ge_add has bit 7
+// set iff every byte stays an e4m3 normal (exponent field > d), and no byte of mags + nan_add has
+// it iff none is NaN. Then the shifted word is w - (d << 3) * 0x01010101 (the exponent fields drop
+// by d). d = 0 always passes (the word unchanged), d >= 15 never (bit 7 of mags is clear).
+struct ShiftWordTest {
+  uint32_t ge_add, nan_add;
+};
+MXFLASH_HD ShiftWordTest shift_word_test(uint32_t d) {
+  const uint32_t ge = d == 0 ? 0x80u : (d < 15 ? 0x78u - 8u * d : 0u);  // d >= 1: 0x80 - 8 (d + 1)
+  return {ge * 0x01010101u, d == 0 ? 0u : 0x01010101u};
+}
+
+// Four e4m3 bytes of one block divided by 2^d: e4m3_shift_down on each byte. The common case
+// (shift_word_test: e.g. d <= 3 on most data) is one subtraction; other words go byte by byte.
 MXFLASH_HD uint32_t e4m3x4_shift_down(uint32_t w, uint32_t d) {
   if (d == 0) return w;
   const uint32_t mags = w & 0x7F7F7F7Fu;
-  if (d < 15) {
-    // Per byte: mag + 128 - 8 (d + 1) has bit 7 set iff mag >= 8 (d + 1), i.e. e > d (no carry out
-    // of a byte: at most 127 + 120); mag + 1 has bit 7 set iff mag == 0x7F (NaN).
-    const uint32_t ge = (mags + (0x80u - ((d + 1) << 3)) * 0x01010101u) & 0x80808080u;
-    const uint32_t nan = (mags + 0x01010101u) & 0x80808080u;
-    if (ge == 0x80808080u && nan == 0) return w - (d << 3) * 0x01010101u;
-  }
+  const ShiftWordTest t = shift_word_test(d);
+  if (((mags + t.ge_add) & 0x80808080u) == 0x80808080u && ((mags + t.nan_add) & 0x80808080u) == 0)
+    return w - (d << 3) * 0x01010101u;
   uint32_t r = 0;
   for (int i = 0; i < 4; ++i) r |= uint32_t(e4m3_shift_down(uint8_t(w >> (8 * i)), d)) << (8 * i);
   return r;

@@ -139,6 +139,7 @@ TEST(GemmQuantizeGpu, CoarsePathEqualsCpuModel) {
       {128, 128, 128, 3, ScalingMode::kRceil},  {300, 384, 384, 6, ScalingMode::kRceil},
       {1000, 256, 160, 12, ScalingMode::kFloor}, {4099, 384, 384, 2, ScalingMode::kRceil},
       {257, 768, 1024, 4, ScalingMode::kRceil},  {20000, 128, 256, 1, ScalingMode::kRceil},
+      {513, 256, 768, 5, ScalingMode::kFloor},   {200, 128, 2048, 3, ScalingMode::kRceil},
   };
   uint32_t seed = 50;
   for (const Shape& s : shapes) {

@@ -1,7 +1,8 @@
-// The prepare pass's re-expression of e4m3 bytes to a coarser power-of-two scale
-// (attn::shift_e4m3x4, src/cuda/attention/attention_fwd_prepare.cuh) against the rule it implements
-// (mx.h: the byte's value times 2^-shift, rounded to nearest even, saturating), for every byte in
-// every lane of the word and every shift 0..40, on the GPU (its f16x2 arithmetic runs only there).
+// The GPU's re-expression of e4m3 bytes to a coarser power-of-two scale (cuda::shift_e4m3x4,
+// src/cuda/common/e4m3_shift.cuh: the forward's prepare pass, the backward's operands and
+// gemm_quantize's A tiles) against the rule it implements (mx.h: the byte's value times 2^-shift,
+// rounded to nearest even, saturating), for every byte in every lane of the word and every shift
+// 0..40, on the GPU (its f16x2 arithmetic runs only there).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -9,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cuda/attention/attention_fwd_prepare.cuh"
+#include "cuda/common/e4m3_shift.cuh"
 #include "gpu/gpu_test_util.h"
 #include "mxflash/mx.h"
 
@@ -24,7 +25,7 @@ __global__ void shift_kernel(uint8_t* out) {
   for (int lane = 0; lane < 4; ++lane) {
     uint32_t word = 0;
     for (int l = 0; l < 4; ++l) word |= uint32_t(l == lane ? b : (b * 37 + 11 * l) & 0xFF) << (8 * l);
-    const uint32_t r = cuda::attn::shift_e4m3x4(word, shift);
+    const uint32_t r = cuda::shift_e4m3x4(word, shift);
     out[(shift * 256 + b) * 4 + lane] = uint8_t(r >> (8 * lane));
   }
 }

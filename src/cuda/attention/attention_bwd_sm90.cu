@@ -1866,17 +1866,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::named_barrier_sync(1 + cw, kWarpgroupThreads);
     const uint4 sm = *reinterpret_cast<const uint4*>(&s.smax[cw][0]);
     const int sig = int(max(max(sm.x, sm.y), max(sm.z, sm.w)));
-    const uint32_t m00 = attn::f16x2_pow2_neg(sig - int(st.sc[cw][kkey])), m10 = attn::f16x2_pow2_neg(sig - int(st.sc[cw][kkey + 1]));
-    const uint32_t m01 = attn::f16x2_pow2_neg(sig - int(st.sc[cw][kkey + 8])),
-                   m11 = attn::f16x2_pow2_neg(sig - int(st.sc[cw][kkey + 9]));
+    const uint32_t m00 = f16x2_pow2_neg(sig - int(st.sc[cw][kkey])), m10 = f16x2_pow2_neg(sig - int(st.sc[cw][kkey + 1]));
+    const uint32_t m01 = f16x2_pow2_neg(sig - int(st.sc[cw][kkey + 8])),
+                   m11 = f16x2_pow2_neg(sig - int(st.sc[cw][kkey + 9]));
     const uint32_t a_base = sm90::smem_u32(s.a[cw][j & 1]);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int grp = (k + u) & 3, c = grp >> 1, h2 = grp & 1;
       const uint2 x0 = *reinterpret_cast<const uint2*>(&st.ds[cw][sc][src0][4 * c + 2 * h2]);
       const uint2 x1 = *reinterpret_cast<const uint2*>(&st.ds[cw][sc][src0 + 4][4 * c + 2 * h2]);
-      const uint32_t w0 = attn::e4m3x4_times_f16x2(x0.x, m00), w2 = attn::e4m3x4_times_f16x2(x0.y, m01);
-      const uint32_t w1 = attn::e4m3x4_times_f16x2(x1.x, m10), w3 = attn::e4m3x4_times_f16x2(x1.y, m11);
+      const uint32_t w0 = e4m3x4_times_f16x2(x0.x, m00), w2 = e4m3x4_times_f16x2(x0.y, m01);
+      const uint32_t w1 = e4m3x4_times_f16x2(x1.x, m10), w3 = e4m3x4_times_f16x2(x1.y, m11);
       const uint32_t t0 = __byte_perm(w0, w1, 0x5140), t1 = __byte_perm(w0, w1, 0x7362);
       const uint32_t t2 = __byte_perm(w2, w3, 0x5140), t3 = __byte_perm(w2, w3, 0x7362);
       const uint32_t d[4] = {__byte_perm(t0, t2, 0x5410), __byte_perm(t0, t2, 0x7632), __byte_perm(t1, t3, 0x5410),

@@ -5,17 +5,18 @@
 //          32-block in the CPU reference's order: the CPU's bytes. Any shape; the oracle.
 //  coarse: the fast path. W is re-expressed against one scale per output channel by a small kernel
 //          into a workspace (N x K bytes, once per call); A is re-expressed against one scale per
-//          row inside the GEMM, in registers: each consumer loads its A fragments from the
-//          TMA-loaded tile (ldmatrix), shifts each block's bytes by its scale's distance below the
-//          row's (one subtraction per 4 bytes in the common case; the tile rows' scales come with
-//          the stage, one bulk copy) and multiplies with register-A FP8 wgmma. A producer
-//          warpgroup's one thread issues the loads, kStages ahead. Two consumer warpgroups multiply
-//          64 rows each by the 128-channel W panel (m64n128k32), a fresh accumulator per 128-deep
-//          k tile promoted into fp32 registers (two-level accumulation), then scale by
-//          2^(row) * 2^(channel), quantize along n in registers (the block's amax over the four
-//          lanes of a quad, two shuffles) and store 8 bytes a lane after a quad transpose.
-//          Persistent CTAs walk 128 x 128 output tiles; the two pipelines (Pipe below) differ in
-//          whether the CTA's W panel stays in shared memory. Speed: docs/fused.md (not fast yet).
+//          row inside the GEMM, in shared memory. Persistent CTAs of four warpgroups walk 128 x 128
+//          output tiles: a producer thread issues the TMA loads kStages ahead (A tiles, the tile
+//          rows' block scales by one bulk copy, W tiles or the CTA's resident W panel); the
+//          re-expression warpgroup shifts each A tile in place, one row a thread (each block's bytes
+//          down by its scale's distance below the row's largest: one subtraction per 4 bytes in the
+//          common case, f16x2 conversions otherwise) and hands the stage to the consumers through
+//          named barriers; two consumer warpgroups multiply 64 rows each by the 128 channels with
+//          FP8 wgmma from shared memory (m64n128k32), promoting into fp32 registers every 512 of K
+//          (two-level accumulation), then scale by 2^(row) * 2^(channel), quantize along n in
+//          registers (the block's amax over the four lanes of a quad, two shuffles) and store 8 bytes
+//          a lane after a quad transpose. The two pipelines (Pipe below) differ in whether the CTA's
+//          W panel stays in shared memory. Speed: docs/fused.md.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -26,6 +27,7 @@
 
 #include "cuda/attention/tma_map.h"
 #include "common/gemm_rules.h"
+#include "cuda/common/e4m3_shift.cuh"
 #include "cuda/common/launch_utils.cuh"
 #include "cuda/common/sm90_primitives.cuh"
 #include "cuda/fused/fused_cuda.h"
@@ -105,26 +107,32 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
 
 // ------------------------------------------------------------------ coarse (wgmma) path
 constexpr int kTileM = 128, kTileN = 128, kTileK = 128;
-// Warpgroups: 0 producer (one thread issues the TMA loads), 1 and 2 consumers (64 tile rows each).
-constexpr int kThreads = 384;
-// Registers a thread: a consumer holds two 64-float accumulators and a k tile's A fragments. The CTA
-// starts with 168 a thread (__launch_bounds__(384, 1)); setmaxnreg.inc draws only on what the
-// producer's dec returned to the CTA's pool: (168 - 24) x 128 = (240 - 168) x 256 (more would block
-// forever).
-constexpr int kLaunchRegs = 168, kProducerRegs = 24, kConsumerRegs = 240;
-static_assert((kLaunchRegs - kProducerRegs) * 128 >= (kConsumerRegs - kLaunchRegs) * 256, "register pool");
+// Warpgroups: 0 producer (one thread issues the TMA loads), 1 the re-expression of A (each stage's
+// A tile shifted in shared memory, one tile row a thread), 2 and 3 consumers (64 tile rows each,
+// FP8 wgmma with both operands in shared memory).
+constexpr int kThreads = 512;
+// Registers a thread: a consumer holds two 64-float accumulators. The CTA starts with 128 a thread
+// (__launch_bounds__(512, 1)); setmaxnreg.inc draws only on what the other warpgroups' dec returned
+// to the CTA's pool (more would block forever).
+constexpr int kLaunchRegs = 128, kProducerRegs = 24, kShiftRegs = 88, kConsumerRegs = 200;
+static_assert((kLaunchRegs - kProducerRegs) * 128 + (kLaunchRegs - kShiftRegs) * 128 >= (kConsumerRegs - kLaunchRegs) * 256,
+              "register pool");
 constexpr int kTileBytes = kTileM * kTileK;  // an A or W tile: 16 KB
+// k tiles per accumulation chain: FP8 wgmma keeps ~14 significant bits while it adds (DeepSeek-V3,
+// and tests/gpu/test_gemm_gpu.cpp), far more than the e4m3 output keeps (3), so a chain runs 512
+// deep before its promotion.
+constexpr int kChainTiles = 4;
 // The A tile's block scales, all K / 32 of each of its 128 rows, loaded with each stage (one bulk
 // copy: the rows' scales are contiguous) when the slab holds them and the tile is whole; otherwise
-// the consumers read them from global memory.
+// the re-expression reads them from global memory.
 //
 // Two pipelines (template kResident):
 //  streaming: each stage holds an A tile and a W tile (32 KB) and an 8 KB slab (K <= 2048), 4 stages;
 //    CTAs walk tiles channels-fastest, so that CTAs running together share A tiles in L2.
 //  resident (K <= 768): the CTA's 128-channel W panel (K x 128 bytes, at most 96 KB) is loaded once
 //    and stays; stages hold only A tiles (16 KB) and 3 KB slabs, 6 stages. Each CTA keeps one
-//    channel panel and walks row tiles. Half the bytes a stage brings from L2 per FLOP (H200: +5% at
-//    K = 384 over streaming; the consumer loop, not L2, is what limits both, docs/fused.md).
+//    channel panel and walks row tiles. Half the bytes a stage brings from L2 per FLOP (H200: +3% at
+//    K = 384 over streaming, docs/fused.md).
 constexpr int kResidentMaxK = 768;
 template <bool kResident>
 struct Pipe {
@@ -133,9 +141,29 @@ struct Pipe {
   static constexpr int kSlabMaxK = kResident ? kResidentMaxK : 2048;
   static constexpr int kSlabBytes = kTileM * kSlabMaxK / kBlockSize;
   static constexpr int kPanelBytes = kResident ? kTileBytes * (kResidentMaxK / kTileK) : 0;
-  static constexpr int kSmemBytes = kPanelBytes + kStages * (kStageBytes + kSlabBytes) + (2 * kStages + 1) * 8 + 1024;
+  // Per stage: the tile, its slab, and its rows' coarse exponents (written by the re-expression at a
+  // tile's first k tile, read by the consumers' epilogue).
+  static constexpr int kSmemBytes =
+      kPanelBytes + kStages * (kStageBytes + kSlabBytes + kTileM) + (2 * kStages + 1) * 8 + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+  static_assert(1 + 2 * kStages <= 16, "named barriers");
 };
+
+// The largest of a row's `blocks` scale bytes (its coarse exponent), 4 at a time where `aligned`
+// says the row starts 4-byte aligned and blocks is a multiple of 4.
+__device__ __forceinline__ uint32_t row_max_scale(const uint8_t* srow, int blocks, bool aligned) {
+  uint32_t e = 0;
+  if (aligned) {
+    uint32_t m = 0;
+    for (int b = 0; b < blocks; b += 4) m = __vmaxu4(m, *reinterpret_cast<const uint32_t*>(srow + b));
+    e = max(max(m & 0xFFu, (m >> 8) & 0xFFu), max((m >> 16) & 0xFFu, m >> 24));
+  } else {
+    for (int b = 0; b < blocks; ++b) e = max(e, uint32_t(srow[b]));
+  }
+  return e;
+}
+
+constexpr int kReadyBarrier0 = 1;  // named barriers 1 + 2 s + w: stage s re-expressed, for consumer w
 
 struct CoarseParams {
   const uint8_t* a_scales;
@@ -146,6 +174,7 @@ struct CoarseParams {
   int k_tiles, n_tiles, tiles;
   int m_tiles, groups;  // resident: CTAs b, b + n_tiles, ... share channel panel b % n_tiles (groups of them)
   bool slab;  // K fits the pipeline's slab and a_scales is 16-byte aligned
+  bool scales_aligned;  // a_scales 4-byte aligned and K a multiple of 128: every row's and k tile's scales too
   ScalingMode mode;
 };
 
@@ -177,12 +206,17 @@ __device__ __forceinline__ void tile_origin(const CoarseParams& p, int i, int& m
   }
 }
 
-// Four 8 x 8 b16 matrices from shared memory (lane l gives the address of row l % 8 of matrix l / 8);
-// register j of lane l holds matrix j's row l / 4, b16 columns 2 (l % 4) and + 1.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
+// Four elements to e4m3 (saturating, round to nearest even), a in bits 0-7 ... d in bits 24-31:
+// e4m3x2_satfinite twice, packed by the conversions themselves (no masks).
+__device__ __forceinline__ uint32_t e4m3x4_satfinite(float a, float b, float c, float d) {
+  uint32_t r;
+  asm("{\n.reg .b16 lo, hi;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+      "mov.b32 %0, {lo, hi};\n}"
+      : "=r"(r)
+      : "f"(a), "f"(b), "f"(c), "f"(d));
+  return r;
 }
 
 // Quad transpose of 16-bit items: lane q of a quad holds items c = 0..3 (w0 = c0 | c1 << 16,
@@ -212,18 +246,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   using P = Pipe<kResident>;
   constexpr int kStages = P::kStages;
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* panel = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  // 1024-byte aligned (the 128-byte swizzle's period); pointer arithmetic keeps the shared state space
+  // visible to the compiler (LDS/STS rather than generic accesses).
+  uint8_t* panel = smem_raw + ((1024u - (sm90::smem_u32(smem_raw) & 1023u)) & 1023u);
   uint8_t* smem = panel + P::kPanelBytes;             // the stages
   uint8_t* slabs = smem + kStages * P::kStageBytes;   // [stage][128 rows][K / 32]
-  uint64_t* full = reinterpret_cast<uint64_t*>(slabs + kStages * P::kSlabBytes);
-  uint64_t* empty = full + kStages;
+  uint8_t* rowexp = slabs + kStages * P::kSlabBytes;  // [stage][128 rows]
+  uint64_t* full = reinterpret_cast<uint64_t*>(rowexp + kStages * kTileM);  // TMA -> re-expression
+  uint64_t* empty = full + kStages;  // consumers -> producer (one arrival per consumer warp)
   uint64_t* panel_full = empty + kStages;
   const int tid = threadIdx.x;
   const int wg = tid / 128;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       sm90::mbar_init(&full[s], 1);
-      sm90::mbar_init(&empty[s], 8);  // one arrival per consumer warp
+      sm90::mbar_init(&empty[s], 8);
     }
     sm90::mbar_init(panel_full, 1);
     sm90::fence_barrier_init();
@@ -263,71 +300,137 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
+  if (wg == 1) {
+    // ---------------------------------------------------------- re-expression of A
+    // Thread t owns tile row t: at a tile's first k tile its coarse exponent (the row's largest block
+    // scale), then in every k tile its 128 bytes shifted in place, 16 at a time. Under the 128-byte
+    // swizzle k chunk c of row t sits at chunk c ^ (t % 8) (so a warp's accesses to one k chunk hit
+    // eight different bank groups); k chunks 2b and 2b + 1 are the tile's k block b.
+    sm90::setmaxnreg_dec<kShiftRegs>();
+    const int t = tid - 128;
+    int step = 0;
+    for (int it = 0; it < my_tiles; ++it) {
+      int m0, n0;
+      tile_origin<kResident>(p, it, m0, n0);
+      const int row = m0 + t;
+      const bool live = row < p.M;
+      const bool slab = tile_has_slab(p, m0);
+      const uint8_t* grow = p.a_scales + int64_t(live ? row : 0) * ablocks;  // the row's scales in global memory
+      uint32_t e = 0;
+      for (int kt = 0; kt < p.k_tiles; ++kt, ++step) {
+        const int s = step % kStages;
+        const uint8_t* srow = slab ? slabs + s * P::kSlabBytes + t * ablocks : grow;
+        // The k tile's four block scales: one 4-byte load where K is a multiple of 128 and the scales
+        // are aligned (from global memory issued before the stage's wait), else byte loads.
+        const bool word_scales = p.scales_aligned;
+        uint32_t sw4 = 0;
+        if (!slab && live && word_scales) sw4 = *reinterpret_cast<const uint32_t*>(grow + kt * (kTileK / kBlockSize));
+        sm90::mbar_wait(&full[s], (step / kStages) & 1);
+        if (kt == 0) {
+          e = live ? row_max_scale(srow, ablocks, word_scales) : 0u;
+          rowexp[s * kTileM + t] = uint8_t(e);
+        }
+        if (slab && live && word_scales) sw4 = *reinterpret_cast<const uint32_t*>(srow + kt * (kTileK / kBlockSize));
+        uint32_t d[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int b = kt * (kTileK / kBlockSize) + j;
+          const uint32_t sb = word_scales ? (sw4 >> (8 * j)) & 0xFFu : (b < ablocks ? srow[b] : 0u);
+          d[j] = live && b < ablocks ? block_shift(e, sb) : 0u;  // past K: zeros from the TMA
+        }
+        // The row's 8 chunks (skipped when no row of the warp shifts): all loaded, then each shifted
+        // (a chunk with a word outside shift_word_test's common case in f16x2 arithmetic,
+        // e4m3_shift.cuh, this lane only; NaN bytes may come out 0x7F for 0xFF: the products are NaN
+        // either way) and stored where its shift is not 0. k chunk c of row t sits at chunk c ^ (t % 8)
+        // under the 128-byte swizzle (a warp's accesses to one k chunk hit eight bank groups); k
+        // chunks 2b and 2b + 1 are the tile's k block b.
+        if (__any_sync(0xFFFFFFFFu, (d[0] | d[1] | d[2] | d[3]) != 0)) {
+          uint4* rowp = reinterpret_cast<uint4*>(smem + s * P::kStageBytes + t * kTileK);
+          uint4 v[8];
+#pragma unroll
+          for (int c = 0; c < 8; ++c) v[c] = rowp[c ^ (t & 7)];
+#pragma unroll
+          for (int c = 0; c < 8; ++c) {
+            const uint32_t dj = d[c / 2];
+            const ShiftWordTest st = shift_word_test(dj);
+            const uint32_t mx = v[c].x & 0x7F7F7F7Fu, my = v[c].y & 0x7F7F7F7Fu, mz = v[c].z & 0x7F7F7F7Fu,
+                           mw = v[c].w & 0x7F7F7F7Fu;
+            const uint32_t ge = (mx + st.ge_add) & (my + st.ge_add) & (mz + st.ge_add) & (mw + st.ge_add);
+            const uint32_t nan = (mx + st.nan_add) | (my + st.nan_add) | (mz + st.nan_add) | (mw + st.nan_add);
+            uint4 r;
+            if ((ge & 0x80808080u) != 0x80808080u || (nan & 0x80808080u) != 0) {
+              const uint32_t m2 = f16x2_pow2_neg(int(dj));
+              r = make_uint4(e4m3x4_times_f16x2(v[c].x, m2), e4m3x4_times_f16x2(v[c].y, m2),
+                             e4m3x4_times_f16x2(v[c].z, m2), e4m3x4_times_f16x2(v[c].w, m2));
+            } else {
+              const uint32_t sub = (dj << 3) * 0x01010101u;
+              r = make_uint4(v[c].x - sub, v[c].y - sub, v[c].z - sub, v[c].w - sub);
+            }
+            if (dj != 0) rowp[c ^ (t & 7)] = r;
+          }
+        }
+        sm90::fence_proxy_async_smem();  // the shifted bytes, visible to the consumers' wgmma
+        // Hand-over: a named barrier per stage and consumer warpgroup (this warpgroup arrives, the
+        // consumer waits without issuing); the consumers' release of the stage orders its next use.
+        sm90::named_barrier_arrive(kReadyBarrier0 + 2 * s, 256);
+        sm90::named_barrier_arrive(kReadyBarrier0 + 2 * s + 1, 256);
+      }
+    }
+    return;
+  }
+
   // ------------------------------------------------------------ consumers
   sm90::setmaxnreg_inc<kConsumerRegs>();
-  const int cw = wg - 1;  // 64-row half of the tile
+  const int cw = wg - 2;  // 64-row half of the tile
   const int warp = (tid % 128) / 32, lane = tid % 32, q = lane % 4;
   const int r0 = cw * 64 + warp * 16 + lane / 4;  // tile rows r0 and r0 + 8
-  // ldmatrix rows of this lane: matrix j = lane / 8 (rows + 8 (j & 1), chunk + (j >> 1)), row lane % 8.
-  const int lrow = cw * 64 + warp * 16 + (lane % 8) + 8 * ((lane / 8) & 1);
-  const int lchunk = (lane / 8) >> 1;
-  float acc[64], fresh[64];
+  // acc: the tile's first accumulation chain (kChainTiles k tiles) and the fp32 sum; part: each
+  // later chain, added into acc when it ends (two-level accumulation).
+  float acc[64], part[64];
   int step = 0;
   if (kResident && my_tiles > 0) sm90::mbar_wait(panel_full, 0);
   for (int it = 0; it < my_tiles; ++it) {
     int m0, n0;
     tile_origin<kResident>(p, it, m0, n0);
-    const bool slab = tile_has_slab(p, m0);
     const int row0 = m0 + r0, row1 = row0 + 8;
     uint32_t e0 = 0, e1 = 0;  // the rows' coarse exponents
     for (int kt = 0; kt < p.k_tiles; ++kt, ++step) {
       const int s = step % kStages;
-      sm90::mbar_wait(&full[s], (step / kStages) & 1);
-      const uint8_t* s0 = slab ? slabs + s * P::kSlabBytes + r0 * ablocks : p.a_scales + int64_t(row0) * ablocks;
-      const uint8_t* s1 = slab ? s0 + 8 * ablocks : p.a_scales + int64_t(row1) * ablocks;
-      const bool live0 = row0 < p.M, live1 = row1 < p.M;
+      sm90::named_barrier_sync(kReadyBarrier0 + 2 * s + cw, 256);
       if (kt == 0) {
-        e0 = 0;
-        e1 = 0;
-        for (int b = 0; b < ablocks; ++b) {
-          if (live0) e0 = max(e0, uint32_t(s0[b]));
-          if (live1) e1 = max(e1, uint32_t(s1[b]));
-        }
+        e0 = rowexp[s * kTileM + r0];
+        e1 = rowexp[s * kTileM + r0 + 8];
       }
-      // A fragments of the k tile's four k32 steps, re-expressed against the rows' exponents.
       const uint8_t* base = smem + s * P::kStageBytes;
-      uint32_t frag[16];
-#pragma unroll
-      for (int kk = 0; kk < kTileK / 32; ++kk) {
-        uint32_t r[4];
-        const int c = 2 * kk + lchunk;
-        ldmatrix_x4(r, sm90::smem_u32(base + lrow * kTileK + ((c ^ (lrow & 7)) * 16)));
-        const int b = kt * (kTileK / kBlockSize) + kk;
-        const bool in_k = b < ablocks;  // past K: zeros from the TMA
-        const uint32_t d0 = in_k && live0 ? block_shift(e0, s0[b]) : 0u;
-        const uint32_t d1 = in_k && live1 ? block_shift(e1, s1[b]) : 0u;
-        frag[4 * kk] = e4m3x4_shift_down(r[0], d0);
-        frag[4 * kk + 1] = e4m3x4_shift_down(r[1], d1);
-        frag[4 * kk + 2] = e4m3x4_shift_down(r[2], d0);
-        frag[4 * kk + 3] = e4m3x4_shift_down(r[3], d1);
-      }
+      const uint64_t da = sm90::make_desc_k128b(base + cw * 64 * kTileK);
       const uint64_t db = sm90::make_desc_k128b(kResident ? panel + kt * kTileBytes : base + kTileBytes);
-#pragma unroll
-      for (int i = 0; i < 16; ++i) sm90::fence_regs(frag[i]);
       sm90::wgmma_fence();
-      if (kt == 0)
-        sm90::wgmma_rs_steps<kTileK / 32>(acc, frag, db, /*fresh=*/true);
-      else
-        sm90::wgmma_rs_steps<kTileK / 32>(fresh, frag, db, /*fresh=*/true);
-      sm90::wgmma_commit();
-      sm90::wgmma_wait<0>();
-      __syncwarp();
-      if (lane == 0) sm90::mbar_arrive(&empty[s]);
-      if (kt > 0) {
+      const bool first = kt % kChainTiles == 0;
+      if (kt < kChainTiles) {
 #pragma unroll
-        for (int i = 0; i < 64; ++i) acc[i] += fresh[i];
+        for (int kk = 0; kk < kTileK / 32; ++kk)
+          sm90::wgmma_m64n128k32_ss(acc, da + 2 * kk, db + 2 * kk, first && kk == 0 ? 0 : 1);
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < kTileK / 32; ++kk)
+          sm90::wgmma_m64n128k32_ss(part, da + 2 * kk, db + 2 * kk, first && kk == 0 ? 0 : 1);
+      }
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<1>();
+      if (kt > 0) {  // the previous k tile's wgmmas are done: its stage is free
+        __syncwarp();
+        if (lane == 0) sm90::mbar_arrive(&empty[(step + kStages - 1) % kStages]);
+      }
+      const bool chain_end = (kt + 1) % kChainTiles == 0 || kt + 1 == p.k_tiles;
+      if (kt >= kChainTiles && chain_end) {
+        sm90::wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[i] += part[i];
       }
     }
+    sm90::wgmma_wait<0>();
+    __syncwarp();
+    if (lane == 0) sm90::mbar_arrive(&empty[(step + kStages - 1) % kStages]);
     // Epilogue: y = (acc * 2^row) * 2^channel, quantized along n in 32-blocks.
     const float sa0 = e8m0_to_float(uint8_t(e0)), sa1 = e8m0_to_float(uint8_t(e1));
     uint32_t sc0 = 0, sc1 = 0;  // the four blocks' scale bytes of rows r0, r0 + 8
@@ -352,21 +455,22 @@ __global__ void __launch_bounds__(kThreads, 1)
         amax = max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
         const uint32_t sb = scale_byte_from_amax_bits(amax, p.mode);
         const float inv = e8m0_inv_scale(uint8_t(sb));
-        uint32_t it[4];
+        // Bytes of columns 8c + 2q, + 1 (c = 0..3): w[0] holds c = 0, 1, w[1] c = 2, 3.
+        uint32_t w[2];
 #pragma unroll
-        for (int c = 0; c < 4; ++c) it[c] = e4m3x2_satfinite(y[h][2 * c] * inv, y[h][2 * c + 1] * inv);
+        for (int k = 0; k < 2; ++k)
+          w[k] = e4m3x4_satfinite(y[h][4 * k] * inv, y[h][4 * k + 1] * inv, y[h][4 * k + 2] * inv, y[h][4 * k + 3] * inv);
         if (sb == kE8m0Nan) {  // inf or NaN in the block: those elements' bytes by the rule
 #pragma unroll
           for (int e = 0; e < 8; ++e) {
             const uint32_t u = __float_as_uint(y[h][e]);  // inf: sign | 448; NaN: 0x7F (the rule)
             const uint32_t byte = is_nan_bits(u) ? uint32_t(kE4m3Nan) : (((u >> 24) & 0x80u) | kE4m3MaxFinite);
-            const int sh = 8 * (e % 2);
-            if ((__float_as_uint(y[h][e]) & kExpAllOnes) == kExpAllOnes)
-              it[e / 2] = (it[e / 2] & ~(0xFFu << sh)) | (byte << sh);
+            const int sh = 8 * (e % 4);
+            if ((u & kExpAllOnes) == kExpAllOnes) w[e / 4] = (w[e / 4] & ~(0xFFu << sh)) | (byte << sh);
           }
         }
         uint32_t o0, o1;
-        quad_transpose(it[0] | (it[1] << 16), it[2] | (it[3] << 16), q, o0, o1);
+        quad_transpose(w[0], w[1], q, o0, o1);
         const int row = h == 0 ? row0 : row1;
         if (row < p.M)
           *reinterpret_cast<uint2*>(p.payload + int64_t(row) * p.N + n0 + kBlockSize * bb + 8 * q) = make_uint2(o0, o1);
@@ -426,6 +530,7 @@ Status run_coarse(const detail::GemmQuantizeProblem& p, cudaStream_t s) {
     // MXFLASH_GEMM_STREAMING=1 forces the streaming pipeline (A/B runs, tests).
     const char* stream_env = std::getenv("MXFLASH_GEMM_STREAMING");
     const bool resident = p.k <= kResidentMaxK && cp.n_tiles <= sms && !(stream_env != nullptr && stream_env[0] == '1');
+    cp.scales_aligned = is_aligned(p.a_scales, 4) && p.k % kTileK == 0;
     cp.slab = p.k <= (resident ? Pipe<true>::kSlabMaxK : Pipe<false>::kSlabMaxK) && is_aligned(p.a_scales, 16);
     auto launch = [&](auto kernel, int smem, int grid) -> Status {
       MXFLASH_RETURN_IF_ERROR(cuda_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
