@@ -64,11 +64,13 @@ if want tests; then
   MXFLASH_QUANT_VARIANT=8 "$BIN/mxflash_tests_gpu" --gtest_brief=1 --gtest_filter='QuantizeGpu.*' \
     > "$OUT/tests_gpu_wave.log" 2>&1 || { status=1; note "GPU QUANTIZE TESTS (WAVE) FAILED"; }
   tail -2 "$OUT/tests_gpu_wave.log"
-  # gemm_quantize's other pipeline (A and W tiles streamed, where K <= 768 would keep W resident).
-  note "GPU gemm tests with MXFLASH_GEMM_STREAMING=1"
-  MXFLASH_GEMM_STREAMING=1 "$BIN/mxflash_tests_gpu" --gtest_brief=1 --gtest_filter='GemmQuantizeGpu.*' \
-    > "$OUT/tests_gpu_gemm_streaming.log" 2>&1 || { status=1; note "GPU GEMM TESTS (STREAMING) FAILED"; }
-  tail -2 "$OUT/tests_gpu_gemm_streaming.log"
+  # gemm_quantize's other pipelines (the tests' shapes take the resident W panel by default).
+  for pipe in arows stream; do
+    note "GPU gemm tests with MXFLASH_GEMM_PIPE=$pipe"
+    MXFLASH_GEMM_PIPE=$pipe "$BIN/mxflash_tests_gpu" --gtest_brief=1 --gtest_filter='GemmQuantizeGpu.*' \
+      > "$OUT/tests_gpu_gemm_$pipe.log" 2>&1 || { status=1; note "GPU GEMM TESTS ($pipe) FAILED"; }
+    tail -2 "$OUT/tests_gpu_gemm_$pipe.log"
+  done
 fi
 if want sanitizer; then
   # The exhaustive codec sweeps are pure arithmetic (and slow under the tools); every kernel that
@@ -80,6 +82,14 @@ if want sanitizer; then
       --gtest_filter="$SANITIZER_FILTER" > "$OUT/sanitizer_$tool.log" 2>&1 \
       || { status=1; note "SANITIZER $tool FAILED"; }
     tail -2 "$OUT/sanitizer_$tool.log"
+  done
+  # gemm_quantize's A-rows pipeline (not the tests' default).
+  for tool in memcheck racecheck synccheck; do
+    note "compute-sanitizer $tool (GemmQuantizeGpu.CoarsePathEqualsCpuModel, MXFLASH_GEMM_PIPE=arows)"
+    MXFLASH_GEMM_PIPE=arows compute-sanitizer --tool "$tool" --error-exitcode 9 "$BIN/mxflash_tests_gpu" --gtest_brief=1 \
+      --gtest_filter=GemmQuantizeGpu.CoarsePathEqualsCpuModel > "$OUT/sanitizer_gemm_arows_$tool.log" 2>&1 \
+      || { status=1; note "SANITIZER $tool (gemm arows) FAILED"; }
+    tail -2 "$OUT/sanitizer_gemm_arows_$tool.log"
   done
 fi
 if want python; then

@@ -163,6 +163,40 @@ __device__ __forceinline__ uint32_t row_max_scale(const uint8_t* srow, int block
   return e;
 }
 
+// Re-expression of one A tile row's 128 bytes in shared memory (thread t of the re-expression
+// warpgroup, tile row t), k block j shifted down by d[j]. Skipped when no row of the warp shifts;
+// otherwise all 8 chunks loaded, then each shifted (one subtraction per word in shift_word_test's
+// common case; a chunk with a word outside it in f16x2 arithmetic, e4m3_shift.cuh, this lane only:
+// NaN bytes may come out 0x7F for 0xFF, the products are NaN either way) and stored where its shift
+// is not 0. k chunk c of row t sits at chunk c ^ (t % 8) under the 128-byte swizzle (a warp's
+// accesses to one k chunk hit eight bank groups); k chunks 2j and 2j + 1 are block j.
+__device__ __forceinline__ void shift_row_ktile(uint8_t* row, const uint32_t (&d)[4], int t) {
+  if (!__any_sync(0xFFFFFFFFu, (d[0] | d[1] | d[2] | d[3]) != 0)) return;
+  uint4* rowp = reinterpret_cast<uint4*>(row);
+  uint4 v[8];
+#pragma unroll
+  for (int c = 0; c < 8; ++c) v[c] = rowp[c ^ (t & 7)];
+#pragma unroll
+  for (int c = 0; c < 8; ++c) {
+    const uint32_t dj = d[c / 2];
+    const ShiftWordTest st = shift_word_test(dj);
+    const uint32_t mx = v[c].x & 0x7F7F7F7Fu, my = v[c].y & 0x7F7F7F7Fu, mz = v[c].z & 0x7F7F7F7Fu,
+                   mw = v[c].w & 0x7F7F7F7Fu;
+    const uint32_t ge = (mx + st.ge_add) & (my + st.ge_add) & (mz + st.ge_add) & (mw + st.ge_add);
+    const uint32_t nan = (mx + st.nan_add) | (my + st.nan_add) | (mz + st.nan_add) | (mw + st.nan_add);
+    uint4 r;
+    if ((ge & 0x80808080u) != 0x80808080u || (nan & 0x80808080u) != 0) {
+      const uint32_t m2 = f16x2_pow2_neg(int(dj));
+      r = make_uint4(e4m3x4_times_f16x2(v[c].x, m2), e4m3x4_times_f16x2(v[c].y, m2), e4m3x4_times_f16x2(v[c].z, m2),
+                     e4m3x4_times_f16x2(v[c].w, m2));
+    } else {
+      const uint32_t sub = (dj << 3) * 0x01010101u;
+      r = make_uint4(v[c].x - sub, v[c].y - sub, v[c].z - sub, v[c].w - sub);
+    }
+    if (dj != 0) rowp[c ^ (t & 7)] = r;
+  }
+}
+
 constexpr int kReadyBarrier0 = 1;  // named barriers 1 + 2 s + w: stage s re-expressed, for consumer w
 
 struct CoarseParams {
@@ -236,6 +270,68 @@ __device__ __forceinline__ void quad_transpose(uint32_t w0, uint32_t w1, int q, 
   } else {
     o0 = (A & 0xFFFFu) | (r << 16);
     o1 = (B & 0xFFFFu) | (r & 0xFFFF0000u);
+  }
+}
+
+// A consumer's epilogue: y = (acc * 2^row) * 2^channel for its rows row0, row0 + 8 (coarse
+// exponents e0, e1) and the tile's 128 channels from n0, quantized along n in 32-blocks (the block's
+// amax over the four lanes of a quad, two shuffles), 8 bytes a lane after a quad transpose, and the
+// rows' four scale bytes.
+__device__ __forceinline__ void store_tile(const float (&acc)[64], uint32_t e0, uint32_t e1, int row0, int n0, int q,
+                                           const CoarseParams& p) {
+  const int row1 = row0 + 8;
+  const float sa0 = e8m0_to_float(uint8_t(e0)), sa1 = e8m0_to_float(uint8_t(e1));
+  uint32_t sc0 = 0, sc1 = 0;  // the four blocks' scale bytes of rows row0, row1
+#pragma unroll
+  for (int bb = 0; bb < kTileN / kBlockSize; ++bb) {
+    float y[2][8];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int i = 4 * bb + c;
+      const float2 ws = __ldg(reinterpret_cast<const float2*>(p.wscale + n0 + 8 * i + 2 * q));
+      y[0][2 * c] = (acc[4 * i] * sa0) * ws.x;
+      y[0][2 * c + 1] = (acc[4 * i + 1] * sa0) * ws.y;
+      y[1][2 * c] = (acc[4 * i + 2] * sa1) * ws.x;
+      y[1][2 * c + 1] = (acc[4 * i + 3] * sa1) * ws.y;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t amax = 0;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) amax = max(amax, __float_as_uint(y[h][e]) & kAbsMask);
+      amax = max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+      amax = max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+      const uint32_t sb = scale_byte_from_amax_bits(amax, p.mode);
+      const float inv = e8m0_inv_scale(uint8_t(sb));
+      // Bytes of columns 8c + 2q, + 1 (c = 0..3): w[0] holds c = 0, 1, w[1] c = 2, 3.
+      uint32_t w[2];
+#pragma unroll
+      for (int k = 0; k < 2; ++k)
+        w[k] = e4m3x4_satfinite(y[h][4 * k] * inv, y[h][4 * k + 1] * inv, y[h][4 * k + 2] * inv, y[h][4 * k + 3] * inv);
+      if (sb == kE8m0Nan) {  // inf or NaN in the block: those elements' bytes by the rule
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const uint32_t u = __float_as_uint(y[h][e]);  // inf: sign | 448; NaN: 0x7F (the rule)
+          const uint32_t byte = is_nan_bits(u) ? uint32_t(kE4m3Nan) : (((u >> 24) & 0x80u) | kE4m3MaxFinite);
+          const int sh = 8 * (e % 4);
+          if ((u & kExpAllOnes) == kExpAllOnes) w[e / 4] = (w[e / 4] & ~(0xFFu << sh)) | (byte << sh);
+        }
+      }
+      uint32_t o0, o1;
+      quad_transpose(w[0], w[1], q, o0, o1);
+      const int row = h == 0 ? row0 : row1;
+      if (row < p.M)
+        *reinterpret_cast<uint2*>(p.payload + int64_t(row) * p.N + n0 + kBlockSize * bb + 8 * q) = make_uint2(o0, o1);
+      if (h == 0)
+        sc0 |= sb << (8 * bb);
+      else
+        sc1 |= sb << (8 * bb);
+    }
+  }
+  const int sstride = p.N / kBlockSize;
+  if (q == 0) {
+    if (row0 < p.M) *reinterpret_cast<uint32_t*>(p.scales + int64_t(row0) * sstride + n0 / kBlockSize) = sc0;
+    if (row1 < p.M) *reinterpret_cast<uint32_t*>(p.scales + int64_t(row1) * sstride + n0 / kBlockSize) = sc1;
   }
 }
 
@@ -338,37 +434,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const uint32_t sb = word_scales ? (sw4 >> (8 * j)) & 0xFFu : (b < ablocks ? srow[b] : 0u);
           d[j] = live && b < ablocks ? block_shift(e, sb) : 0u;  // past K: zeros from the TMA
         }
-        // The row's 8 chunks (skipped when no row of the warp shifts): all loaded, then each shifted
-        // (a chunk with a word outside shift_word_test's common case in f16x2 arithmetic,
-        // e4m3_shift.cuh, this lane only; NaN bytes may come out 0x7F for 0xFF: the products are NaN
-        // either way) and stored where its shift is not 0. k chunk c of row t sits at chunk c ^ (t % 8)
-        // under the 128-byte swizzle (a warp's accesses to one k chunk hit eight bank groups); k
-        // chunks 2b and 2b + 1 are the tile's k block b.
-        if (__any_sync(0xFFFFFFFFu, (d[0] | d[1] | d[2] | d[3]) != 0)) {
-          uint4* rowp = reinterpret_cast<uint4*>(smem + s * P::kStageBytes + t * kTileK);
-          uint4 v[8];
-#pragma unroll
-          for (int c = 0; c < 8; ++c) v[c] = rowp[c ^ (t & 7)];
-#pragma unroll
-          for (int c = 0; c < 8; ++c) {
-            const uint32_t dj = d[c / 2];
-            const ShiftWordTest st = shift_word_test(dj);
-            const uint32_t mx = v[c].x & 0x7F7F7F7Fu, my = v[c].y & 0x7F7F7F7Fu, mz = v[c].z & 0x7F7F7F7Fu,
-                           mw = v[c].w & 0x7F7F7F7Fu;
-            const uint32_t ge = (mx + st.ge_add) & (my + st.ge_add) & (mz + st.ge_add) & (mw + st.ge_add);
-            const uint32_t nan = (mx + st.nan_add) | (my + st.nan_add) | (mz + st.nan_add) | (mw + st.nan_add);
-            uint4 r;
-            if ((ge & 0x80808080u) != 0x80808080u || (nan & 0x80808080u) != 0) {
-              const uint32_t m2 = f16x2_pow2_neg(int(dj));
-              r = make_uint4(e4m3x4_times_f16x2(v[c].x, m2), e4m3x4_times_f16x2(v[c].y, m2),
-                             e4m3x4_times_f16x2(v[c].z, m2), e4m3x4_times_f16x2(v[c].w, m2));
-            } else {
-              const uint32_t sub = (dj << 3) * 0x01010101u;
-              r = make_uint4(v[c].x - sub, v[c].y - sub, v[c].z - sub, v[c].w - sub);
-            }
-            if (dj != 0) rowp[c ^ (t & 7)] = r;
-          }
-        }
+        shift_row_ktile(smem + s * P::kStageBytes + t * kTileK, d, t);
         sm90::fence_proxy_async_smem();  // the shifted bytes, visible to the consumers' wgmma
         // Hand-over: a named barrier per stage and consumer warpgroup (this warpgroup arrives, the
         // consumer waits without issuing); the consumers' release of the stage orders its next use.
@@ -392,7 +458,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int it = 0; it < my_tiles; ++it) {
     int m0, n0;
     tile_origin<kResident>(p, it, m0, n0);
-    const int row0 = m0 + r0, row1 = row0 + 8;
     uint32_t e0 = 0, e1 = 0;  // the rows' coarse exponents
     for (int kt = 0; kt < p.k_tiles; ++kt, ++step) {
       const int s = step % kStages;
@@ -431,60 +496,157 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::wgmma_wait<0>();
     __syncwarp();
     if (lane == 0) sm90::mbar_arrive(&empty[(step + kStages - 1) % kStages]);
-    // Epilogue: y = (acc * 2^row) * 2^channel, quantized along n in 32-blocks.
-    const float sa0 = e8m0_to_float(uint8_t(e0)), sa1 = e8m0_to_float(uint8_t(e1));
-    uint32_t sc0 = 0, sc1 = 0;  // the four blocks' scale bytes of rows r0, r0 + 8
-#pragma unroll
-    for (int bb = 0; bb < kTileN / kBlockSize; ++bb) {
-      float y[2][8];
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int i = 4 * bb + c;
-        const float2 ws = __ldg(reinterpret_cast<const float2*>(p.wscale + n0 + 8 * i + 2 * q));
-        y[0][2 * c] = (acc[4 * i] * sa0) * ws.x;
-        y[0][2 * c + 1] = (acc[4 * i + 1] * sa0) * ws.y;
-        y[1][2 * c] = (acc[4 * i + 2] * sa1) * ws.x;
-        y[1][2 * c + 1] = (acc[4 * i + 3] * sa1) * ws.y;
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        uint32_t amax = 0;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) amax = max(amax, __float_as_uint(y[h][e]) & kAbsMask);
-        amax = max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
-        amax = max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
-        const uint32_t sb = scale_byte_from_amax_bits(amax, p.mode);
-        const float inv = e8m0_inv_scale(uint8_t(sb));
-        // Bytes of columns 8c + 2q, + 1 (c = 0..3): w[0] holds c = 0, 1, w[1] c = 2, 3.
-        uint32_t w[2];
-#pragma unroll
-        for (int k = 0; k < 2; ++k)
-          w[k] = e4m3x4_satfinite(y[h][4 * k] * inv, y[h][4 * k + 1] * inv, y[h][4 * k + 2] * inv, y[h][4 * k + 3] * inv);
-        if (sb == kE8m0Nan) {  // inf or NaN in the block: those elements' bytes by the rule
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            const uint32_t u = __float_as_uint(y[h][e]);  // inf: sign | 448; NaN: 0x7F (the rule)
-            const uint32_t byte = is_nan_bits(u) ? uint32_t(kE4m3Nan) : (((u >> 24) & 0x80u) | kE4m3MaxFinite);
-            const int sh = 8 * (e % 4);
-            if ((u & kExpAllOnes) == kExpAllOnes) w[e / 4] = (w[e / 4] & ~(0xFFu << sh)) | (byte << sh);
-          }
+    store_tile(acc, e0, e1, m0 + r0, n0, q, p);
+  }
+}
+
+
+// ------------------------------------------------------------------ the A-rows pipeline
+// For K <= 512 with many row tiles: each CTA owns row tiles (b, b + grid, ...) and multiplies each
+// by every 128-channel tile of W, so an A tile is re-expressed once for all N (the other pipelines
+// re-express it once per channel tile). A panels (the row tile's whole K) are double-buffered: the
+// producer loads the next one, and the re-expression shifts it, while the consumers work through
+// the current one; W tiles stream through their own stages.
+constexpr int kARowsMaxK = 512;
+struct ARowsPipe {
+  static constexpr int kPanels = 2;
+  static constexpr int kPanelBytes = kTileBytes * (kARowsMaxK / kTileK);  // 64 KB
+  static constexpr int kSlabBytes = kTileM * kARowsMaxK / kBlockSize;     // 2 KB
+  static constexpr int kWStages = 5;
+  static constexpr int kSmemBytes =
+      kPanels * (kPanelBytes + kSlabBytes + kTileM) + kWStages * kTileBytes + (2 * kPanels + 2 * kWStages) * 8 + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+};
+
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_arows_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_w,
+                      const CoarseParams p) {
+  using P = ARowsPipe;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* panels = smem_raw + ((1024u - (sm90::smem_u32(smem_raw) & 1023u)) & 1023u);  // as gemm_coarse_kernel
+  uint8_t* wst = panels + P::kPanels * P::kPanelBytes;    // W stages
+  uint8_t* slabs = wst + P::kWStages * kTileBytes;        // [panel][128 rows][K / 32]
+  uint8_t* rowexp = slabs + P::kPanels * P::kSlabBytes;   // [panel][128 rows]
+  uint64_t* pfull = reinterpret_cast<uint64_t*>(rowexp + P::kPanels * kTileM);  // TMA -> re-expression
+  uint64_t* pempty = pfull + P::kPanels;   // consumers -> producer (one arrival per consumer warp)
+  uint64_t* wfull = pempty + P::kPanels;   // TMA -> consumers
+  uint64_t* wempty = wfull + P::kWStages;  // consumers -> producer
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  if (tid == 0) {
+    for (int b = 0; b < P::kPanels; ++b) {
+      sm90::mbar_init(&pfull[b], 1);
+      sm90::mbar_init(&pempty[b], 8);
+    }
+    for (int s = 0; s < P::kWStages; ++s) {
+      sm90::mbar_init(&wfull[s], 1);
+      sm90::mbar_init(&wempty[s], 8);
+    }
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  const int cta = int(blockIdx.x), grid = int(gridDim.x);
+  const int my_tiles = p.m_tiles > cta ? (p.m_tiles - cta + grid - 1) / grid : 0;
+  const int ablocks = p.K / kBlockSize;
+  const uint32_t slab_bytes = uint32_t(kTileM * ablocks);
+
+  if (wg == 0) {
+    // ---------------------------------------------------------- producer
+    sm90::setmaxnreg_dec<kProducerRegs>();
+    if (tid != 0) return;
+    auto load_panel = [&](int i) {
+      const int b = i % P::kPanels;
+      if (i >= P::kPanels) sm90::mbar_wait(&pempty[b], (i / P::kPanels - 1) & 1);
+      const int m0 = (cta + i * grid) * kTileM;
+      const bool slab = tile_has_slab(p, m0);
+      sm90::mbar_arrive_expect_tx(&pfull[b], uint32_t(p.k_tiles * kTileBytes) + (slab ? slab_bytes : 0u));
+      for (int kt = 0; kt < p.k_tiles; ++kt)
+        sm90::tma_load_2d(panels + b * P::kPanelBytes + kt * kTileBytes, &tm_a, &pfull[b], kt * kTileK, m0);
+      if (slab) sm90::bulk_load(slabs + b * P::kSlabBytes, p.a_scales + int64_t(m0) * ablocks, slab_bytes, &pfull[b]);
+    };
+    if (my_tiles > 0) load_panel(0);
+    int ws = 0;
+    for (int i = 0; i < my_tiles; ++i)
+      for (int j = 0; j < p.n_tiles; ++j)
+        for (int kt = 0; kt < p.k_tiles; ++kt, ++ws) {
+          const int s = ws % P::kWStages, use = ws / P::kWStages;
+          if (use > 0) sm90::mbar_wait(&wempty[s], (use - 1) & 1);
+          sm90::mbar_arrive_expect_tx(&wfull[s], kTileBytes);
+          sm90::tma_load_2d(wst + s * kTileBytes, &tm_w, &wfull[s], kt * kTileK, j * kTileN);
+          // The next panel once this one's first channel tile is on its way (its buffer frees when
+          // the consumers finish the row tile before this one).
+          if (j == 0 && kt == p.k_tiles - 1 && i + 1 < my_tiles) load_panel(i + 1);
         }
-        uint32_t o0, o1;
-        quad_transpose(w[0], w[1], q, o0, o1);
-        const int row = h == 0 ? row0 : row1;
-        if (row < p.M)
-          *reinterpret_cast<uint2*>(p.payload + int64_t(row) * p.N + n0 + kBlockSize * bb + 8 * q) = make_uint2(o0, o1);
-        if (h == 0)
-          sc0 |= sb << (8 * bb);
-        else
-          sc1 |= sb << (8 * bb);
+    return;
+  }
+
+  if (wg == 1) {
+    // ---------------------------------------------------------- re-expression of A
+    sm90::setmaxnreg_dec<kShiftRegs>();
+    const int t = tid - 128;
+    for (int i = 0; i < my_tiles; ++i) {
+      const int b = i % P::kPanels;
+      const int m0 = (cta + i * grid) * kTileM, row = m0 + t;
+      const bool live = row < p.M;
+      const uint8_t* srow = tile_has_slab(p, m0) ? slabs + b * P::kSlabBytes + t * ablocks
+                                                 : p.a_scales + int64_t(live ? row : 0) * ablocks;
+      sm90::mbar_wait(&pfull[b], (i / P::kPanels) & 1);
+      const uint32_t e = live ? row_max_scale(srow, ablocks, p.scales_aligned) : 0u;
+      rowexp[b * kTileM + t] = uint8_t(e);
+      for (int kt = 0; kt < p.k_tiles; ++kt) {
+        uint32_t d[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int blk = kt * (kTileK / kBlockSize) + j;
+          d[j] = live && blk < ablocks ? block_shift(e, srow[blk]) : 0u;  // past K: zeros from the TMA
+        }
+        shift_row_ktile(panels + b * P::kPanelBytes + kt * kTileBytes + t * kTileK, d, t);
       }
+      sm90::fence_proxy_async_smem();  // the shifted bytes, visible to the consumers' wgmma
+      sm90::named_barrier_arrive(kReadyBarrier0 + 2 * b, 256);
+      sm90::named_barrier_arrive(kReadyBarrier0 + 2 * b + 1, 256);
     }
-    const int sstride = p.N / kBlockSize;
-    if (q == 0) {
-      if (row0 < p.M) *reinterpret_cast<uint32_t*>(p.scales + int64_t(row0) * sstride + n0 / kBlockSize) = sc0;
-      if (row1 < p.M) *reinterpret_cast<uint32_t*>(p.scales + int64_t(row1) * sstride + n0 / kBlockSize) = sc1;
+    return;
+  }
+
+  // ------------------------------------------------------------ consumers
+  sm90::setmaxnreg_inc<kConsumerRegs>();
+  const int cw = wg - 2;  // 64-row half of the tile
+  const int warp = (tid % 128) / 32, lane = tid % 32, q = lane % 4;
+  const int r0 = cw * 64 + warp * 16 + lane / 4;  // tile rows r0 and r0 + 8
+  float acc[64];  // one accumulation chain: K <= 512 (kChainTiles k tiles)
+  static_assert(kARowsMaxK <= kChainTiles * kTileK, "A-rows tiles need no promotion");
+  int ws = 0;
+  for (int i = 0; i < my_tiles; ++i) {
+    const int b = i % P::kPanels;
+    const int m0 = (cta + i * grid) * kTileM;
+    sm90::named_barrier_sync(kReadyBarrier0 + 2 * b + cw, 256);
+    const uint32_t e0 = rowexp[b * kTileM + r0], e1 = rowexp[b * kTileM + r0 + 8];
+    const uint8_t* pa = panels + b * P::kPanelBytes + cw * 64 * kTileK;
+    for (int j = 0; j < p.n_tiles; ++j) {
+      for (int kt = 0; kt < p.k_tiles; ++kt, ++ws) {
+        const int s = ws % P::kWStages;
+        sm90::mbar_wait(&wfull[s], (ws / P::kWStages) & 1);
+        const uint64_t da = sm90::make_desc_k128b(pa + kt * kTileBytes);
+        const uint64_t db = sm90::make_desc_k128b(wst + s * kTileBytes);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kTileK / 32; ++kk)
+          sm90::wgmma_m64n128k32_ss(acc, da + 2 * kk, db + 2 * kk, kt == 0 && kk == 0 ? 0 : 1);
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<1>();
+        if (kt > 0) {  // the previous k tile's wgmmas are done: its W stage is free
+          __syncwarp();
+          if (lane == 0) sm90::mbar_arrive(&wempty[(ws + P::kWStages - 1) % P::kWStages]);
+        }
+      }
+      sm90::wgmma_wait<0>();
+      __syncwarp();
+      if (lane == 0) sm90::mbar_arrive(&wempty[(ws + P::kWStages - 1) % P::kWStages]);
+      store_tile(acc, e0, e1, m0 + r0, j * kTileN, q, p);
     }
+    __syncwarp();
+    if (lane == 0) sm90::mbar_arrive(&pempty[b]);  // this warp is done with the panel
   }
 }
 
@@ -496,6 +658,8 @@ Status run_exact(const detail::GemmQuantizeProblem& p, cudaStream_t s) {
                                                                 p.mode, p.payload, p.scales);
   return check_launch("gemm_exact_kernel");
 }
+
+enum class Pipeline { kARows, kWPanel, kStream };
 
 Status run_coarse(const detail::GemmQuantizeProblem& p, cudaStream_t s) {
   const size_t wbytes = size_t(p.n) * size_t(p.k), ws_bytes = wbytes + size_t(p.n) * sizeof(float);
@@ -527,18 +691,34 @@ Status run_coarse(const detail::GemmQuantizeProblem& p, cudaStream_t s) {
     int sms = 0;
     MXFLASH_RETURN_IF_ERROR(sm_count(&sms));
     cp.m_tiles = int((p.m + kTileM - 1) / kTileM);
-    // MXFLASH_GEMM_STREAMING=1 forces the streaming pipeline (A/B runs, tests).
-    const char* stream_env = std::getenv("MXFLASH_GEMM_STREAMING");
-    const bool resident = p.k <= kResidentMaxK && cp.n_tiles <= sms && !(stream_env != nullptr && stream_env[0] == '1');
+    // The pipeline: A rows (K <= 512, at least two channel tiles and two row tiles per SM), else the
+    // resident W panel (K <= 768), else streaming. MXFLASH_GEMM_PIPE=arows|wpanel|stream forces one
+    // where the shape allows it (A/B runs, tests).
+    const bool arows_ok = p.k <= kARowsMaxK, wpanel_ok = p.k <= kResidentMaxK && cp.n_tiles <= sms;
+    Pipeline pipe = arows_ok && cp.n_tiles >= 2 && cp.m_tiles >= 2 * sms ? Pipeline::kARows
+                    : wpanel_ok                                           ? Pipeline::kWPanel
+                                                                          : Pipeline::kStream;
+    if (const char* env = std::getenv("MXFLASH_GEMM_PIPE")) {
+      const std::string v(env);
+      if (v == "arows" && arows_ok) pipe = Pipeline::kARows;
+      if (v == "wpanel" && wpanel_ok) pipe = Pipeline::kWPanel;
+      if (v == "stream") pipe = Pipeline::kStream;
+    }
+    const int slab_max_k = pipe == Pipeline::kARows    ? kARowsMaxK
+                           : pipe == Pipeline::kWPanel ? Pipe<true>::kSlabMaxK
+                                                       : Pipe<false>::kSlabMaxK;
     cp.scales_aligned = is_aligned(p.a_scales, 4) && p.k % kTileK == 0;
-    cp.slab = p.k <= (resident ? Pipe<true>::kSlabMaxK : Pipe<false>::kSlabMaxK) && is_aligned(p.a_scales, 16);
+    cp.slab = p.k <= slab_max_k && is_aligned(p.a_scales, 16);
     auto launch = [&](auto kernel, int smem, int grid) -> Status {
       MXFLASH_RETURN_IF_ERROR(cuda_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                                         "cudaFuncSetAttribute(gemm_coarse_kernel)"));
+                                         "cudaFuncSetAttribute(gemm_quantize kernel)"));
       kernel<<<grid, kThreads, smem, s>>>(tm_a, tm_w, cp);
       return Status::Ok();
     };
-    if (resident) {
+    if (pipe == Pipeline::kARows) {
+      cp.groups = 0;
+      MXFLASH_RETURN_IF_ERROR(launch(gemm_arows_kernel, ARowsPipe::kSmemBytes, std::min(cp.m_tiles, sms)));
+    } else if (pipe == Pipeline::kWPanel) {
       cp.groups = std::min(sms / cp.n_tiles, cp.m_tiles);
       MXFLASH_RETURN_IF_ERROR(launch(gemm_coarse_kernel<true>, Pipe<true>::kSmemBytes, cp.groups * cp.n_tiles));
     } else {
