@@ -197,7 +197,17 @@ __device__ __forceinline__ void shift_row_ktile(uint8_t* row, const uint32_t (&d
   }
 }
 
-constexpr int kReadyBarrier0 = 1;  // named barriers 1 + 2 s + w: stage s re-expressed, for consumer w
+constexpr int kReadyBarrier0 = 1;  // named barriers 1 + 2 s + w: slot s re-expressed, for consumer w
+
+// The re-expression warpgroup's hand-over of slot s (a stage or a panel) to both consumer
+// warpgroups: its shifted bytes made visible to their wgmma, then a named barrier per consumer (this
+// warpgroup arrives, the consumer waits without issuing). The consumers' release of the slot
+// (through the producer's next load into it) orders the barrier's next use.
+__device__ __forceinline__ void hand_over(int s) {
+  sm90::fence_proxy_async_smem();
+  sm90::named_barrier_arrive(kReadyBarrier0 + 2 * s, 256);
+  sm90::named_barrier_arrive(kReadyBarrier0 + 2 * s + 1, 256);
+}
 
 struct CoarseParams {
   const uint8_t* a_scales;
@@ -435,11 +445,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           d[j] = live && b < ablocks ? block_shift(e, sb) : 0u;  // past K: zeros from the TMA
         }
         shift_row_ktile(smem + s * P::kStageBytes + t * kTileK, d, t);
-        sm90::fence_proxy_async_smem();  // the shifted bytes, visible to the consumers' wgmma
-        // Hand-over: a named barrier per stage and consumer warpgroup (this warpgroup arrives, the
-        // consumer waits without issuing); the consumers' release of the stage orders its next use.
-        sm90::named_barrier_arrive(kReadyBarrier0 + 2 * s, 256);
-        sm90::named_barrier_arrive(kReadyBarrier0 + 2 * s + 1, 256);
+        hand_over(s);
       }
     }
     return;
@@ -602,9 +608,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         shift_row_ktile(panels + b * P::kPanelBytes + kt * kTileBytes + t * kTileK, d, t);
       }
-      sm90::fence_proxy_async_smem();  // the shifted bytes, visible to the consumers' wgmma
-      sm90::named_barrier_arrive(kReadyBarrier0 + 2 * b, 256);
-      sm90::named_barrier_arrive(kReadyBarrier0 + 2 * b + 1, 256);
+      hand_over(b);
     }
     return;
   }
