@@ -199,6 +199,12 @@ __device__ __forceinline__ void shift_row_ktile(uint8_t* row, const uint32_t (&d
 
 constexpr int kReadyBarrier0 = 1;  // named barriers 1 + 2 s + w: slot s re-expressed, for consumer w
 
+// Arrivals that free a stage or panel for the producer's next load into it: the 8 consumer warps
+// (lane 0 of each, after their wgmmas on it) and every thread of the re-expression (after its
+// hand-over). Each re-expression thread releases its own reads of the slab (not one lane per warp,
+// nor through the consumers' release), which is the ordering compute-sanitizer's racecheck follows.
+constexpr uint32_t kStageReaders = 8 + 128;
+
 // The re-expression warpgroup's hand-over of slot s (a stage or a panel) to both consumer
 // warpgroups: its shifted bytes made visible to their wgmma, then a named barrier per consumer (this
 // warpgroup arrives, the consumer waits without issuing). The consumers' release of the slot
@@ -359,14 +365,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* slabs = smem + kStages * P::kStageBytes;   // [stage][128 rows][K / 32]
   uint8_t* rowexp = slabs + kStages * P::kSlabBytes;  // [stage][128 rows]
   uint64_t* full = reinterpret_cast<uint64_t*>(rowexp + kStages * kTileM);  // TMA -> re-expression
-  uint64_t* empty = full + kStages;  // consumers -> producer (one arrival per consumer warp)
+  uint64_t* empty = full + kStages;  // readers -> producer (kStageReaders arrivals)
   uint64_t* panel_full = empty + kStages;
   const int tid = threadIdx.x;
   const int wg = tid / 128;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       sm90::mbar_init(&full[s], 1);
-      sm90::mbar_init(&empty[s], 8);
+      sm90::mbar_init(&empty[s], kStageReaders);
     }
     sm90::mbar_init(panel_full, 1);
     sm90::fence_barrier_init();
@@ -446,6 +452,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         shift_row_ktile(smem + s * P::kStageBytes + t * kTileK, d, t);
         hand_over(s);
+        sm90::mbar_arrive(&empty[s]);  // this thread is done with the stage's bytes and slab
       }
     }
     return;
@@ -534,7 +541,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* slabs = wst + P::kWStages * kTileBytes;        // [panel][128 rows][K / 32]
   uint8_t* rowexp = slabs + P::kPanels * P::kSlabBytes;   // [panel][128 rows]
   uint64_t* pfull = reinterpret_cast<uint64_t*>(rowexp + P::kPanels * kTileM);  // TMA -> re-expression
-  uint64_t* pempty = pfull + P::kPanels;   // consumers -> producer (one arrival per consumer warp)
+  uint64_t* pempty = pfull + P::kPanels;   // readers -> producer (kStageReaders arrivals)
   uint64_t* wfull = pempty + P::kPanels;   // TMA -> consumers
   uint64_t* wempty = wfull + P::kWStages;  // consumers -> producer
   const int tid = threadIdx.x;
@@ -542,7 +549,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) {
     for (int b = 0; b < P::kPanels; ++b) {
       sm90::mbar_init(&pfull[b], 1);
-      sm90::mbar_init(&pempty[b], 8);
+      sm90::mbar_init(&pempty[b], kStageReaders);
     }
     for (int s = 0; s < P::kWStages; ++s) {
       sm90::mbar_init(&wfull[s], 1);
@@ -609,6 +616,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         shift_row_ktile(panels + b * P::kPanelBytes + kt * kTileBytes + t * kTileK, d, t);
       }
       hand_over(b);
+      sm90::mbar_arrive(&pempty[b]);  // this thread is done with the panel's bytes and slab
     }
     return;
   }
