@@ -515,26 +515,30 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 
 // ------------------------------------------------------------------ the A-rows pipeline
-// For K <= 512 with many row tiles: each CTA owns row tiles (b, b + grid, ...) and multiplies each
+// For K <= 1024 with many row tiles: each CTA owns row tiles (b, b + grid, ...) and multiplies each
 // by every 128-channel tile of W, so an A tile is re-expressed once for all N (the other pipelines
-// re-express it once per channel tile). A panels (the row tile's whole K) are double-buffered: the
-// producer loads the next one, and the re-expression shifts it, while the consumers work through
-// the current one; W tiles stream through their own stages.
-constexpr int kARowsMaxK = 512;
+// re-express it once per channel tile); W tiles stream through their own stages. The A panel (the
+// row tile's whole K) is double-buffered for K <= 512: the producer loads the next one, and the
+// re-expression shifts it, while the consumers work through the current one. For K <= 1024 one
+// panel fits: the next row tile's panel loads when the consumers are done with the current one.
+template <int kPanelCount>
 struct ARowsPipe {
-  static constexpr int kPanels = 2;
-  static constexpr int kPanelBytes = kTileBytes * (kARowsMaxK / kTileK);  // 64 KB
-  static constexpr int kSlabBytes = kTileM * kARowsMaxK / kBlockSize;     // 2 KB
+  static constexpr int kPanels = kPanelCount;
+  static constexpr int kMaxK = kPanels == 2 ? 512 : 1024;
+  static constexpr int kPanelBytes = kTileBytes * (kMaxK / kTileK);  // 64 or 128 KB
+  static constexpr int kSlabBytes = kTileM * kMaxK / kBlockSize;     // 2 or 4 KB
   static constexpr int kWStages = 5;
   static constexpr int kSmemBytes =
       kPanels * (kPanelBytes + kSlabBytes + kTileM) + kWStages * kTileBytes + (2 * kPanels + 2 * kWStages) * 8 + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+  static_assert(1 + 2 * kPanels <= 16, "named barriers");
 };
 
+template <int kPanels>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_arows_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_w,
                       const CoarseParams p) {
-  using P = ARowsPipe;
+  using P = ARowsPipe<kPanels>;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* panels = smem_raw + ((1024u - (sm90::smem_u32(smem_raw) & 1023u)) & 1023u);  // as gemm_coarse_kernel
   uint8_t* wst = panels + P::kPanels * P::kPanelBytes;    // W stages
@@ -586,9 +590,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (use > 0) sm90::mbar_wait(&wempty[s], (use - 1) & 1);
           sm90::mbar_arrive_expect_tx(&wfull[s], kTileBytes);
           sm90::tma_load_2d(wst + s * kTileBytes, &tm_w, &wfull[s], kt * kTileK, j * kTileN);
-          // The next panel once this one's first channel tile is on its way (its buffer frees when
-          // the consumers finish the row tile before this one).
-          if (j == 0 && kt == p.k_tiles - 1 && i + 1 < my_tiles) load_panel(i + 1);
+          // The next panel: with two buffers once this one's first channel tile is on its way (its
+          // buffer frees when the consumers finish the row tile before this one); with one after
+          // this row tile's last W load (it waits for the consumers to finish this row tile).
+          if (j == (kPanels == 2 ? 0 : p.n_tiles - 1) && kt == p.k_tiles - 1 && i + 1 < my_tiles) load_panel(i + 1);
         }
     return;
   }
@@ -626,8 +631,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int cw = wg - 2;  // 64-row half of the tile
   const int warp = (tid % 128) / 32, lane = tid % 32, q = lane % 4;
   const int r0 = cw * 64 + warp * 16 + lane / 4;  // tile rows r0 and r0 + 8
-  float acc[64];  // one accumulation chain: K <= 512 (kChainTiles k tiles)
-  static_assert(kARowsMaxK <= kChainTiles * kTileK, "A-rows tiles need no promotion");
+  // acc: the first accumulation chain (kChainTiles k tiles) and the fp32 sum; part (K > 512 only):
+  // the second chain, added into acc when it ends (two-level accumulation).
+  constexpr bool kTwoChains = P::kMaxK > kChainTiles * kTileK;
+  static_assert(P::kMaxK <= 2 * kChainTiles * kTileK, "at most two chains");
+  float acc[64], part[kTwoChains ? 64 : 1];
   int ws = 0;
   for (int i = 0; i < my_tiles; ++i) {
     const int b = i % P::kPanels;
@@ -642,9 +650,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint64_t da = sm90::make_desc_k128b(pa + kt * kTileBytes);
         const uint64_t db = sm90::make_desc_k128b(wst + s * kTileBytes);
         sm90::wgmma_fence();
+        if (!kTwoChains || kt < kChainTiles) {
 #pragma unroll
-        for (int kk = 0; kk < kTileK / 32; ++kk)
-          sm90::wgmma_m64n128k32_ss(acc, da + 2 * kk, db + 2 * kk, kt == 0 && kk == 0 ? 0 : 1);
+          for (int kk = 0; kk < kTileK / 32; ++kk)
+            sm90::wgmma_m64n128k32_ss(acc, da + 2 * kk, db + 2 * kk, kt == 0 && kk == 0 ? 0 : 1);
+        } else if constexpr (kTwoChains) {
+#pragma unroll
+          for (int kk = 0; kk < kTileK / 32; ++kk)
+            sm90::wgmma_m64n128k32_ss(part, da + 2 * kk, db + 2 * kk, kt == kChainTiles && kk == 0 ? 0 : 1);
+        }
         sm90::wgmma_commit();
         sm90::wgmma_wait<1>();
         if (kt > 0) {  // the previous k tile's wgmmas are done: its W stage is free
@@ -653,6 +667,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       sm90::wgmma_wait<0>();
+      if constexpr (kTwoChains) {
+        if (p.k_tiles > kChainTiles) {
+#pragma unroll
+          for (int r = 0; r < 64; ++r) acc[r] += part[r];
+        }
+      }
       __syncwarp();
       if (lane == 0) sm90::mbar_arrive(&wempty[(ws + P::kWStages - 1) % P::kWStages]);
       store_tile(acc, e0, e1, m0 + r0, j * kTileN, q, p);
@@ -703,20 +723,22 @@ Status run_coarse(const detail::GemmQuantizeProblem& p, cudaStream_t s) {
     int sms = 0;
     MXFLASH_RETURN_IF_ERROR(sm_count(&sms));
     cp.m_tiles = int((p.m + kTileM - 1) / kTileM);
-    // The pipeline: A rows (K <= 512, at least two channel tiles and two row tiles per SM), else the
-    // resident W panel (K <= 768), else streaming. MXFLASH_GEMM_PIPE=arows|wpanel|stream forces one
-    // where the shape allows it (A/B runs, tests).
-    const bool arows_ok = p.k <= kARowsMaxK, wpanel_ok = p.k <= kResidentMaxK && cp.n_tiles <= sms;
-    Pipeline pipe = arows_ok && cp.n_tiles >= 2 && cp.m_tiles >= 2 * sms ? Pipeline::kARows
-                    : wpanel_ok                                           ? Pipeline::kWPanel
-                                                                          : Pipeline::kStream;
+    // The pipeline: A rows (two panels for K <= 512 with at least two channel tiles, one panel for
+    // K <= 1024 with at least four; and two row tiles per SM), else the resident W panel
+    // (K <= 768), else streaming. MXFLASH_GEMM_PIPE=arows|wpanel|stream forces one where the shape
+    // allows it (A/B runs, tests).
+    const bool arows_ok = p.k <= ARowsPipe<1>::kMaxK, wpanel_ok = p.k <= kResidentMaxK && cp.n_tiles <= sms;
+    const bool two_panels = p.k <= ARowsPipe<2>::kMaxK;
+    Pipeline pipe = arows_ok && cp.n_tiles >= (two_panels ? 2 : 4) && cp.m_tiles >= 2 * sms ? Pipeline::kARows
+                    : wpanel_ok                                                              ? Pipeline::kWPanel
+                                                                                             : Pipeline::kStream;
     if (const char* env = std::getenv("MXFLASH_GEMM_PIPE")) {
       const std::string v(env);
       if (v == "arows" && arows_ok) pipe = Pipeline::kARows;
       if (v == "wpanel" && wpanel_ok) pipe = Pipeline::kWPanel;
       if (v == "stream") pipe = Pipeline::kStream;
     }
-    const int slab_max_k = pipe == Pipeline::kARows    ? kARowsMaxK
+    const int slab_max_k = pipe == Pipeline::kARows    ? (two_panels ? ARowsPipe<2>::kMaxK : ARowsPipe<1>::kMaxK)
                            : pipe == Pipeline::kWPanel ? Pipe<true>::kSlabMaxK
                                                        : Pipe<false>::kSlabMaxK;
     cp.scales_aligned = is_aligned(p.a_scales, 4) && p.k % kTileK == 0;
@@ -729,7 +751,10 @@ Status run_coarse(const detail::GemmQuantizeProblem& p, cudaStream_t s) {
     };
     if (pipe == Pipeline::kARows) {
       cp.groups = 0;
-      MXFLASH_RETURN_IF_ERROR(launch(gemm_arows_kernel, ARowsPipe::kSmemBytes, std::min(cp.m_tiles, sms)));
+      if (two_panels)
+        MXFLASH_RETURN_IF_ERROR(launch(gemm_arows_kernel<2>, ARowsPipe<2>::kSmemBytes, std::min(cp.m_tiles, sms)));
+      else
+        MXFLASH_RETURN_IF_ERROR(launch(gemm_arows_kernel<1>, ARowsPipe<1>::kSmemBytes, std::min(cp.m_tiles, sms)));
     } else if (pipe == Pipeline::kWPanel) {
       cp.groups = std::min(sms / cp.n_tiles, cp.m_tiles);
       MXFLASH_RETURN_IF_ERROR(launch(gemm_coarse_kernel<true>, Pipe<true>::kSmemBytes, cp.groups * cp.n_tiles));
