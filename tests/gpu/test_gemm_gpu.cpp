@@ -59,7 +59,7 @@ Status run(const Operand& a, const Operand& w, GemmPath path, ScalingMode mode, 
 double e4m3_value(uint8_t b) { return double(e4m3_to_float(b)); }
 
 // The coarse kernel against the CPU model of its arithmetic. The model sums each product exactly;
-// FP8 wgmma adds inside a 128-deep k tile with ~14 significant bits before the fp32 promotion, so a
+// FP8 wgmma adds inside a 512-deep chain with ~14 significant bits before the fp32 promotion, so a
 // value may move by a few 2^-14 of its partial sums: a byte near a rounding boundary takes the next
 // code, and a small value left by cancellation can take many codes (or the other sign). So: scale
 // bytes equal or one apart, every byte the model's, an adjacent code, or a value within 2^-8 x 448 x

@@ -15,8 +15,10 @@
 //          FP8 wgmma from shared memory (m64n128k32), promoting into fp32 registers every 512 of K
 //          (two-level accumulation), then scale by 2^(row) * 2^(channel), quantize along n in
 //          registers (the block's amax over the four lanes of a quad, two shuffles) and store 8 bytes
-//          a lane after a quad transpose. The two pipelines (Pipe below) differ in whether the CTA's
-//          W panel stays in shared memory. Speed: docs/fused.md.
+//          a lane after a quad transpose. Three pipelines (run_coarse picks one): A rows (K <= 1024;
+//          gemm_arows_kernel: a CTA owns row tiles and re-expresses each A panel once for all
+//          channel tiles), the resident W panel (K <= 768) and streaming (gemm_coarse_kernel).
+//          Speed: docs/fused.md.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
