@@ -393,7 +393,8 @@ int attention_report(bool gpu, uint64_t seed) {
 // dequantized y against an FP64 RMSNorm, and on the GPU the bytes of payload, scales and rstd
 // against the CPU's. Returns 1 on a failed check.
 int rmsnorm_report(const std::vector<uint16_t>& x, const std::vector<float>& xf, int64_t T, int64_t C, bool gpu,
-                   uint64_t seed) {
+                   uint64_t seed, std::vector<uint8_t>* y_payload, std::vector<uint8_t>* y_scales,
+                   std::vector<float>* y_ref) {
   std::mt19937_64 rng(seed + 7);
   std::normal_distribution<float> normal;
   std::vector<float> w(static_cast<size_t>(C));
@@ -459,6 +460,108 @@ int rmsnorm_report(const std::vector<uint16_t>& x, const std::vector<float>& xf,
               (long long)T, (long long)C, db, verdict.c_str());
   const bool bad = !same || !(db > 28.0);
   if (bad) std::printf("FAILED: RMSNorm+Quantize %s\n", same ? "below 28 dB" : "GPU and CPU disagree");
+  *y_payload = std::move(payload);
+  *y_scales = std::move(scales);
+  *y_ref = std::move(ref);
+  return bad ? 1 : 0;
+}
+
+// ------------------------------------------------------------------------------ GEMM+Quantize
+// y = A W^T with A the RMSNorm+Quantize output above (M, K) and W (N, K) N(0, 1) / sqrt(K) quantized
+// along K: the SQNR of the dequantized y against an FP64 product of the unquantized operands for the
+// CPU's exact path, and on the GPU the exact kernel's bytes against the CPU's and the wgmma (coarse)
+// kernel's SQNR against the exact one's. Returns 1 on a failed check.
+int gemm_report(const std::vector<uint8_t>& a, const std::vector<uint8_t>& sa, const std::vector<float>& a_ref,
+                int64_t M, int64_t K, bool gpu, uint64_t seed) {
+  const int64_t N = 256;
+  std::mt19937_64 rng(seed + 11);
+  std::normal_distribution<float> normal;
+  std::vector<float> wf(size_t(N * K));
+  for (auto& v : wf) v = normal(rng) / std::sqrt(float(K));
+  // W quantized along K: (N, K) seen as N tokens of K / 128 heads, hdim blocks.
+  JaggedMeta wmeta;
+  Status st = JaggedMeta::FromLengths({N}, &wmeta);
+  std::vector<uint8_t> w(size_t(N * K)), sw(size_t(N * K / kBlockSize));
+  const int64_t wh = K / kHeadDim;
+  if (st.ok())
+    st = quantize(make_view(wf.data(), DType::kFloat32, Device::kCPU, {N, wh, kHeadDim}), wmeta, Orientation::kHdim,
+                  QuantizeOptions{}, make_view(w.data(), DType::kE4M3, Device::kCPU, {N, wh, kHeadDim}),
+                  make_view(sw.data(), DType::kE8M0, Device::kCPU, {N, wh, kHeadDim / kBlockSize}));
+  if (!st.ok()) return fail(st, "quantize W (CPU)");
+  std::vector<float> ref(size_t(M * N));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += double(a_ref[size_t(m * K + k)]) * wf[size_t(n * K + k)];
+      ref[size_t(m * N + n)] = float(acc);
+    }
+  auto views = [&](void* pa, void* psa, void* pw, void* psw, Device d) {
+    return std::make_tuple(make_view(pa, DType::kE4M3, d, {M, K}), make_view(psa, DType::kE8M0, d, {M, K / kBlockSize}),
+                           make_view(pw, DType::kE4M3, d, {N, K}), make_view(psw, DType::kE8M0, d, {N, K / kBlockSize}));
+  };
+  auto dequantized = [&](const std::vector<uint8_t>& p, const std::vector<uint8_t>& s) {
+    std::vector<float> y(p.size());
+    for (size_t i = 0; i < p.size(); ++i) y[i] = dequantize_element(p[i], s[i / kBlockSize]);
+    return y;
+  };
+  std::vector<uint8_t> yp(size_t(M * N)), ys(size_t(M * N / kBlockSize));
+  {
+    auto [va, vsa, vw, vsw] = views(const_cast<uint8_t*>(a.data()), const_cast<uint8_t*>(sa.data()), w.data(),
+                                    sw.data(), Device::kCPU);
+    GemmQuantizeOptions go;
+    go.path = GemmPath::kExact;
+    st = gemm_quantize(va, vsa, vw, vsw, go, make_view(yp.data(), DType::kE4M3, Device::kCPU, {M, N}),
+                       make_view(ys.data(), DType::kE8M0, Device::kCPU, {M, N / kBlockSize}));
+    if (!st.ok()) return fail(st, "gemm_quantize (CPU)");
+  }
+  const double db = sqnr_db(ref, dequantized(yp, ys));
+  std::string exact_verdict = "n/a", coarse = "n/a";
+  bool bad = !(db > 20.0);
+#ifdef MXFLASH_WITH_CUDA
+  if (gpu) {
+    void *da = nullptr, *dsa = nullptr, *dw = nullptr, *dsw = nullptr, *dp = nullptr, *ds = nullptr;
+    st = chk(cudaMalloc(&da, a.size()));
+    if (st.ok()) st = chk(cudaMalloc(&dsa, sa.size()));
+    if (st.ok()) st = chk(cudaMalloc(&dw, w.size()));
+    if (st.ok()) st = chk(cudaMalloc(&dsw, sw.size()));
+    if (st.ok()) st = chk(cudaMalloc(&dp, yp.size()));
+    if (st.ok()) st = chk(cudaMalloc(&ds, ys.size()));
+    for (auto [dst, src, n] : {std::tuple{da, a.data(), a.size()}, {dsa, sa.data(), sa.size()},
+                               {dw, w.data(), w.size()}, {dsw, sw.data(), sw.size()}})
+      if (st.ok()) st = chk(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
+    std::vector<uint8_t> gp[2] = {std::vector<uint8_t>(yp.size()), std::vector<uint8_t>(yp.size())},
+                         gs[2] = {std::vector<uint8_t>(ys.size()), std::vector<uint8_t>(ys.size())};
+    const GemmPath paths[2] = {GemmPath::kExact, GemmPath::kCoarse};
+    for (int i = 0; i < 2 && st.ok(); ++i) {
+      st = chk(cudaMemset(dp, 0xA5, yp.size()));  // poisoned: every byte must be written
+      if (st.ok()) st = chk(cudaMemset(ds, 0xA5, ys.size()));
+      auto [va, vsa, vw, vsw] = views(da, dsa, dw, dsw, Device::kCUDA);
+      GemmQuantizeOptions go;
+      go.path = paths[i];
+      if (st.ok())
+        st = gemm_quantize(va, vsa, vw, vsw, go, make_view(dp, DType::kE4M3, Device::kCUDA, {M, N}),
+                           make_view(ds, DType::kE8M0, Device::kCUDA, {M, N / kBlockSize}));
+      if (st.ok()) st = chk(cudaDeviceSynchronize());
+      if (st.ok()) st = chk(cudaMemcpy(gp[i].data(), dp, yp.size(), cudaMemcpyDeviceToHost));
+      if (st.ok()) st = chk(cudaMemcpy(gs[i].data(), ds, ys.size(), cudaMemcpyDeviceToHost));
+    }
+    for (void* ptr : {da, dsa, dw, dsw, dp, ds}) cudaFree(ptr);
+    if (!st.ok()) return fail(st, "gemm_quantize (GPU)");
+    const bool same = gp[0] == yp && gs[0] == ys;
+    exact_verdict = same ? "yes (" + std::to_string(yp.size() + ys.size()) + " bytes)" : "NO";
+    const double cdb = sqnr_db(ref, dequantized(gp[1], gs[1]));
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.2f dB", cdb);
+    coarse = buf;
+    bad = bad || !same || !(std::fabs(cdb - db) <= 0.1);
+  }
+#endif
+  std::printf("\nmxflash-report: GEMM+Quantize (fused producer): y = A W^T, A the RMSNorm+Quantize output\n"
+              "  (M, K) = (%lld, %lld), W (%lld, K) N(0, 1) / sqrt(K) quantized along K, y MX along N (RCEIL)\n"
+              "  y SQNR vs FP64 of the unquantized operands: exact MX (CPU) %.2f dB   GPU exact == CPU: %s\n"
+              "  GPU wgmma kernel (coarse, within 0.1 dB of exact MX expected): %s\n",
+              (long long)M, (long long)K, (long long)N, db, exact_verdict.c_str(), coarse.c_str());
+  if (bad) std::printf("FAILED: GEMM+Quantize\n");
   return bad ? 1 : 0;
 }
 
@@ -545,9 +648,13 @@ int main(int argc, char** argv) {
                 to_string(c.payload), sqnr_db(xf, back), verdict.c_str());
   }
   if (mismatches) std::printf("\nFAILED: GPU and CPU quantizers disagree\n");
-  const int rmsnorm_failed = rmsnorm_report(x, xf, T, H * kHeadDim, gpu, opt.seed);
+  std::vector<uint8_t> y_payload, y_scales;
+  std::vector<float> y_ref;
+  const int rmsnorm_failed =
+      rmsnorm_report(x, xf, T, H * kHeadDim, gpu, opt.seed, &y_payload, &y_scales, &y_ref);
+  const int gemm_failed = T > 0 ? gemm_report(y_payload, y_scales, y_ref, T, H * kHeadDim, gpu, opt.seed) : 0;
   const int attention_failed = attention_report(gpu, opt.seed);
-  const bool bad = mismatches || rmsnorm_failed || attention_failed;
+  const bool bad = mismatches || rmsnorm_failed || gemm_failed || attention_failed;
   std::printf("\n%s\n", bad ? "FAILED" : "ok");
   return bad ? 1 : 0;
 }

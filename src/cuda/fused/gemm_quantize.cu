@@ -128,7 +128,8 @@ constexpr int kChainTiles = 4;
 // copy: the rows' scales are contiguous) when the slab holds them and the tile is whole; otherwise
 // the re-expression reads them from global memory.
 //
-// Two pipelines (template kResident):
+// The streaming and W-panel pipelines (gemm_coarse_kernel, template kResident; the A-rows pipeline's
+// layout is ARowsPipe below):
 //  streaming: each stage holds an A tile and a W tile (32 KB) and an 8 KB slab (K <= 2048), 4 stages;
 //    CTAs walk tiles channels-fastest, so that CTAs running together share A tiles in L2.
 //  resident (K <= 768): the CTA's 128-channel W panel (K x 128 bytes, at most 96 KB) is loaded once
@@ -230,8 +231,8 @@ struct CoarseParams {
   ScalingMode mode;
 };
 
-// Whether the tile at row m0 gets its rows' scales with each stage (a slab): the producer's expected
-// bytes and the consumers' reads both follow this.
+// Whether the tile at row m0 gets its rows' scales with each stage or panel (a slab): the producer's
+// expected bytes and the re-expression's reads both follow this.
 __device__ __forceinline__ bool tile_has_slab(const CoarseParams& p, int m0) { return p.slab && m0 + kTileM <= p.M; }
 
 // This CTA's tiles: how many, and the origin of its i-th.
