@@ -75,13 +75,14 @@ __global__ void __launch_bounds__(kExactWarps * 32)
   if (lane == 0) scales[m * nblk_out + n / kBlockSize] = sb;
 }
 
-// ------------------------------------------------------------------ W re-expression
-// One warp per output channel: its coarse exponent, its K bytes shifted, and the channel's scale as
-// an fp32 (2^(e - 127), NaN for 0xFF) for the GEMM's epilogue.
+// ------------------------------------------------------------------ row re-expression
+// One warp per row of an MX operand (W's output channels; A's rows for the streaming pipeline): its
+// coarse exponent, its K bytes shifted, and the row's scale as an fp32 (2^(e - 127), NaN for 0xFF)
+// for the GEMM's epilogue.
 constexpr int kPrepWarps = 8;
 
 __global__ void __launch_bounds__(kPrepWarps * 32)
-    gemm_prep_w_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ sw, int64_t N, int64_t K,
+    gemm_prep_rows_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ sw, int64_t N, int64_t K,
                        uint8_t* __restrict__ wq, float* __restrict__ wscale) {
   const int lane = threadIdx.x % 32;
   const int64_t n = int64_t(blockIdx.x) * kPrepWarps + threadIdx.x / 32;
@@ -228,6 +229,8 @@ struct CoarseParams {
   int m_tiles, groups;  // resident: CTAs b, b + n_tiles, ... share channel panel b % n_tiles (groups of them)
   bool slab;  // K fits the pipeline's slab and a_scales is 16-byte aligned
   bool scales_aligned;  // a_scales 4-byte aligned and K a multiple of 128: every row's and k tile's scales too
+  bool a_prepped;  // A re-expressed up front (the TMA reads the shifted copy; the re-expression warpgroup only
+                   // computes the rows' coarse exponents)
   ScalingMode mode;
 };
 
@@ -439,21 +442,24 @@ __global__ void __launch_bounds__(kThreads, 1)
         // are aligned (from global memory issued before the stage's wait), else byte loads.
         const bool word_scales = p.scales_aligned;
         uint32_t sw4 = 0;
-        if (!slab && live && word_scales) sw4 = *reinterpret_cast<const uint32_t*>(grow + kt * (kTileK / kBlockSize));
+        if (!slab && live && word_scales && !p.a_prepped)
+          sw4 = *reinterpret_cast<const uint32_t*>(grow + kt * (kTileK / kBlockSize));
         sm90::mbar_wait(&full[s], (step / kStages) & 1);
         if (kt == 0) {
           e = live ? row_max_scale(srow, ablocks, word_scales) : 0u;
           rowexp[s * kTileM + t] = uint8_t(e);
         }
-        if (slab && live && word_scales) sw4 = *reinterpret_cast<const uint32_t*>(srow + kt * (kTileK / kBlockSize));
-        uint32_t d[4];
+        if (!p.a_prepped) {
+          if (slab && live && word_scales) sw4 = *reinterpret_cast<const uint32_t*>(srow + kt * (kTileK / kBlockSize));
+          uint32_t d[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int b = kt * (kTileK / kBlockSize) + j;
-          const uint32_t sb = word_scales ? (sw4 >> (8 * j)) & 0xFFu : (b < ablocks ? srow[b] : 0u);
-          d[j] = live && b < ablocks ? block_shift(e, sb) : 0u;  // past K: zeros from the TMA
+          for (int j = 0; j < 4; ++j) {
+            const int b = kt * (kTileK / kBlockSize) + j;
+            const uint32_t sb = word_scales ? (sw4 >> (8 * j)) & 0xFFu : (b < ablocks ? srow[b] : 0u);
+            d[j] = live && b < ablocks ? block_shift(e, sb) : 0u;  // past K: zeros from the TMA
+          }
+          shift_row_ktile(smem + s * P::kStageBytes + t * kTileK, d, t);
         }
-        shift_row_ktile(smem + s * P::kStageBytes + t * kTileK, d, t);
         hand_over(s);
         sm90::mbar_arrive(&empty[s]);  // this thread is done with the stage's bytes and slab
       }
@@ -695,6 +701,7 @@ Status run_exact(const detail::GemmQuantizeProblem& p, cudaStream_t s) {
 }
 
 enum class Pipeline { kARows, kWPanel, kStream };
+constexpr size_t kPrepAMaxBytes = size_t(1) << 28;  // the largest A the streaming pipeline copies re-expressed
 
 Status run_coarse(const detail::GemmQuantizeProblem& p, cudaStream_t s) {
   const size_t wbytes = size_t(p.n) * size_t(p.k), ws_bytes = wbytes + size_t(p.n) * sizeof(float);
@@ -702,12 +709,12 @@ Status run_coarse(const detail::GemmQuantizeProblem& p, cudaStream_t s) {
   MXFLASH_RETURN_IF_ERROR(cuda_error(cudaMallocAsync(&ws, ws_bytes, s), "cudaMallocAsync (gemm_quantize workspace)"));
   uint8_t* wq = static_cast<uint8_t*>(ws);
   float* wscale = reinterpret_cast<float*>(wq + wbytes);  // N K is a multiple of 4096: aligned
+  void* aws = nullptr;  // A re-expressed up front (streaming, small enough), and its row scales
   Status st = [&]() -> Status {
-    gemm_prep_w_kernel<<<unsigned((p.n + kPrepWarps - 1) / kPrepWarps), kPrepWarps * 32, 0, s>>>(
+    gemm_prep_rows_kernel<<<unsigned((p.n + kPrepWarps - 1) / kPrepWarps), kPrepWarps * 32, 0, s>>>(
         p.w, p.w_scales, p.n, p.k, wq, wscale);
-    MXFLASH_RETURN_IF_ERROR(check_launch("gemm_prep_w_kernel"));
+    MXFLASH_RETURN_IF_ERROR(check_launch("gemm_prep_rows_kernel"));
     CUtensorMap tm_a, tm_w;
-    MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_a, const_cast<uint8_t*>(p.a), uint64_t(p.k), uint64_t(p.m), kTileM));
     MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_w, wq, uint64_t(p.k), uint64_t(p.n), kTileN));
     CoarseParams cp;
     cp.a_scales = p.a_scales;
@@ -746,6 +753,21 @@ Status run_coarse(const detail::GemmQuantizeProblem& p, cudaStream_t s) {
                                                        : Pipe<false>::kSlabMaxK;
     cp.scales_aligned = is_aligned(p.a_scales, 4) && p.k % kTileK == 0;
     cp.slab = p.k <= slab_max_k && is_aligned(p.a_scales, 16);
+    // Streaming re-expresses A once up front where the copy is at most kPrepAMaxBytes: in the
+    // kernel each A tile would be shifted once per channel tile (the re-expression warpgroup is
+    // the critical path at large K, docs/fused.md).
+    cp.a_prepped = pipe == Pipeline::kStream && size_t(p.m) * size_t(p.k) <= kPrepAMaxBytes;
+    if (cp.a_prepped) {
+      const size_t abytes = size_t(p.m) * size_t(p.k);
+      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaMallocAsync(&aws, abytes + size_t(p.m) * sizeof(float), s),
+                                         "cudaMallocAsync (gemm_quantize A workspace)"));
+      uint8_t* aq = static_cast<uint8_t*>(aws);
+      gemm_prep_rows_kernel<<<unsigned((p.m + kPrepWarps - 1) / kPrepWarps), kPrepWarps * 32, 0, s>>>(
+          p.a, p.a_scales, p.m, p.k, aq, reinterpret_cast<float*>(aq + abytes));  // M K: a multiple of 32
+      MXFLASH_RETURN_IF_ERROR(check_launch("gemm_prep_rows_kernel (A)"));
+    }
+    MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_a, cp.a_prepped ? aws : const_cast<uint8_t*>(p.a), uint64_t(p.k),
+                                          uint64_t(p.m), kTileM));
     auto launch = [&](auto kernel, int smem, int grid) -> Status {
       MXFLASH_RETURN_IF_ERROR(cuda_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                                          "cudaFuncSetAttribute(gemm_quantize kernel)"));
@@ -769,8 +791,11 @@ Status run_coarse(const detail::GemmQuantizeProblem& p, cudaStream_t s) {
     return check_launch("gemm_coarse_kernel");
   }();
   const Status freed = cuda_error(cudaFreeAsync(ws, s), "cudaFreeAsync (gemm_quantize workspace)");
+  const Status afreed =
+      aws != nullptr ? cuda_error(cudaFreeAsync(aws, s), "cudaFreeAsync (gemm_quantize A workspace)") : Status::Ok();
   MXFLASH_RETURN_IF_ERROR(st);
-  return freed;
+  MXFLASH_RETURN_IF_ERROR(freed);
+  return afreed;
 }
 
 }  // namespace
