@@ -17,7 +17,8 @@
 //          registers (the block's amax over the four lanes of a quad, two shuffles) and store 8 bytes
 //          a lane after a quad transpose. Three pipelines (run_coarse picks one): A rows (K <= 1024;
 //          gemm_arows_kernel: a CTA owns row tiles and re-expresses each A panel once for all
-//          channel tiles), the resident W panel (K <= 768) and streaming (gemm_coarse_kernel).
+//          channel tiles), the resident W panel (K <= 768) and streaming (gemm_coarse_kernel; A
+//          re-expressed up front by gemm_prep_rows_kernel where that copy is at most 256 MB).
 //          Speed: docs/fused.md.
 #include <cuda.h>
 #include <cuda_runtime.h>
