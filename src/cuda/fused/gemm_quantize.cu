@@ -154,8 +154,8 @@ struct Pipe {
   static_assert(1 + 2 * kStages <= 16, "named barriers");
 };
 
-// The largest of a row's `blocks` scale bytes (its coarse exponent), 4 at a time where `aligned`
-// says the row starts 4-byte aligned and blocks is a multiple of 4.
+// The largest of a row's `blocks` scale bytes (gemm_rules.h coarse_exponent), 4 at a time where
+// `aligned` says the row starts 4-byte aligned and blocks is a multiple of 4.
 __device__ __forceinline__ uint32_t row_max_scale(const uint8_t* srow, int blocks, bool aligned) {
   uint32_t e = 0;
   if (aligned) {
@@ -212,12 +212,14 @@ constexpr uint32_t kStageReaders = 8 + 128;
 
 // The re-expression warpgroup's hand-over of slot s (a stage or a panel) to both consumer
 // warpgroups: its shifted bytes made visible to their wgmma, then a named barrier per consumer (this
-// warpgroup arrives, the consumer waits without issuing). The consumers' release of the slot
+// warpgroup arrives, the consumer waits without issuing), then this thread's release of the slot
+// for the producer (`empty`: one of its kStageReaders arrivals). The consumers' release of the slot
 // (through the producer's next load into it) orders the barrier's next use.
-__device__ __forceinline__ void hand_over(int s) {
+__device__ __forceinline__ void hand_over(int s, uint64_t* empty) {
   sm90::fence_proxy_async_smem();
   sm90::named_barrier_arrive(kReadyBarrier0 + 2 * s, 256);
   sm90::named_barrier_arrive(kReadyBarrier0 + 2 * s + 1, 256);
+  sm90::mbar_arrive(empty);  // this thread is done with the slot's bytes and slab
 }
 
 struct CoarseParams {
@@ -461,8 +463,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
           shift_row_ktile(smem + s * P::kStageBytes + t * kTileK, d, t);
         }
-        hand_over(s);
-        sm90::mbar_arrive(&empty[s]);  // this thread is done with the stage's bytes and slab
+        hand_over(s, &empty[s]);
       }
     }
     return;
@@ -630,8 +631,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         shift_row_ktile(panels + b * P::kPanelBytes + kt * kTileBytes + t * kTileK, d, t);
       }
-      hand_over(b);
-      sm90::mbar_arrive(&pempty[b]);  // this thread is done with the panel's bytes and slab
+      hand_over(b, &pempty[b]);
     }
     return;
   }
