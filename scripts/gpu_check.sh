@@ -9,7 +9,8 @@
 # two GPUs the Python tests' two-device cases run too (skipped on one): SECTIONS="python".
 # Sections can be chosen: SECTIONS="tests sanitizer python report bench fused gemm accuracy peers"
 # (default all; "fused": scripts/rmsnorm_bench.py, the fused RMSNorm+Quantize against torch's RMSNorm;
-# "gemm": scripts/gemm_bench.py, the fused GEMM+Quantize against cuBLAS's FP8 and BF16 GEMMs).
+# "gemm": scripts/gemm_bench.py, the fused GEMM+Quantize against cuBLAS's FP8 and BF16 GEMMs;
+# "module": scripts/module_bench.py, the jagged cross-attention module against its BF16 twin).
 # All of it takes longer than one 10-minute device command; split it, e.g.
 #   SECTIONS="tests sanitizer python report" scripts/gpu_check.sh      (~4 min)
 #   SECTIONS="bench accuracy peers" BENCH_ARGS="--warmup-s 0.5 --window-s 2" scripts/gpu_check.sh
@@ -19,7 +20,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-logs}
 mkdir -p "$OUT"
 BIN=${BIN:-.gpu-bin}
-SECTIONS=${SECTIONS:-"tests sanitizer python report bench fused gemm accuracy peers"}
+SECTIONS=${SECTIONS:-"tests sanitizer python report bench fused gemm module accuracy peers"}
 # "ab" (not in the default list): the forward and backward variants staged in $BIN/exp
 # (EXPERIMENTS=1 scripts/stage_gpu_bin.sh): their GPU tests and speed; and both work-list orders.
 # "accuracy_full" (not in the default list): issue 4's whole forward accuracy matrix (minutes).
@@ -75,7 +76,7 @@ fi
 if want sanitizer; then
   # The exhaustive codec sweeps are pure arithmetic (and slow under the tools); every kernel that
   # touches memory or barriers runs here: quantize, dequantize, converters, attention forward.
-  SANITIZER_FILTER=${SANITIZER_FILTER:-"QuantizeGpu.HostileLengthsThreeHeads:QuantizeGpu.RandomBatches:DequantizeGpu.*:LayoutGpu.*:AttentionFwdGpu.JaggedHostileLengths:AttentionFwdGpu.CrossLengthsAndEmptyKeys:AttentionFwdGpu.BroadcastQ:AttentionBwdGpu.ExactPathMatchesCpuReferenceOnJaggedBatch:AttentionBwdGpu.ExactPathBroadcastQBlockedTokenContiguous:AttentionBwdGpu.JaggedMultiTileBothSides:AttentionBwdGpu.BroadcastQMultiTile:AttentionFwdOperandsGpu.QuantizerMatchesCpuOnHostileLengthsBf16AndFp32:AttentionFwdOperandsGpu.ForwardJaggedHostileLengths:AttentionFwdOperandsGpu.ForwardLongSequences:AttentionFwdGpu.SplitTailBesidePersistentWholeItems:AttentionFwdOperandsGpu.ForwardSplitTailBesidePersistentWholeItems:AttentionBwdOperandsGpu.*:RmsNormQuantizeGpu.*:GemmQuantizeGpu.*"}
+  SANITIZER_FILTER=${SANITIZER_FILTER:-"QuantizeGpu.HostileLengthsThreeHeads:QuantizeGpu.RandomBatches:DequantizeGpu.*:LayoutGpu.*:AttentionFwdGpu.JaggedHostileLengths:AttentionFwdGpu.CrossLengthsAndEmptyKeys:AttentionFwdGpu.BroadcastQ:AttentionBwdGpu.ExactPathMatchesCpuReferenceOnJaggedBatch:AttentionBwdGpu.ExactPathBroadcastQBlockedTokenContiguous:AttentionBwdGpu.JaggedMultiTileBothSides:AttentionBwdGpu.BroadcastQMultiTile:AttentionFwdOperandsGpu.QuantizerMatchesCpuOnHostileLengthsBf16AndFp32:AttentionFwdOperandsGpu.ForwardJaggedHostileLengths:AttentionFwdOperandsGpu.ForwardLongSequences:AttentionFwdGpu.SplitTailBesidePersistentWholeItems:AttentionFwdOperandsGpu.ForwardSplitTailBesidePersistentWholeItems:AttentionBwdOperandsGpu.*:RmsNormQuantizeGpu.*:RmsNormBackwardGpu.*:GemmQuantizeGpu.*"}
   for tool in memcheck racecheck synccheck; do
     note "compute-sanitizer $tool ($SANITIZER_FILTER)"
     compute-sanitizer --tool "$tool" --error-exitcode 9 "$BIN/mxflash_tests_gpu" --gtest_brief=1 \
@@ -139,6 +140,16 @@ if want gemm; then
     PYTHONPATH="$PWD/python" python3 scripts/gemm_bench.py ${GEMM_ARGS:-} --json "$OUT/bench_gemm.json" > "$OUT/bench_gemm.log" 2>&1 \
       || { status=1; note "GEMM BENCH FAILED"; }
     cat "$OUT/bench_gemm.log"
+  else
+    status=1; note "PYTHON BUILD FAILED"; tail -20 "$OUT/build_py.log"
+  fi
+fi
+if want module; then
+  note "the jagged cross-attention module against its BF16 twin (scripts/module_bench.py)"
+  if build_python_module; then
+    PYTHONPATH="$PWD/python" python3 scripts/module_bench.py ${MODULE_ARGS:-} --json "$OUT/bench_module.json" > "$OUT/bench_module.log" 2>&1 \
+      || { status=1; note "MODULE BENCH FAILED"; }
+    cat "$OUT/bench_module.log"
   else
     status=1; note "PYTHON BUILD FAILED"; tail -20 "$OUT/build_py.log"
   fi

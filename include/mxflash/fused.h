@@ -29,6 +29,20 @@ struct RmsNormQuantizeOptions {
 Status rmsnorm_quantize(const TensorView& x, const TensorView& weight, const RmsNormQuantizeOptions& opt,
                         TensorView payload, TensorView scales, TensorView rstd, void* stream = nullptr);
 
+// The RMSNorm's backward (of y = x * rstd * weight, rstd held from the forward: rmsnorm_quantize
+// writes it), in fp32 in the order src/common/rmsnorm_rules.h defines:
+//   dx[t, c] = (dy[t, c] w[c] - xh[t, c] mean_c'(dy[t, c'] w[c'] xh[t, c'])) rstd[t],   xh = x rstd,
+//   dweight[c] = sum_t dy[t, c] xh[t, c].
+// Gradients pass the forward's quantization unchanged (dy is the gradient of the quantized y).
+// Deterministic (no atomics); the CUDA path allocates ceil(T / 512) * C * 4 bytes of workspace
+// stream-ordered (cudaMallocAsync) inside the call when dweight is requested.
+//  x:       (T, C) bf16 or fp32, contiguous; C a multiple of 32, 32..65536.
+//  weight:  (C) fp32 or bf16, or an empty view (no weight: w = 1).
+//  rstd:    (T) fp32.     dy: (T, C), x's dtype.     dx: (T, C), x's dtype (may not alias x or dy).
+//  dweight: (C) fp32, or an empty view: not computed (it must be empty when there is no weight).
+Status rmsnorm_backward(const TensorView& x, const TensorView& weight, const TensorView& rstd, const TensorView& dy,
+                        TensorView dx, TensorView dweight, void* stream = nullptr);
+
 // Which arithmetic gemm_quantize runs.
 //  kAuto:   CUDA: kCoarse where its shapes allow (N a multiple of 128, 16-byte aligned pointers),
 //           else kExact. CPU: kExact.

@@ -56,6 +56,7 @@ __all__ = [
     "quantize_mx",
     "quantize_hdim_seq",
     "rmsnorm_quantize",
+    "rmsnorm_backward",
     "dequantize",
     "to_token_contiguous",
     "to_token_major",
@@ -474,6 +475,35 @@ def rmsnorm_quantize(x, weight=None, eps=1e-6, mode="rceil", rstd=True, out=None
                         _code(_C.MODES, mode), _view(payload, "payload", True), _view(scales, "scales", True),
                         None if r is None else _view(r, "rstd", True), _stream(x))
     return payload, scales, r
+
+
+def rmsnorm_backward(x, weight, rstd, dy, out=None):
+    """The backward of rmsnorm_quantize's RMSNorm (y = x * rstd * weight), one fused pass for dx:
+
+        xh = x * rstd,  dx = (dy * weight - xh * mean(dy * weight * xh)) * rstd,
+        dweight = sum over rows of dy * xh   (deterministic: fixed-order sums, no atomics).
+
+    x: (T, C) bfloat16 or float32 (the forward's input); weight: (C) float32 / bfloat16 or None;
+    rstd: (T) float32 (rmsnorm_quantize's); dy: (T, C) in x's dtype, the gradient of y (straight
+    through the quantization). Returns (dx (T, C) x's dtype, dweight (C) float32, or None without a
+    weight). out=(dx, dweight or None) writes into given tensors.
+    """
+    x, rstd, dy = (_as_array(t, n) for t, n in ((x, "x"), (rstd, "rstd"), (dy, "dy")))
+    if weight is not None:
+        weight = _as_array(weight, "weight")
+    outs = _outputs(out, 2, "dx, dweight")
+    if outs is None:
+        if x.ndim != 2:
+            raise ValueError(f"x: must be 2-D (T, C), got shape {tuple(int(d) for d in x.shape)}")
+        dx = _empty(x, tuple(int(d) for d in x.shape), str(x.dtype).replace("torch.", ""))
+        dw = _empty(x, (int(x.shape[1]),), "float32") if weight is not None else None
+    else:
+        dx = _as_array(outs[0], "dx")
+        dw = None if outs[1] is None else _as_array(outs[1], "dweight")
+    _C.rmsnorm_backward(_view(x, "x"), None if weight is None else _view(weight, "weight"), _view(rstd, "rstd"),
+                        _view(dy, "dy"), _view(dx, "dx", True), None if dw is None else _view(dw, "dweight", True),
+                        _stream(x))
+    return dx, dw
 
 
 def gemm_quantize(a, a_scales, w, w_scales, mode="rceil", path="auto", out=None):

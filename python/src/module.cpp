@@ -366,6 +366,20 @@ NB_MODULE(_mxflash, m) {
       nb::call_guard<nb::gil_scoped_release>());
 
   m.def(
+      "rmsnorm_backward",
+      [](const View& x, const std::optional<View>& weight, const View& rstd, const View& dy, const View& dx,
+         const std::optional<View>& dweight, uintptr_t stream) {
+        const TensorView tx = to_view(x, "x");
+        const TensorView tw = weight ? to_view(*weight, "weight") : TensorView{};
+        const TensorView tdw = dweight ? to_view(*dweight, "dweight") : TensorView{};
+        DeviceGuard guard(tx);
+        throw_if_error(rmsnorm_backward(tx, tw, to_view(rstd, "rstd"), to_view(dy, "dy"), to_view(dx, "dx"), tdw,
+                                        as_stream(stream)));
+      },
+      "x"_a, "weight"_a.none(), "rstd"_a, "dy"_a, "dx"_a, "dweight"_a.none(), "stream"_a,
+      nb::call_guard<nb::gil_scoped_release>());
+
+  m.def(
       "gemm_quantize",
       [](const View& a, const View& a_scales, const View& w, const View& w_scales, int mode, int path,
          const View& payload, const View& scales, uintptr_t stream) {

@@ -22,6 +22,18 @@ struct RmsNormQuantizeProblem {
   float* rstd = nullptr;       // (T), or null
 };
 
+struct RmsNormBackwardProblem {
+  const void* x = nullptr;       // (T, C); dy and dx have x's dtype
+  bool bf16 = true;              // x, dy, dx bf16, else fp32
+  const void* weight = nullptr;  // (C), or null: no weight
+  bool weight_bf16 = false;
+  const float* rstd = nullptr;   // (T)
+  const void* dy = nullptr;      // (T, C)
+  int64_t rows = 0, cols = 0;    // T, C (a multiple of 32)
+  void* dx = nullptr;            // (T, C)
+  float* dweight = nullptr;      // (C), or null: not computed
+};
+
 struct GemmQuantizeProblem {
   const uint8_t* a = nullptr;         // (M, K) e4m3, blocks along K
   const uint8_t* a_scales = nullptr;  // (M, K / 32)

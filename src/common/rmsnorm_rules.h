@@ -53,4 +53,58 @@ MXFLASH_HD float rms_apply(float x, float rstd, float w) {
 #endif
 }
 
+// ---- The backward (rmsnorm_backward): given x, weight w, the forward's rstd and dy = dL/dy,
+//   xh = x * rstd,  gy = dy * w,  dot = sum_c gy * xh,
+//   dx = (gy - xh * (dot / C)) * rstd,   dweight[c] = sum_t dy[t, c] * xh[t, c].
+// Each product rounded once (xh and gy as rms_apply's multiplies; gy = dy without a weight). dot is
+// summed over the row's L = rms_lanes(C) lanes and chunks exactly as the forward's sum of squares
+// (fma(gy, xh, acc) in place of fma(x, x, acc)), then the butterfly; dx is one fma (gy - xh * m, m =
+// dot / C rounded) and one rounded multiply by rstd. dweight: the rows are taken in groups of
+// rms_bwd_group_rows(T) (a multiple of 512 that makes at most 1024 groups); each group's column sum
+// runs over its rows in order, fma(dy, xh, acc) from 0; the groups' sums are then added in group
+// order from 0.
+inline constexpr int64_t kRmsBwdGroupQuantum = 512;
+inline constexpr int64_t kRmsBwdMaxGroups = 1024;
+
+MXFLASH_HD int64_t rms_bwd_group_rows(int64_t rows) {
+  const int64_t span = kRmsBwdGroupQuantum * kRmsBwdMaxGroups;
+  const int64_t k = (rows + span - 1) / span;
+  return kRmsBwdGroupQuantum * (k > 1 ? k : 1);
+}
+
+MXFLASH_HD float rms_mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  volatile float r = a * b;
+  return r;
+#endif
+}
+
+MXFLASH_HD float rms_fma(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return __builtin_fmaf(a, b, c);
+#endif
+}
+
+// dx of one value: (gy - xh * m) * rstd, m = dot / C. NaN results are the quiet NaN 0x7FC00000.
+MXFLASH_HD float rms_bwd_dx(float gy, float xh, float m, float rstd) {
+  const float r = rms_mul(rms_fma(-xh, m, gy), rstd);
+  return is_nan_bits(float_bits(r)) ? bits_float(0x7FC00000u) : r;
+}
+
+// A finished dweight value: NaN as the quiet NaN 0x7FC00000 (CPU and GPU NaNs differ in bits).
+MXFLASH_HD float rms_canonical(float v) { return is_nan_bits(float_bits(v)) ? bits_float(0x7FC00000u) : v; }
+
+MXFLASH_HD float rms_bwd_mean(float dot, int64_t cols) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(dot, float(cols));
+#else
+  volatile float m = dot / float(cols);
+  return m;
+#endif
+}
+
 }  // namespace mxflash

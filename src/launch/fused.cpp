@@ -82,6 +82,56 @@ Status rmsnorm_quantize(const TensorView& x, const TensorView& weight, const Rms
 
 namespace {
 
+bool overlaps(const TensorView& a, const TensorView& b) {
+  const auto* pa = static_cast<const char*>(a.data);
+  const auto* pb = static_cast<const char*>(b.data);
+  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
+}
+
+}  // namespace
+
+Status rmsnorm_backward(const TensorView& x, const TensorView& weight, const TensorView& rstd, const TensorView& dy,
+                        TensorView dx, TensorView dweight, void* stream) {
+  int64_t T = 0, C = 0;
+  MXFLASH_RETURN_IF_ERROR(check_x(x, &T, &C));
+  const int64_t xshape[2] = {T, C}, rshape[1] = {T}, wshape[1] = {C};
+  if (!absent(weight))
+    MXFLASH_RETURN_IF_ERROR(check_dense(weight, "weight", {DType::kFloat32, DType::kBFloat16}, 1, wshape));
+  MXFLASH_RETURN_IF_ERROR(check_dense(rstd, "rstd", {DType::kFloat32}, 1, rshape));
+  MXFLASH_RETURN_IF_ERROR(check_dense(dy, "dy", {x.dtype}, 2, xshape));
+  MXFLASH_RETURN_IF_ERROR(check_dense(dx, "dx", {x.dtype}, 2, xshape));
+  if (!absent(dweight)) {
+    if (absent(weight)) return Status::Invalid("dweight: must be empty when there is no weight");
+    MXFLASH_RETURN_IF_ERROR(check_dense(dweight, "dweight", {DType::kFloat32}, 1, wshape));
+  }
+  if (T > 0 && (overlaps(dx, x) || overlaps(dx, dy)))
+    return Status::Invalid("dx: must not overlap x or dy");
+  Device dev;
+  MXFLASH_RETURN_IF_ERROR(check_same_device({{&x, "x"}, {&rstd, "rstd"}, {&dy, "dy"}, {&dx, "dx"}}, &dev));
+  if (!absent(weight)) MXFLASH_RETURN_IF_ERROR(check_same_device({{&x, "x"}, {&weight, "weight"}}, &dev));
+  if (!absent(dweight)) MXFLASH_RETURN_IF_ERROR(check_same_device({{&x, "x"}, {&dweight, "dweight"}}, &dev));
+  if (dev == Device::kCUDA) MXFLASH_RETURN_IF_ERROR(detail::check_cuda_ready(x.device_id, "x"));
+
+  detail::RmsNormBackwardProblem p;
+  p.x = x.data;
+  p.bf16 = x.dtype == DType::kBFloat16;
+  p.weight = absent(weight) ? nullptr : weight.data;
+  p.weight_bf16 = !absent(weight) && weight.dtype == DType::kBFloat16;
+  p.rstd = rstd.ptr<float>();
+  p.dy = dy.data;
+  p.rows = T;
+  p.cols = C;
+  p.dx = dx.data;
+  p.dweight = absent(dweight) ? nullptr : dweight.ptr<float>();
+  if (dev == Device::kCPU) {
+    ref::rmsnorm_backward(p);
+    return Status::Ok();
+  }
+  return cuda::rmsnorm_backward(p, stream);
+}
+
+namespace {
+
 // A 2-D MX operand blocked along K: payload (rows, K) and plain scales (rows, K / 32).
 Status check_operand(const TensorView& x, const TensorView& scales, const char* name, const char* scales_name,
                      int64_t* rows, int64_t* k) {

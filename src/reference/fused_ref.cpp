@@ -51,6 +51,50 @@ void rmsnorm_quantize(const detail::RmsNormQuantizeProblem& p) {
 }
 
 
+void rmsnorm_backward(const detail::RmsNormBackwardProblem& p) {
+  const int64_t C = p.cols;
+  const int L = rms_lanes(C);
+  const int64_t group_rows = rms_bwd_group_rows(p.rows);
+  const size_t n = static_cast<size_t>(C);
+  std::vector<float> w(n, 1.f), xh(n), gy(n), group(n, 0.f), total(n, 0.f);
+  if (p.weight)
+    for (int64_t c = 0; c < C; ++c) w[size_t(c)] = element(p.weight, p.weight_bf16, c);
+  for (int64_t t = 0; t < p.rows; ++t) {
+    const float rstd = p.rstd[t];
+    float lane[kRmsMaxLanes] = {};
+    for (int64_t c = 0; c < C; ++c) {
+      const float dy = element(p.dy, p.bf16, t * C + c);
+      xh[size_t(c)] = rms_mul(element(p.x, p.bf16, t * C + c), rstd);
+      gy[size_t(c)] = p.weight ? rms_mul(dy, w[size_t(c)]) : dy;
+      float& acc = lane[(c / kRmsChunk) % L];
+      acc = rms_fma(gy[size_t(c)], xh[size_t(c)], acc);
+      if (p.dweight) group[size_t(c)] = rms_fma(dy, xh[size_t(c)], group[size_t(c)]);
+    }
+    for (int d = L / 2; d >= 1; d /= 2) {
+      float next[kRmsMaxLanes];
+      for (int i = 0; i < L; ++i) next[i] = lane[i] + lane[i ^ d];
+      for (int i = 0; i < L; ++i) lane[i] = next[i];
+    }
+    const float m = rms_bwd_mean(lane[0], C);
+    for (int64_t c = 0; c < C; ++c) {
+      const float v = rms_bwd_dx(gy[size_t(c)], xh[size_t(c)], m, rstd);
+      if (p.bf16)
+        static_cast<uint16_t*>(p.dx)[t * C + c] = float_to_bf16(v);
+      else
+        static_cast<float*>(p.dx)[t * C + c] = v;
+    }
+    if (p.dweight && ((t + 1) % group_rows == 0 || t + 1 == p.rows)) {
+      for (int64_t c = 0; c < C; ++c) {
+        volatile float sum = total[size_t(c)] + group[size_t(c)];
+        total[size_t(c)] = sum;
+        group[size_t(c)] = 0.f;
+      }
+    }
+  }
+  if (p.dweight)
+    for (int64_t c = 0; c < C; ++c) p.dweight[c] = rms_canonical(total[size_t(c)]);
+}
+
 void quantize_row_blocks(const float* y, int64_t n, ScalingMode mode, uint8_t* payload, uint8_t* scales) {
   for (int64_t b = 0; b < n / kBlockSize; ++b) {
     const float* blk = y + b * kBlockSize;

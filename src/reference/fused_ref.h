@@ -10,6 +10,9 @@ float rms_sum_of_squares(const float* row, int64_t cols);
 // Fills payload, scales and (when requested) rstd.
 void rmsnorm_quantize(const detail::RmsNormQuantizeProblem& p);
 
+// rmsnorm_backward in the arithmetic and order of src/common/rmsnorm_rules.h.
+void rmsnorm_backward(const detail::RmsNormBackwardProblem& p);
+
 // gemm_quantize: p.path kExact -> the MX definition, kCoarse -> the model of the fast path's
 // arithmetic (src/common/gemm_rules.h).
 void gemm_quantize(const detail::GemmQuantizeProblem& p);

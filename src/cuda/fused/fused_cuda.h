@@ -6,6 +6,8 @@
 namespace mxflash::cuda {
 
 Status rmsnorm_quantize(const detail::RmsNormQuantizeProblem& p, void* stream);
+// Also for T = 0 (dweight then zeros).
+Status rmsnorm_backward(const detail::RmsNormBackwardProblem& p, void* stream);
 
 // Whether the coarse (wgmma) gemm_quantize kernel takes this problem's shapes and pointers.
 bool gemm_coarse_supported(const detail::GemmQuantizeProblem& p);

@@ -36,6 +36,67 @@ Status run_orientation(const DequantizeParams& params, Orientation o, bool conti
   return Status::Internal("dequantize: unknown orientation");
 }
 
+// hdim, plain scales, token-major payload: the tensor is a flat run of 32-element blocks, block i's
+// scale byte at scales[i] (every token's H x 4 bytes in order). A thread takes 8 payload bytes (a
+// quarter block) at a time and writes its 8 outputs with one 16-byte store (bf16) or two; memory-
+// bound (the tile walk above costs 2.5x the time on the module's K and V). Same value rule as
+// dequantize_value, so the same bytes.
+constexpr int kFlatThreads = 256;
+
+template <bool kOutBf16>
+__global__ void __launch_bounds__(kFlatThreads) dequantize_flat_kernel(const uint8_t* __restrict__ payload,
+                                                                       const uint8_t* __restrict__ scales,
+                                                                       int64_t quarters, void* __restrict__ out) {
+  for (int64_t i = int64_t(blockIdx.x) * kFlatThreads + threadIdx.x; i < quarters;
+       i += int64_t(gridDim.x) * kFlatThreads) {
+    const uint2 q = __ldg(reinterpret_cast<const uint2*>(payload) + i);
+    const uint32_t s = __ldg(scales + i / 4);
+    const uint32_t w[2] = {q.x, q.y};
+    float v[8];
+    // Fast path: no NaN byte (low 7 bits all ones) and a finite scale. e4m3x2 -> f16x2 is exact, f16
+    // -> f32 too, and the product by 2^(s - 127) is the same fp32 multiply dequantize_value does.
+    const uint32_t nan_bytes =
+        (((w[0] & 0x7F7F7F7Fu) + 0x01010101u) | ((w[1] & 0x7F7F7F7Fu) + 0x01010101u)) & 0x80808080u;
+    if (nan_bytes == 0 && s != 0xFFu) {
+      const float scale = __uint_as_float(s != 0 ? s << 23 : 0x00400000u);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        uint32_t h2;
+        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(uint16_t(w[k / 2] >> (16 * (k % 2)))));
+        float lo, hi;
+        asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}"
+            : "=f"(lo), "=f"(hi) : "r"(h2));
+        v[2 * k] = lo * scale;
+        v[2 * k + 1] = hi * scale;
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = dequantize_value((w[e / 4] >> (8 * (e % 4))) & 0xFFu, s);
+    }
+    if constexpr (kOutBf16) {
+      uint32_t b[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) b[k] = uint32_t(float_to_bf16(v[2 * k])) | (uint32_t(float_to_bf16(v[2 * k + 1])) << 16);
+      reinterpret_cast<uint4*>(out)[i] = make_uint4(b[0], b[1], b[2], b[3]);
+    } else {
+      float4* dst = reinterpret_cast<float4*>(out) + 2 * i;
+      dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+      dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+    }
+  }
+}
+
+template <bool kOutBf16>
+Status run_flat(const detail::DequantizeProblem& p, cudaStream_t stream) {
+  constexpr auto kernel = dequantize_flat_kernel<kOutBf16>;
+  const int64_t quarters = int64_t(p.dims.T) * p.dims.H * kHeadDim / 8;
+  if (quarters == 0) return Status::Ok();
+  int grid = 0;
+  MXFLASH_RETURN_IF_ERROR(grid_size<kernel>(kFlatThreads, (quarters + kFlatThreads - 1) / kFlatThreads, &grid));
+  kernel<<<grid, kFlatThreads, 0, stream>>>(p.payload, p.scales, quarters, p.out);
+  return check_launch("dequantize_flat_kernel");
+}
+
 // Vector widths: 8-byte token-major payload rows, 16-byte token-contiguous halves and output rows.
 constexpr int kTokenMajorAlign = 8;
 constexpr int kTokenContiguousAlign = 16;
@@ -49,6 +110,9 @@ Status dequantize(const detail::DequantizeProblem& p, void* stream) {
     return Status::Invalid("payload_layout: hdim payloads are token_major only");
   MXFLASH_RETURN_IF_ERROR(check_aligned(p.payload, contiguous ? kTokenContiguousAlign : kTokenMajorAlign, "payload"));
   MXFLASH_RETURN_IF_ERROR(check_aligned(p.out, kOutAlign, "out"));
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (p.orientation == Orientation::kHdim && p.scale_layout == ScaleLayout::kPlain)
+    return p.out_bf16 ? run_flat<true>(p, s) : run_flat<false>(p, s);
   DequantizeParams params;
   params.payload = p.payload;
   params.scales = p.scales;
@@ -56,7 +120,6 @@ Status dequantize(const detail::DequantizeProblem& p, void* stream) {
   params.jd = JaggedDevice{p.dims.cu_seqlens, p.dims.cu_seqlens_sf, p.dims.batch, p.dims.P, p.dims.H};
   params.num_groups = p.dims.P / kTileTokens;
   params.blocked = p.scale_layout == ScaleLayout::kBlocked128x4;
-  const auto s = static_cast<cudaStream_t>(stream);
   return p.out_bf16 ? run_orientation<true>(params, p.orientation, contiguous, s)
                     : run_orientation<false>(params, p.orientation, contiguous, s);
 }

@@ -1,0 +1,218 @@
+// rmsnorm_backward on CUDA (include/mxflash/fused.h): the arithmetic and order of
+// src/common/rmsnorm_rules.h, so that dx and dweight equal the CPU reference's bits. Three kernels:
+// - rows: L = rms_lanes(C) lanes a row (32 / L rows side by side in a warp, as the forward), each
+//   lane summing fma(gy, xh) over its chunks; the butterfly; then the lane reads its chunks again
+//   (L1/L2 hits) and writes dx;
+// - dweight's group sums: a thread per pair of columns and group of rows (rms_bwd_group_rows), its rows
+//   in order (coalesced: a warp reads 64 consecutive columns of a row);
+// - the groups' sums added in group order, a thread per column.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/rmsnorm_rules.h"
+#include "cuda/common/launch_utils.cuh"
+#include "cuda/fused/fused_cuda.h"
+
+namespace mxflash::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+
+struct BwdParams {
+  const void* x;
+  const void* weight;  // null: w = 1
+  const float* rstd;
+  const void* dy;
+  void* dx;
+  int64_t rows;
+  int cols;
+  int lanes;     // L
+  int per_lane;  // chunks a lane: cols / (8 L)
+};
+
+// Values i and i + 1 (i even: 4- or 8-byte aligned).
+__device__ __forceinline__ float2 load2(const uint16_t* p, int64_t i) {
+  const uint32_t u = __ldg(reinterpret_cast<const unsigned int*>(p + i));
+  return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xFFFF0000u));
+}
+__device__ __forceinline__ float2 load2(const float* p, int64_t i) { return __ldg(reinterpret_cast<const float2*>(p + i)); }
+
+// 8 consecutive values from 16-byte aligned memory (bf16: one load; fp32: two).
+__device__ __forceinline__ void load8(const uint16_t* p, int64_t i, float (&v)[kRmsChunk]) {
+  const uint4 w = __ldg(reinterpret_cast<const uint4*>(p + i));
+  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    v[2 * k] = __uint_as_float(u[k] << 16);
+    v[2 * k + 1] = __uint_as_float(u[k] & 0xFFFF0000u);
+  }
+}
+__device__ __forceinline__ void load8(const float* p, int64_t i, float (&v)[kRmsChunk]) {
+  const float4 a = __ldg(reinterpret_cast<const float4*>(p + i)), b = __ldg(reinterpret_cast<const float4*>(p + i) + 1);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+__device__ __forceinline__ void store8(uint16_t* p, int64_t i, const float (&v)[kRmsChunk]) {
+  uint32_t u[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) u[k] = uint32_t(float_to_bf16(v[2 * k])) | (uint32_t(float_to_bf16(v[2 * k + 1])) << 16);
+  *reinterpret_cast<uint4*>(p + i) = make_uint4(u[0], u[1], u[2], u[3]);
+}
+__device__ __forceinline__ void store8(float* p, int64_t i, const float (&v)[kRmsChunk]) {
+  reinterpret_cast<float4*>(p + i)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p + i)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+
+// xh and gy of a chunk (rmsnorm_rules.h).
+template <typename T, typename W>
+__device__ __forceinline__ void chunk_terms(const BwdParams& p, const T* xr, const T* dyr, int c, float rstd,
+                                            float (&xh)[kRmsChunk], float (&gy)[kRmsChunk]) {
+  const int64_t i = int64_t(c) * kRmsChunk;
+  load8(xr, i, xh);
+  load8(dyr, i, gy);
+#pragma unroll
+  for (int e = 0; e < kRmsChunk; ++e) xh[e] = rms_mul(xh[e], rstd);
+  if constexpr (!std::is_void_v<W>) {
+    float w[kRmsChunk];
+    load8(static_cast<const W*>(p.weight), i, w);
+#pragma unroll
+    for (int e = 0; e < kRmsChunk; ++e) gy[e] = rms_mul(gy[e], w[e]);
+  }
+}
+
+// Lane `lane` serves row (warp's first row + lane / L) with chunks q + L i (q = lane % L).
+// kLanes: L at compile time (32), or 0: p.lanes. W void: no weight.
+template <typename T, typename W, int kLanes>
+__global__ void __launch_bounds__(kThreads) rmsnorm_backward_rows_kernel(const BwdParams p) {
+  const int lane = int(threadIdx.x % 32);
+  const int L = kLanes > 0 ? kLanes : p.lanes, G = 32 / L, q = lane % L;
+  const int64_t warp_row0 = (int64_t(blockIdx.x) * kWarps + threadIdx.x / 32) * G;
+  if (warp_row0 >= p.rows) return;  // whole warps
+  const int64_t row = warp_row0 + lane / L;
+  const bool valid = row < p.rows;
+  const int64_t r = valid ? row : p.rows - 1;  // rows past the end read the last row, store nothing
+  const T* xr = static_cast<const T*>(p.x) + r * p.cols;
+  const T* dyr = static_cast<const T*>(p.dy) + r * p.cols;
+  const float rstd = p.rstd[r];
+  float dot = 0.f;
+  for (int i = 0; i < p.per_lane; ++i) {
+    float xh[kRmsChunk], gy[kRmsChunk];
+    chunk_terms<T, W>(p, xr, dyr, q + L * i, rstd, xh, gy);
+#pragma unroll
+    for (int e = 0; e < kRmsChunk; ++e) dot = rms_fma(gy[e], xh[e], dot);
+  }
+  if constexpr (kLanes > 0) {
+#pragma unroll
+    for (int d = kLanes / 2; d >= 1; d /= 2) dot = __fadd_rn(dot, __shfl_xor_sync(0xFFFFFFFFu, dot, d));
+  } else {
+    for (int d = L / 2; d >= 1; d /= 2) dot = __fadd_rn(dot, __shfl_xor_sync(0xFFFFFFFFu, dot, d));
+  }
+  if (!valid) return;
+  const float m = rms_bwd_mean(dot, p.cols);
+  T* dxr = static_cast<T*>(p.dx) + r * p.cols;
+  for (int i = 0; i < p.per_lane; ++i) {
+    const int c = q + L * i;
+    float xh[kRmsChunk], gy[kRmsChunk], out[kRmsChunk];
+    chunk_terms<T, W>(p, xr, dyr, c, rstd, xh, gy);
+#pragma unroll
+    for (int e = 0; e < kRmsChunk; ++e) out[e] = rms_bwd_dx(gy[e], xh[e], m, rstd);
+    store8(dxr, int64_t(c) * kRmsChunk, out);
+  }
+}
+
+constexpr int kColThreads = 128;  // a CTA of the dweight kernels: 256 columns (two a thread)
+
+// partial[g][c] = sum over group g's rows in order of fma(dy, xh); blockIdx.x = g, blockIdx.y the
+// column block.
+template <typename T>
+__global__ void __launch_bounds__(kColThreads)
+    rmsnorm_backward_group_kernel(const BwdParams p, int64_t group_rows, float* partial) {
+  const int c = (int(blockIdx.y) * kColThreads + int(threadIdx.x)) * 2;
+  if (c >= p.cols) return;
+  const int64_t t0 = int64_t(blockIdx.x) * group_rows;
+  const int64_t t1 = min(p.rows, t0 + group_rows);
+  const T* x = static_cast<const T*>(p.x);
+  const T* dy = static_cast<const T*>(p.dy);
+  float a0 = 0.f, a1 = 0.f;
+#pragma unroll 8
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t i = t * p.cols + c;
+    const float rstd = __ldg(p.rstd + t);
+    const float2 xv = load2(x, i), dv = load2(dy, i);
+    a0 = rms_fma(dv.x, rms_mul(xv.x, rstd), a0);
+    a1 = rms_fma(dv.y, rms_mul(xv.y, rstd), a1);
+  }
+  partial[int64_t(blockIdx.x) * p.cols + c] = a0;
+  partial[int64_t(blockIdx.x) * p.cols + c + 1] = a1;
+}
+
+__global__ void __launch_bounds__(kColThreads)
+    rmsnorm_backward_sum_kernel(const float* partial, int64_t groups, int cols, float* dweight) {
+  const int c = int(blockIdx.x) * kColThreads + int(threadIdx.x);
+  if (c >= cols) return;
+  float s = 0.f;
+#pragma unroll 8
+  for (int64_t g = 0; g < groups; ++g) s = __fadd_rn(s, partial[g * cols + c]);
+  dweight[c] = rms_canonical(s);
+}
+
+template <typename T, typename W>
+Status launch_rows(const BwdParams& p, cudaStream_t s) {
+  const int64_t per_cta = int64_t(kWarps) * (32 / p.lanes);
+  const int64_t grid = (p.rows + per_cta - 1) / per_cta;
+  if (grid > int64_t(0x7FFFFFFF)) return Status::Invalid("x: too many rows for one launch");
+  if (p.lanes == 32)
+    rmsnorm_backward_rows_kernel<T, W, 32><<<unsigned(grid), kThreads, 0, s>>>(p);
+  else
+    rmsnorm_backward_rows_kernel<T, W, 0><<<unsigned(grid), kThreads, 0, s>>>(p);
+  return check_launch("rmsnorm_backward_rows_kernel");
+}
+
+template <typename T>
+Status launch_typed(const BwdParams& p, bool weight_bf16, float* dweight, cudaStream_t s) {
+  if (p.rows > 0) {
+    if (p.weight == nullptr)
+      MXFLASH_RETURN_IF_ERROR((launch_rows<T, void>(p, s)));
+    else if (weight_bf16)
+      MXFLASH_RETURN_IF_ERROR((launch_rows<T, uint16_t>(p, s)));
+    else
+      MXFLASH_RETURN_IF_ERROR((launch_rows<T, float>(p, s)));
+  }
+  if (dweight == nullptr) return Status::Ok();
+  if (p.rows == 0)
+    return cuda_error(cudaMemsetAsync(dweight, 0, size_t(p.cols) * sizeof(float), s), "cudaMemsetAsync (dweight)");
+  const int64_t group_rows = rms_bwd_group_rows(p.rows);
+  const int64_t groups = (p.rows + group_rows - 1) / group_rows;
+  float* partial = nullptr;
+  MXFLASH_RETURN_IF_ERROR(cuda_error(cudaMallocAsync(reinterpret_cast<void**>(&partial),
+                                                     size_t(groups) * size_t(p.cols) * sizeof(float), s),
+                                     "cudaMallocAsync (rmsnorm_backward workspace)"));
+  const dim3 g1{unsigned(groups), unsigned((p.cols / 2 + kColThreads - 1) / kColThreads)};
+  rmsnorm_backward_group_kernel<T><<<g1, kColThreads, 0, s>>>(p, group_rows, partial);
+  const Status st = [&] {
+    MXFLASH_RETURN_IF_ERROR(check_launch("rmsnorm_backward_group_kernel"));
+    rmsnorm_backward_sum_kernel<<<unsigned((p.cols + kColThreads - 1) / kColThreads), kColThreads, 0, s>>>(
+        partial, groups, p.cols, dweight);
+    return check_launch("rmsnorm_backward_sum_kernel");
+  }();
+  const Status freed = cuda_error(cudaFreeAsync(partial, s), "cudaFreeAsync (rmsnorm_backward workspace)");
+  return st.ok() ? freed : st;
+}
+
+}  // namespace
+
+Status rmsnorm_backward(const detail::RmsNormBackwardProblem& p, void* stream) {
+  MXFLASH_RETURN_IF_ERROR(check_aligned(p.x, 16, "x"));
+  MXFLASH_RETURN_IF_ERROR(check_aligned(p.dy, 16, "dy"));
+  MXFLASH_RETURN_IF_ERROR(check_aligned(p.dx, 16, "dx"));
+  if (p.weight != nullptr) MXFLASH_RETURN_IF_ERROR(check_aligned(p.weight, 16, "weight"));
+  const int lanes = rms_lanes(p.cols);
+  const BwdParams k{p.x, p.weight, p.rstd, p.dy, p.dx, p.rows, int(p.cols), lanes, int(p.cols / kRmsChunk / lanes)};
+  const auto s = static_cast<cudaStream_t>(stream);
+  return p.bf16 ? launch_typed<uint16_t>(k, p.weight_bf16, p.dweight, s)
+                : launch_typed<float>(k, p.weight_bf16, p.dweight, s);
+}
+
+}  // namespace mxflash::cuda
