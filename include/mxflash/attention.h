@@ -200,6 +200,15 @@ Status quantize_attention_training(const TensorView& q, const TensorView& k, con
                                    const JaggedMeta& q_meta, const JaggedMeta& k_meta, const AttentionFwdOperands& fwd,
                                    const AttentionBwdOperands& bwd, void* stream = nullptr);
 
+// The same with K and V given as MX tensors: hdim orientation, plain scales, token-major payloads
+// (Tk, H, 128), e.g. what gemm_quantize writes for N = H * 128 (a fused producer's K and V reach the
+// attention without a bf16 copy). The bytes equal quantize_attention_training's on their bf16 values
+// (dequantize(..., bf16): every MX value but those under bf16's normal range, which it rounds);
+// q bf16 or fp32. CUDA: one read of each MX tensor (half the bytes of bf16); CPU: through bf16.
+Status quantize_attention_training(const TensorView& q, const MxTensor& k, const MxTensor& v,
+                                   const JaggedMeta& q_meta, const JaggedMeta& k_meta, const AttentionFwdOperands& fwd,
+                                   const AttentionBwdOperands& bwd, void* stream = nullptr);
+
 // Device workspace of the backward on operands (the MX-tensor backward's less the operands' room,
 // plus the ring's blocks where it runs: see below); 0 for metadata the call would reject and in a
 // build without CUDA. Read at the call: MXFLASH_BWD_RING changes it.

@@ -1012,10 +1012,19 @@ def quantize_attention_training(q, k, v, q_meta, k_meta, out=None):
 
     Keeping bwd (five bytes per element of Q and K/V, with the scales) from the forward to the
     backward spares the backward a second read of q, k, v, and the caller need not keep them.
+
+    k and v may also be :class:`MxTensor` s along the head dim with plain scales, token-major (e.g.
+    gemm_quantize's output viewed as (Tk, H, 128) and (Tk, H, 4)): the bytes are then those of their
+    bf16 values (``k.dequantize(k_meta, "bfloat16")``), read once as MX (half the bytes on CUDA).
     """
     _check_meta(q_meta, "q_meta")
     _check_meta(k_meta, "k_meta")
-    q, k, v = _as_array(q, "q"), _as_array(k, "k"), _as_array(v, "v")
+    mx_kv = isinstance(k, MxTensor) or isinstance(v, MxTensor)
+    q = _as_array(q, "q")
+    if mx_kv:
+        karrays, varrays = _mx_arrays(k, "k"), _mx_arrays(v, "v")
+    else:
+        k, v = _as_array(k, "k"), _as_array(v, "v")
     if out is None:
         fshapes = attention_fwd_operand_shapes(q_meta, k_meta, _heads_of_input(q, q_meta))
         fwd = AttentionFwdOperands(*(_empty(q, fshapes[n], "float32" if n.endswith("scale") else _PAYLOAD_DTYPE)
@@ -1031,9 +1040,15 @@ def quantize_attention_training(q, k, v, q_meta, k_meta, out=None):
         fwd, bwd = out
     farrays = _operand_arrays(fwd, "fwd", AttentionFwdOperands, "fwd")
     barrays = _operand_arrays(bwd, "bwd", AttentionBwdOperands, "bwd")
-    _C.quantize_attention_training(q_meta._cpp_for(q), k_meta._cpp_for(q), _view(q, "q"), _view(k, "k"),
-                                   _view(v, "v"), _operand_views(farrays, True, AttentionFwdOperands, "fwd"),
-                                   _operand_views(barrays, True, AttentionBwdOperands, "bwd"), _stream(q))
+    fviews = _operand_views(farrays, True, AttentionFwdOperands, "fwd")
+    bviews = _operand_views(barrays, True, AttentionBwdOperands, "bwd")
+    if mx_kv:
+        _C.quantize_attention_training_mx_kv(q_meta._cpp_for(q), k_meta._cpp_for(q), _view(q, "q"),
+                                             _mx_view(k, karrays, "k"), _mx_view(v, varrays, "v"), fviews, bviews,
+                                             _stream(q))
+    else:
+        _C.quantize_attention_training(q_meta._cpp_for(q), k_meta._cpp_for(q), _view(q, "q"), _view(k, "k"),
+                                       _view(v, "v"), fviews, bviews, _stream(q))
     return fwd, bwd
 
 

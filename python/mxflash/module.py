@@ -21,10 +21,11 @@ The MXFP8 path (JaggedCrossAttention) on CUDA tensors:
 - rmsnorm + quantize in one pass (mxflash.rmsnorm_quantize: xn never exists in BF16);
 - the K and V projections by mxflash.gemm_quantize (FP8 wgmma on the MX operands; wk and wv are
   quantized along C each step), their MX outputs widened to bf16 (exact: every MX value is a bf16);
-- q is projected once (a 512-row BF16 GEMM) and broadcast to every sequence without a gather:
-  mxflash.autograd.mx_attention(..., broadcast_q=True), whose forward and backward are the MXFP8
-  kernels (K and V are quantized again there, to the same values: re-quantizing an MX value in its
-  own block is exact);
+- q is projected once (a 512-row BF16 GEMM) and broadcast to every sequence without a gather; the
+  attention forward and backward are the MXFP8 kernels on execution-layout operands, which the
+  training step writes from the GEMMs' MX K and V directly (mxflash.quantize_attention_training on
+  MX tensors: K and V never exist in BF16; inference widens them to bf16 for the forward-only
+  quantizer); the graph keeps those FP8 operands (as mxflash.autograd.mx_attention does), not k, v;
 - the output projection and the backward's projection GEMMs in BF16 (torch);
 - the RMSNorm backward as one fused kernel (mxflash.rmsnorm_backward).
 Gradients pass the quantizers unchanged (straight-through): dW of a projection is taken against the
@@ -39,7 +40,6 @@ sequence at a time.
 import math
 
 import mxflash
-from mxflash.autograd import mx_attention
 
 E4M3_MAX = 448.0
 
@@ -93,15 +93,43 @@ def _activation_bf16(payload, scales, meta):
     return dequantize_rows(payload, scales, _torch().bfloat16)
 
 
-def _make_norm_kv():
+def _norm_kv_grads(needs, saved, dtypes, meta, dk, dv):
+    """The backward of x -> (k, v) (RMSNorm+Quantize, then the two projections): BF16 GEMMs against
+    the quantized activation and weights (straight-through), then the fused RMSNorm backward.
+    needs: which of (x, norm_weight, wk, wv) need a gradient. Returns (dx, dg, dwk, dwv)."""
+    torch = _torch()
+    xq, g, rstd, xn_p, xn_s, wk_p, wk_s, wv_p, wv_s = saved
+    t = xq.shape[0]
+    bf16 = torch.bfloat16
+    dk = dk.reshape(t, -1).to(bf16)
+    dv = dv.reshape(t, -1).to(bf16)
+    dx = dg = dwk = dwv = None
+    if needs[2] or needs[3]:
+        xn = _activation_bf16(xn_p, xn_s, meta)
+        dwk = (dk.t() @ xn).to(dtypes[2]) if needs[2] else None
+        dwv = (dv.t() @ xn).to(dtypes[3]) if needs[3] else None
+        del xn
+    if needs[0] or needs[1]:
+        dxn = dk @ dequantize_rows(wk_p, wk_s, bf16)
+        dxn.addmm_(dv, dequantize_rows(wv_p, wv_s, bf16))
+        dx, dg = mxflash.rmsnorm_backward(xq, g, rstd, dxn.to(xq.dtype))
+        dx = dx.to(dtypes[0]) if needs[0] else None
+        dg = dg.to(dtypes[1]) if needs[1] else None
+    return dx, dg, dwk, dwv
+
+
+def _make_core():
     torch = _torch()
 
-    class NormKV(torch.autograd.Function):
-        """x -> (k, v): RMSNorm+Quantize, then the two GEMM+Quantize projections (see the module
-        docstring); the backward in BF16 GEMMs and the fused RMSNorm backward."""
+    class CrossAttentionCore(torch.autograd.Function):
+        """(x, norm_weight, wk, wv, q) -> o: RMSNorm+Quantize, the K and V GEMM+Quantize projections,
+        and the MXFP8 attention of the one Q sequence over every K/V sequence (see the module
+        docstring). In training, K and V go from the GEMMs' MX outputs straight into the attention's
+        operands (quantize_attention_training on MX tensors: no bf16 K or V), and the graph keeps the
+        FP8 operands, not k and v."""
 
         @staticmethod
-        def forward(ctx, x, norm_weight, wk, wv, meta, eps, heads):
+        def forward(ctx, x, norm_weight, wk, wv, q, meta, q_meta, eps, heads, training):
             xq = x.detach()
             if xq.dtype not in (torch.bfloat16, torch.float32):
                 xq = xq.float()
@@ -110,41 +138,41 @@ def _make_norm_kv():
             xn_p, xn_s, rstd = mxflash.rmsnorm_quantize(xq, g, eps=eps)
             wk_p, wk_s = quantize_rows(wk, "wk")
             wv_p, wv_s = quantize_rows(wv, "wv")
-            k = _widen(*mxflash.gemm_quantize(xn_p, xn_s, wk_p, wk_s), meta, heads)
-            v = _widen(*mxflash.gemm_quantize(xn_p, xn_s, wv_p, wv_s), meta, heads)
-            ctx.save_for_backward(xq, g, rstd, xn_p, xn_s, wk_p, wk_s, wv_p, wv_s)
-            ctx.meta, ctx.dtypes = meta, (x.dtype, norm_weight.dtype, wk.dtype, wv.dtype)
-            return k, v
+            t = xq.shape[0]
+            k = mxflash.gemm_quantize(xn_p, xn_s, wk_p, wk_s)
+            v = mxflash.gemm_quantize(xn_p, xn_s, wv_p, wv_s)
+            qb = q.detach().to(torch.bfloat16).contiguous()
+            if training:
+                kmx, vmx = (mxflash.MxTensor(p.view(t, heads, 128), sc.view(t, heads, 4), "hdim") for p, sc in (k, v))
+                ops, bwd_ops = mxflash.quantize_attention_training(qb, kmx, vmx, q_meta, meta)
+            else:
+                kb, vb = (_widen(p, sc, meta, heads) for p, sc in (k, v))
+                ops, bwd_ops = mxflash.quantize_attention_forward(qb, kb, vb, q_meta, meta), None
+            del k, v
+            out, lse = mxflash.attention_forward_operands(ops, q_meta, meta, broadcast_q=True)
+            del ops
+            if training:
+                ctx.save_for_backward(xq, g, rstd, xn_p, xn_s, wk_p, wk_s, wv_p, wv_s, out, lse, *bwd_ops)
+            ctx.meta, ctx.q_meta = meta, q_meta
+            ctx.dtypes = (x.dtype, norm_weight.dtype, wk.dtype, wv.dtype, q.dtype)
+            return out
 
         @staticmethod
         @torch.autograd.function.once_differentiable
-        def backward(ctx, dk, dv):
-            xq, g, rstd, xn_p, xn_s, wk_p, wk_s, wv_p, wv_s = ctx.saved_tensors
-            t, c = xq.shape
-            bf16 = torch.bfloat16
-            dk = (torch.zeros((t, wk_p.shape[0]), dtype=bf16, device=xq.device) if dk is None
-                  else dk.reshape(t, -1).to(bf16))
-            dv = (torch.zeros((t, wv_p.shape[0]), dtype=bf16, device=xq.device) if dv is None
-                  else dv.reshape(t, -1).to(bf16))
-            need_x, need_g, need_wk, need_wv = ctx.needs_input_grad[:4]
-            dx = dg = dwk = dwv = None
-            if need_wk or need_wv:
-                xn = _activation_bf16(xn_p, xn_s, ctx.meta)
-                dwk = (dk.t() @ xn).to(ctx.dtypes[2]) if need_wk else None
-                dwv = (dv.t() @ xn).to(ctx.dtypes[3]) if need_wv else None
-                del xn
-            if need_x or need_g:
-                dxn = dk @ dequantize_rows(wk_p, wk_s, bf16)
-                dxn.addmm_(dv, dequantize_rows(wv_p, wv_s, bf16))
-                dx, dg = mxflash.rmsnorm_backward(xq, g, rstd, dxn.to(xq.dtype))
-                dx = dx.to(ctx.dtypes[0]) if need_x else None
-                dg = dg.to(ctx.dtypes[1]) if need_g else None
-            return dx, dg, dwk, dwv, None, None, None
+        def backward(ctx, dout):
+            saved = ctx.saved_tensors
+            out, lse = saved[9], saved[10]
+            ops = mxflash.AttentionBwdOperands(*saved[11:])
+            dq, dk, dv = mxflash.attention_backward_operands(ops, out, dout.to(torch.bfloat16).contiguous(), lse,
+                                                             ctx.q_meta, ctx.meta, broadcast_q=True)
+            del ops
+            grads = _norm_kv_grads(ctx.needs_input_grad[:4], saved[:9], ctx.dtypes, ctx.meta, dk, dv)
+            return (*grads, dq.to(ctx.dtypes[4]), None, None, None, None, None)
 
-    return NormKV
+    return CrossAttentionCore
 
 
-_norm_kv = None
+_core = None
 
 
 def _check_x(x, meta, model_dim):
@@ -228,12 +256,14 @@ def _classes_made():
             self._q_meta = mxflash.JaggedMeta.from_lengths([self.num_queries])
 
         def forward(self, x, meta):
-            global _norm_kv
+            global _core
             _check_x(x, meta, self.model_dim)
-            if _norm_kv is None:
-                _norm_kv = _make_norm_kv()
-            k, v = _norm_kv.apply(x, self.norm_weight, self.wk, self.wv, meta, self.eps, self.heads)
-            o = mx_attention(self._queries(), k, v, self._q_meta, meta, broadcast_q=True)
+            if _core is None:
+                _core = _make_core()
+            q = self._queries()
+            leaves = (x, self.norm_weight, self.wk, self.wv, q)
+            training = torch.is_grad_enabled() and any(t.requires_grad for t in leaves)
+            o = _core.apply(*leaves, meta, self._q_meta, self.eps, self.heads, training)
             return self._project_out(o, meta.batch)
 
     class JaggedCrossAttentionBf16(Base):

@@ -601,6 +601,20 @@ NB_MODULE(_mxflash, m) {
       },
       "q_meta"_a, "k_meta"_a, "q"_a, "k"_a, "v"_a, "fwd"_a, "bwd"_a, "stream"_a,
       nb::call_guard<nb::gil_scoped_release>());
+  // quantize_attention_training's overload with MX K and V (hdim, plain, token-major).
+  m.def(
+      "quantize_attention_training_mx_kv",
+      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, const View& q, const Mx& k, const Mx& v, const Ops& fwd,
+         const BwdOps& bwd, uintptr_t stream) {
+        const TensorView tq = to_view(q, "q");
+        const MxTensor tk = to_mx(k, "k"), tv = to_mx(v, "v");
+        const AttentionFwdOperands tf = to_ops(fwd, "fwd");
+        const AttentionBwdOperands tb = to_bwd_ops(bwd, "bwd");
+        DeviceGuard guard(tq);
+        throw_if_error(quantize_attention_training(tq, tk, tv, q_meta, k_meta, tf, tb, as_stream(stream)));
+      },
+      "q_meta"_a, "k_meta"_a, "q"_a, "k"_a, "v"_a, "fwd"_a, "bwd"_a, "stream"_a,
+      nb::call_guard<nb::gil_scoped_release>());
   m.def(
       "attention_backward_operands_workspace_size",
       [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, bool broadcast_q,

@@ -13,6 +13,7 @@
 #include "cuda/attention/attention_bwd.h"
 #include "cuda/attention/attention_fwd.h"
 #include "launch/device_runtime.h"
+#include "mxflash/quantize.h"
 #include "reference/attention_ref.h"
 
 namespace mxflash {
@@ -328,10 +329,9 @@ cuda::FwdExecOperands exec_operands(const AttentionFwdOperands& ops) {
           /*v_per_tile=*/true};
 }
 
-// The quantizers' inputs: q (Tq, H, 128), k and v (Tk, H, 128), bf16 or fp32 alike, contiguous,
-// 16-byte aligned; metadata with one Q sequence or one per K/V sequence. *heads from q.
-Status check_quantize_inputs(const TensorView& q, const TensorView& k, const TensorView& v, const JaggedMeta& q_meta,
-                             const JaggedMeta& k_meta, int64_t* heads) {
+// The quantizers' q (Tq, H, 128), bf16 or fp32, contiguous, 16-byte aligned; metadata with one Q
+// sequence or one per K/V sequence. *heads from q.
+Status check_quantize_q(const TensorView& q, const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t* heads) {
   if (q_meta.batch() < 1) return Status::Invalid("q_meta: empty metadata");
   if (k_meta.batch() < 1) return Status::Invalid("k_meta: empty metadata");
   // Q is quantized over its own sequences: one shared sequence (broadcast_q), or one per K/V sequence.
@@ -339,12 +339,22 @@ Status check_quantize_inputs(const TensorView& q, const TensorView& k, const Ten
     return Status::Invalid("q_meta: has " + std::to_string(q_meta.batch()) + " sequences but k_meta has " +
                            std::to_string(k_meta.batch()) + " (only one shared Q sequence may differ)");
   if (q.ndim != 3) return Status::Invalid("q: must be 3-D (Tq, H, 128), got " + q.shape_string());
-  const int64_t H = q.shape[1];
-  const int64_t qs[3] = {q_meta.total_tokens(), H, kHeadDim}, ks[3] = {k_meta.total_tokens(), H, kHeadDim};
+  const int64_t qs[3] = {q_meta.total_tokens(), q.shape[1], kHeadDim};
   MXFLASH_RETURN_IF_ERROR(check_dense(q, "q", {DType::kBFloat16, DType::kFloat32}, 3, qs));
+  *heads = q.shape[1];
+  return check_alignment(q, "q", 16);
+}
+
+// The quantizers' inputs: q as check_quantize_q takes it, k and v (Tk, H, 128) of q's dtype,
+// contiguous, 16-byte aligned. *heads from q.
+Status check_quantize_inputs(const TensorView& q, const TensorView& k, const TensorView& v, const JaggedMeta& q_meta,
+                             const JaggedMeta& k_meta, int64_t* heads) {
+  int64_t H = 0;
+  MXFLASH_RETURN_IF_ERROR(check_quantize_q(q, q_meta, k_meta, &H));
+  const int64_t ks[3] = {k_meta.total_tokens(), H, kHeadDim};
   MXFLASH_RETURN_IF_ERROR(check_dense(k, "k", {q.dtype}, 3, ks));
   MXFLASH_RETURN_IF_ERROR(check_dense(v, "v", {q.dtype}, 3, ks));
-  for (const auto& [t, n] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}})
+  for (const auto& [t, n] : {std::pair{&k, "k"}, std::pair{&v, "v"}})
     MXFLASH_RETURN_IF_ERROR(check_alignment(*t, n, 16));  // (check_dense checked non-null data)
   *heads = H;
   return Status::Ok();
@@ -826,13 +836,14 @@ Status quantize_attention_backward(const TensorView& q, const TensorView& k, con
                                                bwd_exec_operands(ops), write_qk, stream);
 }
 
-Status quantize_attention_training(const TensorView& q, const TensorView& k, const TensorView& v,
-                                   const JaggedMeta& q_meta, const JaggedMeta& k_meta, const AttentionFwdOperands& fwd,
-                                   const AttentionBwdOperands& bwd, void* stream) {
-  int64_t H = 0;
-  MXFLASH_RETURN_IF_ERROR(check_quantize_inputs(q, k, v, q_meta, k_meta, &H));
+namespace {
+
+// quantize_attention_training's operand sets: fwd and bwd for the metadata and H heads, bwd's Q' and
+// K' viewing fwd's.
+Status check_training_sets(const AttentionFwdOperands& fwd, const AttentionBwdOperands& bwd, const JaggedMeta& q_meta,
+                           const JaggedMeta& k_meta, int64_t H) {
   int64_t fh = 0, bh = 0;
-  Device fd = Device::kCPU, bd = Device::kCPU, xd = Device::kCPU;
+  Device fd = Device::kCPU, bd = Device::kCPU;
   MXFLASH_RETURN_IF_ERROR(check_operands(fwd, q_meta, k_meta, &fh, &fd, "fwd"));
   MXFLASH_RETURN_IF_ERROR(check_bwd_operands(bwd, q_meta, k_meta, &bh, &bd, "bwd"));
   MXFLASH_RETURN_IF_ERROR(check_operand_heads(fh, H, "fwd"));
@@ -842,6 +853,18 @@ Status quantize_attention_training(const TensorView& q, const TensorView& k, con
     if (b->data != f->data)
       return Status::Invalid(std::string("bwd.") + n + ": must view fwd." + n +
                              "'s memory (the backward's Q' and K' are the forward's bytes, written once through fwd)");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status quantize_attention_training(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const JaggedMeta& q_meta, const JaggedMeta& k_meta, const AttentionFwdOperands& fwd,
+                                   const AttentionBwdOperands& bwd, void* stream) {
+  int64_t H = 0;
+  MXFLASH_RETURN_IF_ERROR(check_quantize_inputs(q, k, v, q_meta, k_meta, &H));
+  Device xd = Device::kCPU;
+  MXFLASH_RETURN_IF_ERROR(check_training_sets(fwd, bwd, q_meta, k_meta, H));
   MXFLASH_RETURN_IF_ERROR(
       check_same_device({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&fwd.q, "fwd.q"}, {&bwd.v, "bwd.v"}}, &xd));
   if (xd == Device::kCPU) {  // the two quantizers (their checks pass: they are the ones above)
@@ -854,6 +877,57 @@ Status quantize_attention_training(const TensorView& q, const TensorView& k, con
   p.broadcast_q = q_meta.batch() != k_meta.batch();  // the kernels take Q's sequence count from it
   return cuda::quantize_attention_training_operands(p, q.data, k.data, v.data, q.dtype == DType::kFloat32,
                                                     exec_operands(fwd), bwd_exec_operands(bwd), stream);
+}
+
+Status quantize_attention_training(const TensorView& q, const MxTensor& k, const MxTensor& v,
+                                   const JaggedMeta& q_meta, const JaggedMeta& k_meta, const AttentionFwdOperands& fwd,
+                                   const AttentionBwdOperands& bwd, void* stream) {
+  int64_t H = 0;
+  MXFLASH_RETURN_IF_ERROR(check_quantize_q(q, q_meta, k_meta, &H));
+  MXFLASH_RETURN_IF_ERROR(check_operand(k, "k", Orientation::kHdim, k_meta, &H));
+  MXFLASH_RETURN_IF_ERROR(check_operand(v, "v", Orientation::kHdim, k_meta, &H));
+  for (const auto& [t, n] : {std::pair{&k, "k.scale_layout"}, std::pair{&v, "v.scale_layout"}})
+    if (t->scale_layout != ScaleLayout::kPlain) return Status::Invalid(std::string(n) + ": must be plain");
+  Device dev = Device::kCPU;
+  MXFLASH_RETURN_IF_ERROR(check_same_device(
+      {{&q, "q"}, {&k.payload, "k.payload"}, {&k.scales, "k.scales"}, {&v.payload, "v.payload"},
+       {&v.scales, "v.scales"}},
+      &dev));
+  if (dev == Device::kCPU) {
+    // The definition: K and V as bf16 values (widened to fp32 beside an fp32 q: exact), then the
+    // quantizer of unquantized inputs, whose checks cover the operand sets.
+    const int64_t shape[3] = {k_meta.total_tokens(), H, kHeadDim};
+    const size_t n = size_t(shape[0] * H * kHeadDim);
+    std::vector<uint16_t> kb(n), vb(n);
+    MXFLASH_RETURN_IF_ERROR(dequantize(k.payload, k.scales, k_meta, Orientation::kHdim, ScaleLayout::kPlain,
+                                       PayloadLayout::kTokenMajor,
+                                       make_view(kb.data(), DType::kBFloat16, Device::kCPU, 3, shape)));
+    MXFLASH_RETURN_IF_ERROR(dequantize(v.payload, v.scales, k_meta, Orientation::kHdim, ScaleLayout::kPlain,
+                                       PayloadLayout::kTokenMajor,
+                                       make_view(vb.data(), DType::kBFloat16, Device::kCPU, 3, shape)));
+    if (q.dtype == DType::kBFloat16)
+      return quantize_attention_training(q, make_view(kb.data(), DType::kBFloat16, Device::kCPU, 3, shape),
+                                         make_view(vb.data(), DType::kBFloat16, Device::kCPU, 3, shape), q_meta,
+                                         k_meta, fwd, bwd, stream);
+    std::vector<float> kf(n), vf(n);
+    for (size_t i = 0; i < n; ++i) kf[i] = bf16_to_float(kb[i]), vf[i] = bf16_to_float(vb[i]);
+    return quantize_attention_training(q, make_view(kf.data(), DType::kFloat32, Device::kCPU, 3, shape),
+                                       make_view(vf.data(), DType::kFloat32, Device::kCPU, 3, shape), q_meta, k_meta,
+                                       fwd, bwd, stream);
+  }
+  MXFLASH_RETURN_IF_ERROR(check_training_sets(fwd, bwd, q_meta, k_meta, H));
+  MXFLASH_RETURN_IF_ERROR(check_same_device({{&q, "q"}, {&fwd.q, "fwd.q"}, {&bwd.v, "bwd.v"}}, &dev));
+  MXFLASH_RETURN_IF_ERROR(check_cuda_call(q.device_id, "q", q_meta, k_meta));
+  cuda::AttentionFwdProblem p;
+  fill_problem(q_meta, k_meta, H, q_meta.total_tokens(), false, 1.f, &p);
+  p.broadcast_q = q_meta.batch() != k_meta.batch();  // the kernels take Q's sequence count from it
+  cuda::MxKvSource src;
+  src.k = k.payload.ptr<uint8_t>();
+  src.k_scales = k.scales.ptr<uint8_t>();
+  src.v = v.payload.ptr<uint8_t>();
+  src.v_scales = v.scales.ptr<uint8_t>();
+  return cuda::quantize_attention_training_operands_mx_kv(p, q.data, q.dtype == DType::kFloat32, src,
+                                                          exec_operands(fwd), bwd_exec_operands(bwd), stream);
 }
 
 size_t attention_backward_operands_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,

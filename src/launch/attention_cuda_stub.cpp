@@ -30,6 +30,14 @@ Status quantize_attention_bwd_operands(const AttentionBwdProblem&, const void*, 
                                        const BwdExecOperands&, bool, void*) {
   return Status::Unsupported("mxflash was built without CUDA");
 }
+Status quantize_attention_training_operands(const AttentionFwdProblem&, const void*, const void*, const void*, bool,
+                                            const FwdExecOperands&, const BwdExecOperands&, void*) {
+  return Status::Unsupported("mxflash was built without CUDA");
+}
+Status quantize_attention_training_operands_mx_kv(const AttentionFwdProblem&, const void*, bool, const MxKvSource&,
+                                                  const FwdExecOperands&, const BwdExecOperands&, void*) {
+  return Status::Unsupported("mxflash was built without CUDA");
+}
 size_t attention_bwd_workspace_bytes(const AttentionBwdProblem&) { return 0; }
 Status attention_backward(const AttentionBwdProblem&, void*, size_t, void*) {
   return Status::Unsupported("mxflash was built without CUDA");

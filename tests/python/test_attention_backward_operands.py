@@ -180,3 +180,67 @@ def test_cuda_operands_and_backward_equal_cpu(torch_cuda, dtype, broadcast_q):
         assert g.is_cuda and g.dtype == torch.bfloat16, name
         # the fast kernels quantize dO and dS with coarser scales than the reference
         assert sqnr_db(w.astype(np.float32), g.float().cpu().numpy()) > 20, name
+
+
+def mx_kv(x, km, spread=30, seed=12):
+    """K and V as MX tensors (hdim, plain) from values whose 32-blocks span +-spread binades (scales
+    from 2^-30 to 2^30: bf16 widening exact), and their bf16 values (the definition's inputs)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for a in x[1:]:
+        binades = np.exp2(rng.integers(-spread, spread + 1, a.shape[:2] + (4,))).repeat(32, axis=-1)
+        a = (a.astype(np.float32) * binades).astype(np.float32)
+        t = mxflash.quantize_mx(a, km, "hdim")
+        out.append((t, t.dequantize(km, "bfloat16")))
+    return out
+
+
+def mx_kv_case(q_dtype, broadcast_q):
+    """Inputs, MX K and V, and the bytes the definition gives (the call on their bf16 values)."""
+    q_lengths, k_lengths = ([150], [300, 0, 129, 1]) if broadcast_q else ([200, 0, 130, 1], [300, 5, 0, 129])
+    qm, km = metas(q_lengths, k_lengths)
+    x = inputs(q_lengths, k_lengths, seed=13, dtype=BF16 if q_dtype == "bfloat16" else np.float32)
+    (kt, kb), (vt, vb) = mx_kv(x, km)
+    cast = (lambda a: a) if q_dtype == "bfloat16" else (lambda a: a.astype(np.float32))  # noqa: E731
+    return qm, km, x[0], kt, vt, mxflash.quantize_attention_training(x[0], cast(kb), cast(vb), qm, km)
+
+
+@pytest.mark.parametrize("q_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("broadcast_q", [False, True])
+def test_training_quantizer_with_mx_kv(q_dtype, broadcast_q):
+    """quantize_attention_training on MX K, V: the bytes of the same call on their bf16 values."""
+    qm, km, xq, kt, vt, want = mx_kv_case(q_dtype, broadcast_q)
+    check_training_sets(*mxflash.quantize_attention_training(xq, kt, vt, qm, km), *want)
+
+
+@pytest.mark.parametrize("q_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("broadcast_q", [False, True])
+def test_cuda_training_quantizer_with_mx_kv(torch_cuda, q_dtype, broadcast_q):
+    """On CUDA (the fused kernels reading the MX tensors once) the definition's bytes, outputs
+    poisoned first."""
+    torch = torch_cuda
+    from test_attention import mx_to
+
+    qm, km, xq, kt, vt, want = mx_kv_case(q_dtype, broadcast_q)
+    fwd, bwd = (type(o)(*(torch_of(a, torch) for a in o)) for o in training_sentinels(qm, km))
+    bwd = mxflash.AttentionBwdOperands(*(getattr(fwd if n in SHARED else bwd, n) for n in NAMES))
+    mxflash.quantize_attention_training(torch_of(xq, torch), mx_to(kt, torch), mx_to(vt, torch), qm, km,
+                                        out=(fwd, bwd))
+    assert fwd.q.is_cuda and bwd.kt.is_cuda
+    check_training_sets(fwd, bwd, *want)
+
+
+def test_training_quantizer_with_mx_kv_bad_arguments():
+    qm, km = metas(Q_LENGTHS, K_LENGTHS)
+    x = inputs(Q_LENGTHS, K_LENGTHS, seed=14, dtype=BF16)
+    (kt, _), (vt, _) = mx_kv(x, km)
+    fwd, bwd = training_sentinels(qm, km)
+    seq = mxflash.quantize_mx(x[2].astype(np.float32), km, "seq")
+    with pytest.raises(ValueError, match="^v.orientation: must be hdim"):
+        mxflash.quantize_attention_training(x[0], kt, seq, qm, km, out=(fwd, bwd))
+    blocked = mxflash.quantize_mx(x[1].astype(np.float32), km, "hdim", scale_layout="blocked128x4")
+    with pytest.raises(ValueError, match="^k.scale_layout: must be plain"):
+        mxflash.quantize_attention_training(x[0], blocked, vt, qm, km, out=(fwd, bwd))
+    with pytest.raises(TypeError, match="^v: expected mxflash.MxTensor"):
+        mxflash.quantize_attention_training(x[0], kt, x[2], qm, km, out=(fwd, bwd))
+    assert untouched(*fwd, *bwd)

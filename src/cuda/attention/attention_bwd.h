@@ -58,6 +58,17 @@ Status quantize_attention_training_operands(const AttentionFwdProblem& p, const 
                                             const void* v, bool x_fp32, const FwdExecOperands& fwd,
                                             const BwdExecOperands& bwd, void* stream);
 
+// K and V as MX tensors for quantize_attention_training_operands_mx_kv: payloads (Tk, H, 128) e4m3
+// with plain hdim scales (Tk, H, 4), token-major.
+struct MxKvSource {
+  const uint8_t *k = nullptr, *k_scales = nullptr, *v = nullptr, *v_scales = nullptr;
+};
+// quantize_attention_training_operands with K and V from MX tensors: the same bytes as on their
+// bf16 values (dequantize to bf16), from one read of each MX tensor. q: bf16, or fp32 (q_fp32).
+Status quantize_attention_training_operands_mx_kv(const AttentionFwdProblem& p, const void* q, bool q_fp32,
+                                                  const MxKvSource& kv, const FwdExecOperands& fwd,
+                                                  const BwdExecOperands& bwd, void* stream);
+
 // The exact-MX backward (attention_bwd_exact.cu): the CPU reference's arithmetic on the GPU, step
 // for step, FP64 sums; allocates its FP64 accumulators on the stream.
 Status attention_backward_exact(const AttentionBwdProblem& p, void* stream);

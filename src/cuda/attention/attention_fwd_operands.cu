@@ -108,15 +108,21 @@ __device__ __forceinline__ uint32_t nan_word(int g, int w, int valid_tokens) {
 // dim from the staged rows, as prepare_rows_kernel<kRows == kRowsPerRow> with XRowSource would
 // (rows_tile; one scale per row or per tile, into row_out / row_scale), so that one read of x
 // serves a token-contiguous and a row operand (quantize_attention_training).
+//
+// kMxIn (bf16 only): x is an MX tensor instead, payload bytes (T, H, 128) at x with plain hdim scales
+// (T, H, 4) at x_scales; the staged rows are its values widened to bf16 (dequantize8: the bytes of
+// dequantize(..., bf16)), so the outputs equal this kernel's on that bf16 tensor, from half the reads.
 inline constexpr int kRowsNone = 0, kRowsPerRow = 1, kRowsPerTile = 2;
-template <typename In, int kRows = kRowsNone>
+template <typename In, int kRows = kRowsNone, bool kMxIn = false>
 __global__ void __launch_bounds__(kOperandVThreads, 3) operand_v_kernel(const In* __restrict__ x,
                                                                         const int32_t* __restrict__ cu,
                                                                         const int32_t* __restrict__ cu_sf, int batch,
                                                                         int64_t H, int64_t P, uint8_t* __restrict__ out,
                                                                         float* __restrict__ tile_scale,
                                                                         uint8_t* __restrict__ row_out = nullptr,
-                                                                        float* __restrict__ row_scale = nullptr) {
+                                                                        float* __restrict__ row_scale = nullptr,
+                                                                        const uint8_t* __restrict__ x_scales = nullptr) {
+  static_assert(!kMxIn || sizeof(In) == 2, "MX sources are staged as bf16");
   constexpr int kStageTokens = 32768 / (kHeadDim * int(sizeof(In)));  // 128 (bf16) or 64 (fp32)
   constexpr int kStages = kTile / kStageTokens;
   constexpr int kChunks = kHeadDim * int(sizeof(In)) / 16;          // 16-byte chunks per token row
@@ -180,14 +186,36 @@ __global__ void __launch_bounds__(kOperandVThreads, 3) operand_v_kernel(const In
       static_assert(kStageTokens * kChunks % kOperandVThreads == 0 && kOperandVThreads % kChunks == 0);
       constexpr int kRowStep = kOperandVThreads / kChunks;
       const int c = tid % kChunks, r0 = tid / kChunks;
-      const In* src = x + ((cu[b] + first + stage * kStageTokens + r0) * H + h) * kHeadDim + c * (16 / sizeof(In));
+      const int64_t elem0 = ((cu[b] + first + stage * kStageTokens + r0) * H + h) * kHeadDim + c * (16 / sizeof(In));
+      const In* src = x + elem0;
       const int64_t step = int64_t(kRowStep) * H * kHeadDim;
+      constexpr int kLoads = kStageTokens * kChunks / kOperandVThreads;
+      if constexpr (kMxIn) {
+        // 8 e4m3 bytes at element elem0 + k step and their block's scale byte, all loaded before
+        // any is widened (a load per widening held each thread to one load in flight: 1.5x the time)
+        uint2 qw[kLoads];
+        uint32_t sc[kLoads];
 #pragma unroll
-      for (int k = 0; k < kStageTokens * kChunks / kOperandVThreads; ++k) {
-        const int r = r0 + k * kRowStep;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (stage * kStageTokens + r < valid_tokens) v = *reinterpret_cast<const uint4*>(src + k * step);
-        *reinterpret_cast<uint4*>(&rows[r][c * (16 / sizeof(In))]) = v;
+        for (int k = 0; k < kLoads; ++k) {
+          qw[k] = make_uint2(0, 0), sc[k] = 127;  // past the sequence's end: zeros
+          if (stage * kStageTokens + r0 + k * kRowStep < valid_tokens) {
+            const int64_t e = elem0 + k * step;
+            qw[k] = __ldg(reinterpret_cast<const uint2*>(reinterpret_cast<const uint8_t*>(x) + e));
+            sc[k] = __ldg(x_scales + e / kBlockSize);
+          }
+        }
+#pragma unroll
+        for (int k = 0; k < kLoads; ++k)
+          *reinterpret_cast<uint4*>(&rows[r0 + k * kRowStep][c * (16 / sizeof(In))]) =
+              dequantize8_bf16(qw[k].x, qw[k].y, sc[k]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < kLoads; ++k) {
+          const int r = r0 + k * kRowStep;
+          uint4 v = make_uint4(0, 0, 0, 0);
+          if (stage * kStageTokens + r < valid_tokens) v = *reinterpret_cast<const uint4*>(src + k * step);
+          *reinterpret_cast<uint4*>(&rows[r][c * (16 / sizeof(In))]) = v;
+        }
       }
     }
     __syncthreads();
@@ -301,6 +329,19 @@ Status launch_tokens_and_rows(const In* x, int64_t H, const Side& sd, uint8_t* t
   }
 }
 
+// launch_tokens_and_rows<kPerRow> for an MX x (payload, plain hdim scales; see operand_v_kernel).
+template <bool kPerRow>
+Status launch_tokens_and_rows_mx(const uint8_t* x, const uint8_t* x_scales, int64_t H, const Side& sd, uint8_t* tok,
+                                 float* tok_scale, uint8_t* row, float* row_scale, cudaStream_t stream,
+                                 const char* what) {
+  if (sd.P == 0) return Status::Ok();
+  operand_v_kernel<uint16_t, kPerRow ? kRowsPerRow : kRowsPerTile, true>
+      <<<dim3(unsigned(sd.P / kTile), unsigned(H)), kOperandVThreads, 0, stream>>>(
+          reinterpret_cast<const uint16_t*>(x), sd.cu, sd.cu_sf, sd.batch, H, sd.P, tok, tok_scale, row, row_scale,
+          x_scales);
+  return cuda_error(cudaGetLastError(), what);
+}
+
 template <typename In>
 Status launch_operands(const AttentionFwdProblem& p, const In* q, const In* k, const In* v, const FwdExecOperands& out,
                        cudaStream_t stream) {
@@ -346,8 +387,30 @@ Status launch_training_operands(const AttentionFwdProblem& p, const In* q, const
                                        "quantize_attention_training: V launch");
 }
 
+// launch_training_operands with K and V given as MX tensors.
+template <typename In>
+Status launch_training_operands_mx_kv(const AttentionFwdProblem& p, const In* q, const MxKvSource& kv,
+                                      const FwdExecOperands& fwd, const BwdExecOperands& bwd, cudaStream_t stream) {
+  const int64_t H = p.heads;
+  MXFLASH_RETURN_IF_ERROR(launch_tokens_and_rows<true>(q, H, q_side(p), bwd.qt, bwd.qt_scale, fwd.q, fwd.q_scale,
+                                                       stream, "quantize_attention_training: Q launch"));
+  MXFLASH_RETURN_IF_ERROR(launch_tokens_and_rows_mx<false>(kv.k, kv.k_scales, H, k_side(p), bwd.kt, bwd.kt_scale,
+                                                           fwd.k, fwd.k_scale, stream,
+                                                           "quantize_attention_training: K launch"));
+  return launch_tokens_and_rows_mx<false>(kv.v, kv.v_scales, H, k_side(p), fwd.v, fwd.v_scale, bwd.v, bwd.v_scale,
+                                          stream, "quantize_attention_training: V launch");
+}
+
 }  // namespace
 }  // namespace attn
+
+Status quantize_attention_training_operands_mx_kv(const AttentionFwdProblem& p, const void* q, bool q_fp32,
+                                                  const MxKvSource& kv, const FwdExecOperands& fwd,
+                                                  const BwdExecOperands& bwd, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (q_fp32) return attn::launch_training_operands_mx_kv(p, static_cast<const float*>(q), kv, fwd, bwd, s);
+  return attn::launch_training_operands_mx_kv(p, static_cast<const uint16_t*>(q), kv, fwd, bwd, s);
+}
 
 Status quantize_attention_training_operands(const AttentionFwdProblem& p, const void* q, const void* k,
                                             const void* v, bool x_fp32, const FwdExecOperands& fwd,

@@ -51,34 +51,11 @@ __global__ void __launch_bounds__(kFlatThreads) dequantize_flat_kernel(const uin
        i += int64_t(gridDim.x) * kFlatThreads) {
     const uint2 q = __ldg(reinterpret_cast<const uint2*>(payload) + i);
     const uint32_t s = __ldg(scales + i / 4);
-    const uint32_t w[2] = {q.x, q.y};
-    float v[8];
-    // Fast path: no NaN byte (low 7 bits all ones) and a finite scale. e4m3x2 -> f16x2 is exact, f16
-    // -> f32 too, and the product by 2^(s - 127) is the same fp32 multiply dequantize_value does.
-    const uint32_t nan_bytes =
-        (((w[0] & 0x7F7F7F7Fu) + 0x01010101u) | ((w[1] & 0x7F7F7F7Fu) + 0x01010101u)) & 0x80808080u;
-    if (nan_bytes == 0 && s != 0xFFu) {
-      const float scale = __uint_as_float(s != 0 ? s << 23 : 0x00400000u);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        uint32_t h2;
-        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(uint16_t(w[k / 2] >> (16 * (k % 2)))));
-        float lo, hi;
-        asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}"
-            : "=f"(lo), "=f"(hi) : "r"(h2));
-        v[2 * k] = lo * scale;
-        v[2 * k + 1] = hi * scale;
-      }
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) v[e] = dequantize_value((w[e / 4] >> (8 * (e % 4))) & 0xFFu, s);
-    }
     if constexpr (kOutBf16) {
-      uint32_t b[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) b[k] = uint32_t(float_to_bf16(v[2 * k])) | (uint32_t(float_to_bf16(v[2 * k + 1])) << 16);
-      reinterpret_cast<uint4*>(out)[i] = make_uint4(b[0], b[1], b[2], b[3]);
+      reinterpret_cast<uint4*>(out)[i] = dequantize8_bf16(q.x, q.y, s);
     } else {
+      float v[8];
+      dequantize8(q.x, q.y, s, v);
       float4* dst = reinterpret_cast<float4*>(out) + 2 * i;
       dst[0] = make_float4(v[0], v[1], v[2], v[3]);
       dst[1] = make_float4(v[4], v[5], v[6], v[7]);

@@ -81,4 +81,51 @@ MXFLASH_HD float dequantize_value(uint32_t q, uint32_t s) {
   return e4m3_to_float(uint8_t(q)) * e8m0_to_float(uint8_t(s));
 }
 
+#if defined(__CUDACC__)
+// dequantize_value of 8 payload bytes (two words, byte 0 first) sharing the scale byte s. Fast path
+// where no byte is NaN (low 7 bits all ones) and the scale is finite: e4m3x2 -> f16x2 and f16 -> f32
+// are exact, and the product by 2^(s - 127) is the same fp32 multiply dequantize_value does.
+__device__ __forceinline__ void dequantize8(uint32_t w0, uint32_t w1, uint32_t s, float (&v)[8]) {
+  const uint32_t nan_bytes = (((w0 & 0x7F7F7F7Fu) + 0x01010101u) | ((w1 & 0x7F7F7F7Fu) + 0x01010101u)) & 0x80808080u;
+  const uint32_t w[2] = {w0, w1};
+  if (nan_bytes == 0 && s != kE8m0Nan) {
+    const float scale = __uint_as_float(s != 0 ? s << 23 : 0x00400000u);  // 2^(s - 127), 2^-127 subnormal
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      uint32_t h2;
+      asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(uint16_t(w[k / 2] >> (16 * (k % 2)))));
+      float lo, hi;
+      asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}"
+          : "=f"(lo), "=f"(hi) : "r"(h2));
+      v[2 * k] = lo * scale;
+      v[2 * k + 1] = hi * scale;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = dequantize_value((w[e / 4] >> (8 * (e % 4))) & 0xFFu, s);
+  }
+}
+
+// 8 values as bf16 (float_to_bf16 each), packed in order into 16 bytes.
+__device__ __forceinline__ uint4 pack_bf16x8(const float (&v)[8]) {
+  uint32_t b[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) b[k] = uint32_t(float_to_bf16(v[2 * k])) | (uint32_t(float_to_bf16(v[2 * k + 1])) << 16);
+  return make_uint4(b[0], b[1], b[2], b[3]);
+}
+
+// dequantize8 then pack_bf16x8, with the hardware's round-to-nearest-even conversion (one per pair)
+// where no value can be NaN (the only inputs on which it and float_to_bf16 differ in bits).
+__device__ __forceinline__ uint4 dequantize8_bf16(uint32_t w0, uint32_t w1, uint32_t s) {
+  float v[8];
+  dequantize8(w0, w1, s, v);
+  const uint32_t nan_bytes = (((w0 & 0x7F7F7F7Fu) + 0x01010101u) | ((w1 & 0x7F7F7F7Fu) + 0x01010101u)) & 0x80808080u;
+  if (nan_bytes != 0 || s == kE8m0Nan) return pack_bf16x8(v);
+  uint32_t b[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(b[k]) : "f"(v[2 * k + 1]), "f"(v[2 * k]));
+  return make_uint4(b[0], b[1], b[2], b[3]);
+}
+#endif
+
 }  // namespace mxflash::cuda
