@@ -118,18 +118,18 @@ def _norm_kv_grads(needs, saved, dtypes, meta, dk, dv):
     return dx, dg, dwk, dwv
 
 
-def _make_core():
+def _make_functions():
     torch = _torch()
 
-    class CrossAttentionCore(torch.autograd.Function):
-        """(x, norm_weight, wk, wv, q) -> o: RMSNorm+Quantize, the K and V GEMM+Quantize projections,
-        and the MXFP8 attention of the one Q sequence over every K/V sequence (see the module
-        docstring). In training, K and V go from the GEMMs' MX outputs straight into the attention's
-        operands (quantize_attention_training on MX tensors: no bf16 K or V), and the graph keeps the
-        FP8 operands, not k and v."""
+    class NormKV(torch.autograd.Function):
+        """x -> MX k, v: RMSNorm+Quantize, then the K and V GEMM+Quantize projections. The MX tensors
+        are not differentiable; the gradient reaches this function through `link`, a (2, T, H * 128)
+        bf16 zero that takes no memory (an expanded scalar), whose gradient is (dk, dv): the
+        attention function's backward returns it, so that autograd frees the attention's saved
+        operands before this backward runs (one function holding both kept ~4 GB more at the peak)."""
 
         @staticmethod
-        def forward(ctx, x, norm_weight, wk, wv, q, meta, q_meta, eps, heads, training):
+        def forward(ctx, x, norm_weight, wk, wv, meta, eps, heads):
             xq = x.detach()
             if xq.dtype not in (torch.bfloat16, torch.float32):
                 xq = xq.float()
@@ -138,41 +138,62 @@ def _make_core():
             xn_p, xn_s, rstd = mxflash.rmsnorm_quantize(xq, g, eps=eps)
             wk_p, wk_s = quantize_rows(wk, "wk")
             wv_p, wv_s = quantize_rows(wv, "wv")
-            t = xq.shape[0]
-            k = mxflash.gemm_quantize(xn_p, xn_s, wk_p, wk_s)
-            v = mxflash.gemm_quantize(xn_p, xn_s, wv_p, wv_s)
+            k_p, k_s = mxflash.gemm_quantize(xn_p, xn_s, wk_p, wk_s)
+            v_p, v_s = mxflash.gemm_quantize(xn_p, xn_s, wv_p, wv_s)
+            ctx.save_for_backward(xq, g, rstd, xn_p, xn_s, wk_p, wk_s, wv_p, wv_s)
+            ctx.meta, ctx.dtypes = meta, (x.dtype, norm_weight.dtype, wk.dtype, wv.dtype)
+            link = torch.zeros((), dtype=torch.bfloat16, device=xq.device).expand(2, xq.shape[0], wk.shape[0])
+            ctx.mark_non_differentiable(k_p, k_s, v_p, v_s)
+            return link, k_p, k_s, v_p, v_s
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, dlink, *_):
+            return (*_norm_kv_grads(ctx.needs_input_grad[:4], ctx.saved_tensors, ctx.dtypes, ctx.meta, dlink[0],
+                                    dlink[1]), None, None, None)
+
+    class Attention(torch.autograd.Function):
+        """(q, link; MX k, v) -> o: the MXFP8 attention of the one Q sequence over every K/V sequence.
+        In training, K and V go from the GEMMs' MX outputs straight into the attention's operands
+        (quantize_attention_training on MX tensors: no bf16 K or V), and the graph keeps those FP8
+        operands, out and the LSE."""
+
+        @staticmethod
+        def forward(ctx, q, link, k_p, k_s, v_p, v_s, meta, q_meta, heads, training):
+            t = k_p.shape[0]
             qb = q.detach().to(torch.bfloat16).contiguous()
             if training:
-                kmx, vmx = (mxflash.MxTensor(p.view(t, heads, 128), sc.view(t, heads, 4), "hdim") for p, sc in (k, v))
+                kmx = mxflash.MxTensor(k_p.view(t, heads, 128), k_s.view(t, heads, 4), "hdim")
+                vmx = mxflash.MxTensor(v_p.view(t, heads, 128), v_s.view(t, heads, 4), "hdim")
                 ops, bwd_ops = mxflash.quantize_attention_training(qb, kmx, vmx, q_meta, meta)
             else:
-                kb, vb = (_widen(p, sc, meta, heads) for p, sc in (k, v))
+                kb, vb = _widen(k_p, k_s, meta, heads), _widen(v_p, v_s, meta, heads)
                 ops, bwd_ops = mxflash.quantize_attention_forward(qb, kb, vb, q_meta, meta), None
-            del k, v
             out, lse = mxflash.attention_forward_operands(ops, q_meta, meta, broadcast_q=True)
             del ops
             if training:
-                ctx.save_for_backward(xq, g, rstd, xn_p, xn_s, wk_p, wk_s, wv_p, wv_s, out, lse, *bwd_ops)
-            ctx.meta, ctx.q_meta = meta, q_meta
-            ctx.dtypes = (x.dtype, norm_weight.dtype, wk.dtype, wv.dtype, q.dtype)
+                ctx.save_for_backward(out, lse, *bwd_ops)
+            ctx.meta, ctx.q_meta, ctx.heads, ctx.q_dtype = meta, q_meta, heads, q.dtype
             return out
 
         @staticmethod
         @torch.autograd.function.once_differentiable
         def backward(ctx, dout):
-            saved = ctx.saved_tensors
-            out, lse = saved[9], saved[10]
-            ops = mxflash.AttentionBwdOperands(*saved[11:])
-            dq, dk, dv = mxflash.attention_backward_operands(ops, out, dout.to(torch.bfloat16).contiguous(), lse,
-                                                             ctx.q_meta, ctx.meta, broadcast_q=True)
-            del ops
-            grads = _norm_kv_grads(ctx.needs_input_grad[:4], saved[:9], ctx.dtypes, ctx.meta, dk, dv)
-            return (*grads, dq.to(ctx.dtypes[4]), None, None, None, None, None)
+            out, lse, *arrays = ctx.saved_tensors
+            ops = mxflash.AttentionBwdOperands(*arrays)
+            del arrays
+            t = ctx.meta.total_tokens
+            dkv = torch.empty((2, t, ctx.heads, 128), dtype=torch.bfloat16, device=dout.device)
+            dq = torch.empty((ctx.q_meta.total_tokens, ctx.heads, 128), dtype=torch.bfloat16, device=dout.device)
+            mxflash.attention_backward_operands(ops, out, dout.to(torch.bfloat16).contiguous(), lse, ctx.q_meta,
+                                                ctx.meta, broadcast_q=True, grads=(dq, dkv[0], dkv[1]))
+            return (dq.to(ctx.q_dtype), dkv.view(2, t, ctx.heads * 128), None, None, None, None, None, None, None,
+                    None)
 
-    return CrossAttentionCore
+    return NormKV, Attention
 
 
-_core = None
+_functions = None
 
 
 def _check_x(x, meta, model_dim):
@@ -256,14 +277,16 @@ def _classes_made():
             self._q_meta = mxflash.JaggedMeta.from_lengths([self.num_queries])
 
         def forward(self, x, meta):
-            global _core
+            global _functions
             _check_x(x, meta, self.model_dim)
-            if _core is None:
-                _core = _make_core()
+            if _functions is None:
+                _functions = _make_functions()
+            norm_kv, attention = _functions
             q = self._queries()
-            leaves = (x, self.norm_weight, self.wk, self.wv, q)
-            training = torch.is_grad_enabled() and any(t.requires_grad for t in leaves)
-            o = _core.apply(*leaves, meta, self._q_meta, self.eps, self.heads, training)
+            training = torch.is_grad_enabled() and any(
+                t.requires_grad for t in (x, self.norm_weight, self.wk, self.wv, q))
+            link, *kv = norm_kv.apply(x, self.norm_weight, self.wk, self.wv, meta, self.eps, self.heads)
+            o = attention.apply(q, link, *kv, meta, self._q_meta, self.heads, training)
             return self._project_out(o, meta.batch)
 
     class JaggedCrossAttentionBf16(Base):

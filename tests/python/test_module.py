@@ -254,3 +254,19 @@ def test_module_cuda_inference_keeps_no_graph(torch_cuda):
     assert not y.requires_grad
     y2 = m(x.detach(), meta)  # parameters still require grad: a graph, the same values
     assert torch.equal(y, y2.detach())
+
+
+def test_module_cuda_checkpointed_step_equals_plain(torch_cuda):
+    """Under torch.utils.checkpoint the step recomputes the forward in the backward: every
+    gradient bit for bit the plain step's (the kernels are deterministic), the graph between the
+    two holding only the checkpoint's inputs."""
+    torch = torch_cuda
+    m, meta, x, dy = module_case("cuda")
+    _, plain = run_module(m, meta, x, dy)
+    m.zero_grad(set_to_none=True)
+    x.grad = None
+    y = torch.utils.checkpoint.checkpoint(m, x, meta, use_reentrant=False)
+    y.backward(dy.to(y.dtype))
+    assert torch.equal(x.grad.double().cpu(), plain["x"])
+    for n, p in m.named_parameters():
+        assert torch.equal(p.grad.double().cpu(), plain[n]), n
