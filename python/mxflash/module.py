@@ -40,6 +40,7 @@ sequence at a time.
 import math
 
 import mxflash
+from mxflash.autograd import _opaque_to_torch_compile
 
 E4M3_MAX = 448.0
 
@@ -196,6 +197,22 @@ def _make_functions():
 _functions = None
 
 
+def _mx_core(x, norm_weight, wk, wv, q, meta, q_meta, eps, heads):
+    """x -> o through the two autograd functions; opaque to torch.compile's tracer (a compiled model
+    breaks its graph here and runs this eagerly, the layers around it compiled), as mx_attention."""
+    global _functions
+    torch = _torch()
+    if _functions is None:
+        _functions = _make_functions()
+    norm_kv, attention = _functions
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in (x, norm_weight, wk, wv, q))
+    link, *kv = norm_kv.apply(x, norm_weight, wk, wv, meta, eps, heads)
+    return attention.apply(q, link, *kv, meta, q_meta, heads, training)
+
+
+_mx_core = _opaque_to_torch_compile(_mx_core)
+
+
 def _check_x(x, meta, model_dim):
     torch = _torch()
     mxflash._check_meta(meta, "meta")
@@ -277,16 +294,9 @@ def _classes_made():
             self._q_meta = mxflash.JaggedMeta.from_lengths([self.num_queries])
 
         def forward(self, x, meta):
-            global _functions
             _check_x(x, meta, self.model_dim)
-            if _functions is None:
-                _functions = _make_functions()
-            norm_kv, attention = _functions
-            q = self._queries()
-            training = torch.is_grad_enabled() and any(
-                t.requires_grad for t in (x, self.norm_weight, self.wk, self.wv, q))
-            link, *kv = norm_kv.apply(x, self.norm_weight, self.wk, self.wv, meta, self.eps, self.heads)
-            o = attention.apply(q, link, *kv, meta, self._q_meta, self.heads, training)
+            o = _mx_core(x, self.norm_weight, self.wk, self.wv, self._queries(), meta, self._q_meta, self.eps,
+                         self.heads)
             return self._project_out(o, meta.batch)
 
     class JaggedCrossAttentionBf16(Base):
