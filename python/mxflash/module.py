@@ -102,8 +102,8 @@ def _norm_kv_grads(needs, saved, dtypes, meta, dk, dv):
     xq, g, rstd, xn_p, xn_s, wk_p, wk_s, wv_p, wv_s = saved
     t = xq.shape[0]
     bf16 = torch.bfloat16
-    dk = dk.reshape(t, -1).to(bf16)
-    dv = dv.reshape(t, -1).to(bf16)
+    dk = dk.reshape(t, wk_p.shape[0]).to(bf16)
+    dv = dv.reshape(t, wv_p.shape[0]).to(bf16)
     dx = dg = dwk = dwv = None
     if needs[2] or needs[3]:
         xn = _activation_bf16(xn_p, xn_s, meta)

@@ -158,6 +158,23 @@ def test_module_cpu_against_fp64():
 
 
 @needs_torch
+def test_module_with_no_keys_at_all():
+    """Every sequence empty (T = 0): y = 0, the gradients zero (x's of shape (0, C)), as the twin."""
+    import torch
+    from mxflash.module import JaggedCrossAttentionBf16
+
+    m, meta, x, dy = module_case("cpu", lengths=[0, 0, 0])
+    y, g = run_module(m, meta, x, dy)
+    assert y.shape == (3, 48, 256) and torch.all(y == 0)
+    assert g["x"].shape == (0, 256)
+    for n in ("seeds", "norm_weight", "wq", "wk", "wv"):
+        assert torch.all(g[n] == 0), n
+    twin = JaggedCrossAttentionBf16(model_dim=256, heads=2, num_queries=48)
+    twin.load_state_dict(m.state_dict())
+    assert torch.all(twin(x, meta) == 0)
+
+
+@needs_torch
 def test_twin_against_fp64():
     import torch
     from mxflash.module import JaggedCrossAttentionBf16
