@@ -20,7 +20,7 @@ wq, wk, wv (H * 128, C), wo (C, H * 128); float32 (master weights) or bfloat16.
 The MXFP8 path (JaggedCrossAttention) on CUDA tensors:
 - rmsnorm + quantize in one pass (mxflash.rmsnorm_quantize: xn never exists in BF16);
 - the K and V projections by mxflash.gemm_quantize (FP8 wgmma on the MX operands; wk and wv are
-  quantized along C each step), their MX outputs widened to bf16 (exact: every MX value is a bf16);
+  quantized along C each step), written as MX along the head dim;
 - q is projected once (a 512-row BF16 GEMM) and broadcast to every sequence without a gather; the
   attention forward and backward are the MXFP8 kernels on execution-layout operands, which the
   training step writes from the GEMMs' MX K and V directly (mxflash.quantize_attention_training on
