@@ -31,6 +31,9 @@ MXFLASH_HD int rms_lanes(int64_t cols) {
 
 // rstd = 1 / sqrt(ss / C + eps), each step rounded to nearest (no fast-math forms). A NaN result
 // is the quiet NaN 0x7FC00000 (CPU and GPU arithmetic make NaNs of different bits).
+// NaN as the quiet NaN 0x7FC00000 (CPU and GPU arithmetic make NaNs of different bits), else v.
+MXFLASH_HD float rms_canonical(float v) { return is_nan_bits(float_bits(v)) ? bits_float(0x7FC00000u) : v; }
+
 MXFLASH_HD float rms_rstd(float ss, int64_t cols, float eps) {
 #if defined(__CUDA_ARCH__)
   const float r = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, float(cols)), eps)));
@@ -40,7 +43,7 @@ MXFLASH_HD float rms_rstd(float ss, int64_t cols, float eps) {
   volatile float root = __builtin_sqrtf(v);
   const float r = 1.f / root;
 #endif
-  return is_nan_bits(float_bits(r)) ? bits_float(0x7FC00000u) : r;
+  return rms_canonical(r);
 }
 
 // y = (x * rstd) * w, two rounded multiplies (w = 1 without a weight gives x * rstd exactly).
@@ -89,14 +92,10 @@ MXFLASH_HD float rms_fma(float a, float b, float c) {
 #endif
 }
 
-// dx of one value: (gy - xh * m) * rstd, m = dot / C. NaN results are the quiet NaN 0x7FC00000.
+// dx of one value: (gy - xh * m) * rstd, m = dot / C; NaN canonical (rms_canonical).
 MXFLASH_HD float rms_bwd_dx(float gy, float xh, float m, float rstd) {
-  const float r = rms_mul(rms_fma(-xh, m, gy), rstd);
-  return is_nan_bits(float_bits(r)) ? bits_float(0x7FC00000u) : r;
+  return rms_canonical(rms_mul(rms_fma(-xh, m, gy), rstd));
 }
-
-// A finished dweight value: NaN as the quiet NaN 0x7FC00000 (CPU and GPU NaNs differ in bits).
-MXFLASH_HD float rms_canonical(float v) { return is_nan_bits(float_bits(v)) ? bits_float(0x7FC00000u) : v; }
 
 MXFLASH_HD float rms_bwd_mean(float dot, int64_t cols) {
 #if defined(__CUDA_ARCH__)

@@ -16,6 +16,16 @@ float element(const void* base, bool bf16, int64_t i) {
   return bf16 ? bf16_to_float(static_cast<const uint16_t*>(base)[i]) : static_cast<const float*>(base)[i];
 }
 
+// rmsnorm_rules.h's butterfly over the row's L lanes' sums: what every lane ends with.
+float lane_butterfly(float (&lane)[kRmsMaxLanes], int L) {
+  for (int d = L / 2; d >= 1; d /= 2) {
+    float next[kRmsMaxLanes];
+    for (int i = 0; i < L; ++i) next[i] = lane[i] + lane[i ^ d];
+    for (int i = 0; i < L; ++i) lane[i] = next[i];
+  }
+  return lane[0];
+}
+
 }  // namespace
 
 float rms_sum_of_squares(const float* row, int64_t cols) {
@@ -28,12 +38,7 @@ float rms_sum_of_squares(const float* row, int64_t cols) {
       acc = std::fma(v, v, acc);
     }
   }
-  for (int d = L / 2; d >= 1; d /= 2) {
-    float next[kRmsMaxLanes];
-    for (int i = 0; i < L; ++i) next[i] = lane[i] + lane[i ^ d];
-    for (int i = 0; i < L; ++i) lane[i] = next[i];
-  }
-  return lane[0];
+  return lane_butterfly(lane, L);
 }
 
 void rmsnorm_quantize(const detail::RmsNormQuantizeProblem& p) {
@@ -70,12 +75,7 @@ void rmsnorm_backward(const detail::RmsNormBackwardProblem& p) {
       acc = rms_fma(gy[size_t(c)], xh[size_t(c)], acc);
       if (p.dweight) group[size_t(c)] = rms_fma(dy, xh[size_t(c)], group[size_t(c)]);
     }
-    for (int d = L / 2; d >= 1; d /= 2) {
-      float next[kRmsMaxLanes];
-      for (int i = 0; i < L; ++i) next[i] = lane[i] + lane[i ^ d];
-      for (int i = 0; i < L; ++i) lane[i] = next[i];
-    }
-    const float m = rms_bwd_mean(lane[0], C);
+    const float m = rms_bwd_mean(lane_butterfly(lane, L), C);
     for (int64_t c = 0; c < C; ++c) {
       const float v = rms_bwd_dx(gy[size_t(c)], xh[size_t(c)], m, rstd);
       if (p.bf16)

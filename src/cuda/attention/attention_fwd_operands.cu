@@ -187,7 +187,6 @@ __global__ void __launch_bounds__(kOperandVThreads, 3) operand_v_kernel(const In
       constexpr int kRowStep = kOperandVThreads / kChunks;
       const int c = tid % kChunks, r0 = tid / kChunks;
       const int64_t elem0 = ((cu[b] + first + stage * kStageTokens + r0) * H + h) * kHeadDim + c * (16 / sizeof(In));
-      const In* src = x + elem0;
       const int64_t step = int64_t(kRowStep) * H * kHeadDim;
       constexpr int kLoads = kStageTokens * kChunks / kOperandVThreads;
       if constexpr (kMxIn) {
@@ -209,6 +208,7 @@ __global__ void __launch_bounds__(kOperandVThreads, 3) operand_v_kernel(const In
           *reinterpret_cast<uint4*>(&rows[r0 + k * kRowStep][c * (16 / sizeof(In))]) =
               dequantize8_bf16(qw[k].x, qw[k].y, sc[k]);
       } else {
+        const In* src = x + elem0;
 #pragma unroll
         for (int k = 0; k < kLoads; ++k) {
           const int r = r0 + k * kRowStep;

@@ -13,6 +13,8 @@
 #include "common/rmsnorm_rules.h"
 #include "cuda/common/launch_utils.cuh"
 #include "cuda/fused/fused_cuda.h"
+#include "cuda/fused/rms_device.cuh"
+#include "cuda/quantize/mx_device.cuh"
 
 namespace mxflash::cuda {
 namespace {
@@ -39,15 +41,11 @@ __device__ __forceinline__ float2 load2(const uint16_t* p, int64_t i) {
 }
 __device__ __forceinline__ float2 load2(const float* p, int64_t i) { return __ldg(reinterpret_cast<const float2*>(p + i)); }
 
-// 8 consecutive values from 16-byte aligned memory (bf16: one load; fp32: two).
+// 8 consecutive values from 16-byte aligned memory as fp32. bf16: the forward's load_raw and widen;
+// fp32: two float4 loads (load_raw's form schedules the fp32 kernels with a bf16 or no weight
+// differently: this is the form the GPU tests and the benchmark ran).
 __device__ __forceinline__ void load8(const uint16_t* p, int64_t i, float (&v)[kRmsChunk]) {
-  const uint4 w = __ldg(reinterpret_cast<const uint4*>(p + i));
-  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    v[2 * k] = __uint_as_float(u[k] << 16);
-    v[2 * k + 1] = __uint_as_float(u[k] & 0xFFFF0000u);
-  }
+  widen(load_raw(p, i), v);
 }
 __device__ __forceinline__ void load8(const float* p, int64_t i, float (&v)[kRmsChunk]) {
   const float4 a = __ldg(reinterpret_cast<const float4*>(p + i)), b = __ldg(reinterpret_cast<const float4*>(p + i) + 1);
@@ -55,10 +53,7 @@ __device__ __forceinline__ void load8(const float* p, int64_t i, float (&v)[kRms
 }
 
 __device__ __forceinline__ void store8(uint16_t* p, int64_t i, const float (&v)[kRmsChunk]) {
-  uint32_t u[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) u[k] = uint32_t(float_to_bf16(v[2 * k])) | (uint32_t(float_to_bf16(v[2 * k + 1])) << 16);
-  *reinterpret_cast<uint4*>(p + i) = make_uint4(u[0], u[1], u[2], u[3]);
+  *reinterpret_cast<uint4*>(p + i) = pack_bf16x8(v);
 }
 __device__ __forceinline__ void store8(float* p, int64_t i, const float (&v)[kRmsChunk]) {
   reinterpret_cast<float4*>(p + i)[0] = make_float4(v[0], v[1], v[2], v[3]);
@@ -103,12 +98,7 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_backward_rows_kernel(const B
 #pragma unroll
     for (int e = 0; e < kRmsChunk; ++e) dot = rms_fma(gy[e], xh[e], dot);
   }
-  if constexpr (kLanes > 0) {
-#pragma unroll
-    for (int d = kLanes / 2; d >= 1; d /= 2) dot = __fadd_rn(dot, __shfl_xor_sync(0xFFFFFFFFu, dot, d));
-  } else {
-    for (int d = L / 2; d >= 1; d /= 2) dot = __fadd_rn(dot, __shfl_xor_sync(0xFFFFFFFFu, dot, d));
-  }
+  dot = rms_lane_sum<kLanes>(dot, L);
   if (!valid) return;
   const float m = rms_bwd_mean(dot, p.cols);
   T* dxr = static_cast<T*>(p.dx) + r * p.cols;

@@ -14,6 +14,7 @@
 #include "common/rmsnorm_rules.h"
 #include "cuda/common/launch_utils.cuh"
 #include "cuda/fused/fused_cuda.h"
+#include "cuda/fused/rms_device.cuh"
 #include "cuda/quantize/mx_device.cuh"
 
 namespace mxflash::cuda {
@@ -37,38 +38,6 @@ struct RmsParams {
   int lanes;  // L = rms_lanes(cols)
   int per_lane;  // chunks a lane: cols / (8 L)
 };
-
-// A chunk of 8 values as loaded: one 16-byte word of bf16, two of fp32.
-template <typename T>
-struct Raw {
-  static constexpr int kWords = int(sizeof(T)) / 2;
-  uint4 w[kWords];
-};
-
-template <typename T>
-__device__ __forceinline__ Raw<T> load_raw(const T* base, int64_t i) {
-  Raw<T> r;
-#pragma unroll
-  for (int k = 0; k < Raw<T>::kWords; ++k) r.w[k] = __ldg(reinterpret_cast<const uint4*>(base + i) + k);
-  return r;
-}
-
-// The chunk's 8 values as fp32 (bf16 widens exactly by a shift).
-template <typename T>
-__device__ __forceinline__ void widen(const Raw<T>& r, float (&v)[kRmsChunk]) {
-  if constexpr (sizeof(T) == 2) {
-    const uint32_t w[4] = {r.w[0].x, r.w[0].y, r.w[0].z, r.w[0].w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      v[2 * k] = __uint_as_float(w[k] << 16);
-      v[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
-    }
-  } else {
-    const uint32_t w[8] = {r.w[0].x, r.w[0].y, r.w[0].z, r.w[0].w, r.w[1].x, r.w[1].y, r.w[1].z, r.w[1].w};
-#pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = __uint_as_float(w[k]);
-  }
-}
 
 template <typename T>
 __device__ __forceinline__ float add_squares(const Raw<T>& r, float ss) {
@@ -130,13 +99,7 @@ __device__ __forceinline__ void emit_chunk(const RmsParams& p, uint8_t* prow, ui
 // group), then rstd, written by the group's first lane when requested and the row is real.
 template <int kLanes>
 __device__ __forceinline__ float row_rstd(const RmsParams& p, float ss, int64_t row, bool valid, int q) {
-  if constexpr (kLanes > 0) {
-#pragma unroll
-    for (int d = kLanes / 2; d >= 1; d /= 2) ss = __fadd_rn(ss, __shfl_xor_sync(0xFFFFFFFFu, ss, d));
-  } else {
-    for (int d = p.lanes / 2; d >= 1; d /= 2) ss = __fadd_rn(ss, __shfl_xor_sync(0xFFFFFFFFu, ss, d));
-  }
-  const float rstd = rms_rstd(ss, p.cols, p.eps);
+  const float rstd = rms_rstd(rms_lane_sum<kLanes>(ss, p.lanes), p.cols, p.eps);
   if (p.rstd != nullptr && valid && q == 0) p.rstd[row] = rstd;
   return rstd;
 }
