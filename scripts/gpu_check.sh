@@ -124,35 +124,32 @@ if want bench && [ -x "$BIN/mxflash-bench" ]; then
   "$BIN/mxflash-bench" --preset all --workload fwd,bwd --check ${BENCH_ARGS:-} --json "$OUT/bench_attention.json" > "$OUT/bench_attention.log" 2>"$OUT/bench_attention.err" || { status=1; note "BENCH ATTENTION FAILED"; }
   cat "$OUT/bench_attention.log"
 fi
-if want fused; then
-  note "RMSNorm+Quantize against torch's RMSNorm (scripts/rmsnorm_bench.py)"
+# A Python benchmark (scripts/$2, the module built here on PYTHONPATH, further arguments passed on):
+# its output in $OUT/bench_$1.log (printed) and $OUT/bench_$1.json; $3 names it in a failure.
+py_bench() {
+  local name=$1 script=$2 label=$3
+  shift 3
   if build_python_module; then
-    PYTHONPATH="$PWD/python" python3 scripts/rmsnorm_bench.py --json "$OUT/bench_fused.json" > "$OUT/bench_fused.log" 2>&1 \
-      || { status=1; note "FUSED BENCH FAILED"; }
-    cat "$OUT/bench_fused.log"
+    PYTHONPATH="$PWD/python" python3 "scripts/$script" "$@" --json "$OUT/bench_$name.json" > "$OUT/bench_$name.log" 2>&1 \
+      || { status=1; note "$label BENCH FAILED"; }
+    cat "$OUT/bench_$name.log"
   else
     status=1; note "PYTHON BUILD FAILED"; tail -20 "$OUT/build_py.log"
   fi
+}
+if want fused; then
+  note "RMSNorm+Quantize against torch's RMSNorm (scripts/rmsnorm_bench.py)"
+  py_bench fused rmsnorm_bench.py FUSED
 fi
 if want gemm; then
   note "GEMM+Quantize against cuBLAS FP8 / BF16 GEMMs through torch (scripts/gemm_bench.py)"
-  if build_python_module; then
-    PYTHONPATH="$PWD/python" python3 scripts/gemm_bench.py ${GEMM_ARGS:-} --json "$OUT/bench_gemm.json" > "$OUT/bench_gemm.log" 2>&1 \
-      || { status=1; note "GEMM BENCH FAILED"; }
-    cat "$OUT/bench_gemm.log"
-  else
-    status=1; note "PYTHON BUILD FAILED"; tail -20 "$OUT/build_py.log"
-  fi
+  # shellcheck disable=SC2086
+  py_bench gemm gemm_bench.py GEMM ${GEMM_ARGS:-}
 fi
 if want module; then
   note "the jagged cross-attention module against its BF16 twin (scripts/module_bench.py)"
-  if build_python_module; then
-    PYTHONPATH="$PWD/python" python3 scripts/module_bench.py ${MODULE_ARGS:-} --json "$OUT/bench_module.json" > "$OUT/bench_module.log" 2>&1 \
-      || { status=1; note "MODULE BENCH FAILED"; }
-    cat "$OUT/bench_module.log"
-  else
-    status=1; note "PYTHON BUILD FAILED"; tail -20 "$OUT/build_py.log"
-  fi
+  # shellcheck disable=SC2086
+  py_bench module module_bench.py MODULE ${MODULE_ARGS:-}
 fi
 if want probe && [ -x "$BIN/mxflash-overlap-probe" ]; then
   note "mxflash-overlap-probe (random operands)"

@@ -15,13 +15,11 @@ Usage (GPU machine, python/ on PYTHONPATH): python3 scripts/module_bench.py [--k
 [--batch 768] [--json out.json]"""
 import argparse
 import contextlib
-import json
-import statistics
-
 import torch
 
 import mxflash
 from mxflash.module import JaggedCrossAttention, JaggedCrossAttentionBf16, reference_forward
+from rmsnorm_bench import median_ms, sqnr, write_json
 
 
 def sdpa_backend():
@@ -32,26 +30,6 @@ def sdpa_backend():
         return lambda: sdpa_kernel([SDPBackend.CUDNN_ATTENTION]), "cudnn"
     except (ImportError, AttributeError):
         return contextlib.nullcontext, "default"
-
-
-def median_ms(fn, samples, warmup):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(samples):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
-def sqnr(ref, got):
-    ref, got = ref.double(), got.double()
-    return 10 * torch.log10(ref.pow(2).sum() / (got - ref).pow(2).sum()).item()
 
 
 def make_modules(args):
@@ -81,13 +59,13 @@ def timing(args, mx, twin, ctx, kv):
             mod.zero_grad(set_to_none=True)
             x.grad = None
 
-        fwd = median_ms(forward, args.samples, args.warmup)
+        fwd = median_ms(forward, samples=args.samples, launches=1, warmup=args.warmup)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         step()
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() / 2**30
-        both = median_ms(step, args.samples, args.warmup)
+        both = median_ms(step, samples=args.samples, launches=1, warmup=args.warmup)
         rows[name] = dict(fwd_ms=round(fwd, 3), step_ms=round(both, 3), peak_gib=round(peak, 2))
     rows["speedup_step"] = round(rows["bf16"]["step_ms"] / rows["mx"]["step_ms"], 3)
     rows["speedup_fwd"] = round(rows["bf16"]["fwd_ms"] / rows["mx"]["fwd_ms"], 3)
@@ -153,7 +131,7 @@ def accuracy(args, mx, twin):
     # (the twin's jagged batch is padded and masked: torch's default SDPA backend)
     got = {"mx": grads_of(mx, x, meta, dy, lambda xx: mx(xx, meta)),
            "bf16": grads_of(twin, x, meta, dy, lambda xx: twin(xx, meta))}
-    table = {n: {k: round(sqnr(ref[n], got[k][n]), 2) for k in got} for n in ref}
+    table = {n: {k: round(sqnr(ref[n].double(), got[k][n]), 2) for k in got} for n in ref}
     return dict(lengths_total=sum(lengths), batch=len(lengths), max_kv=args.acc_max_kv, sqnr_db=table)
 
 
@@ -205,9 +183,7 @@ def main():
     print("|---|---|---|")
     for n, v in acc["sqnr_db"].items():
         print(f"| {n} | {v['mx']:.2f} | {v['bf16']:.2f} |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    write_json(args.json, out)
 
 
 if __name__ == "__main__":

@@ -495,7 +495,7 @@ def rmsnorm_backward(x, weight, rstd, dy, out=None):
     if outs is None:
         if x.ndim != 2:
             raise ValueError(f"x: must be 2-D (T, C), got shape {tuple(int(d) for d in x.shape)}")
-        dx = _empty(x, tuple(int(d) for d in x.shape), str(x.dtype).replace("torch.", ""))
+        dx = _empty(x, tuple(int(d) for d in x.shape), _dtype_name(x))
         dw = _empty(x, (int(x.shape[1]),), "float32") if weight is not None else None
     else:
         dx = _as_array(outs[0], "dx")
@@ -585,8 +585,13 @@ def dequantize(payload, scales, meta, orientation, scale_layout="plain", payload
 
 
 # ---------------------------------------------------------------------------- layout converters
+def _dtype_name(arr):
+    """The dtype of a numpy array or torch tensor by name ("bfloat16", "float32", ...)."""
+    return arr.dtype.name if isinstance(arr, np.ndarray) else str(arr.dtype).replace("torch.", "")
+
+
 def _byte_dtype_of(arr):
-    name = str(arr.dtype).replace("torch.", "") if not isinstance(arr, np.ndarray) else arr.dtype.name
+    name = _dtype_name(arr)
     return name if name in _BYTE_DTYPES else "uint8"
 
 
