@@ -110,6 +110,64 @@ def profile(args, mx, twin, ctx, kv):
                 print(f"  {e.device_time_total / 1000:8.3f} ms  x{e.count:<3d} {e.key[:110]}")
 
 
+def timeline(args, mx, twin, ctx, kv):
+    """One training step of each module under torch.profiler with CPU activities: where the GPU
+    idles between kernels (the step's wall time against its kernels'), the largest gaps, and the
+    host calls that ran during them."""
+    import json
+    import tempfile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    meta = mxflash.JaggedMeta.from_lengths([kv] * args.batch).upload()
+    x = (torch.randn(args.batch * kv, args.model_dim, device="cuda") * 3).to(torch.bfloat16).requires_grad_()
+    dy = torch.randn(args.batch, args.queries, args.model_dim, device="cuda", dtype=torch.bfloat16)
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):  # the profiler's own start-up
+        torch.ones(1, device="cuda").add_(1)
+        torch.cuda.synchronize()
+    for name, mod in (("mx", mx), ("bf16", twin)):
+        for _ in range(3):  # warm
+            with ctx():
+                mod(x, meta).backward(dy)
+            mod.zero_grad(set_to_none=True)
+            x.grad = None
+        torch.cuda.synchronize()
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            with ctx():
+                mod(x, meta).backward(dy)
+            torch.cuda.synchronize()
+        mod.zero_grad(set_to_none=True)
+        x.grad = None
+        with tempfile.NamedTemporaryFile(suffix=".json") as f:
+            prof.export_chrome_trace(f.name)
+            trace = json.load(open(f.name))
+        ev = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+        gpu = sorted((e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
+        host = [e for e in ev if e.get("cat") in ("cpu_op", "cuda_runtime", "cuda_driver", "python_function")]
+        t0 = min(e["ts"] for e in host if e.get("cat") == "cpu_op")
+        busy, gaps, end = 0.0, [], t0
+        prev = "(step start)"
+        for e in gpu:
+            if e["ts"] > end:
+                gaps.append((e["ts"] - end, end, e["ts"], prev, e["name"]))
+            busy += max(0.0, e["ts"] + e["dur"] - max(end, e["ts"]))
+            if e["ts"] + e["dur"] > end:
+                end, prev = e["ts"] + e["dur"], e["name"]
+        span = end - t0
+        print(f"\ntimeline {name} step, KV {kv}: {span / 1000:.2f} ms from the first host op to the last kernel, "
+              f"kernels busy {busy / 1000:.2f} ms, idle {(span - busy) / 1000:.2f} ms in {len(gaps)} gaps")
+        gaps.sort(reverse=True)
+        for d, a, b, before, after in gaps[:args.profile_top]:
+            during = {}
+            for h in host:
+                lo, hi = max(a, h["ts"]), min(b, h["ts"] + h["dur"])
+                if hi > lo and h.get("cat") != "python_function":
+                    during[h["name"]] = during.get(h["name"], 0.0) + hi - lo
+            top = sorted(during.items(), key=lambda kv_: -kv_[1])[:4]
+            print(f"  {d / 1000:7.3f} ms after {before[:48]!r} before {after[:48]!r}")
+            print("      host: " + "; ".join(f"{n[:40]} {t / 1000:.3f}" for n, t in top))
+
+
 def grads_of(mod, x, meta, dy, forward):
     mod.zero_grad(set_to_none=True)
     x.grad = None
@@ -149,6 +207,8 @@ def main():
     ap.add_argument("--profile", type=int, default=0, metavar="KV",
                     help="only profile one forward and one step of each module at this KV length")
     ap.add_argument("--profile-top", type=int, default=14)
+    ap.add_argument("--timeline", type=int, default=0, metavar="KV",
+                    help="only trace one step of each module at this KV length: the GPU's idle gaps")
     ap.add_argument("--json")
     args = ap.parse_args()
     ctx, backend = sdpa_backend()
@@ -162,6 +222,9 @@ def main():
         ctx, backend = contextlib.nullcontext, "default"
     if args.profile:
         profile(args, mx, twin, ctx, args.profile)
+        return
+    if args.timeline:
+        timeline(args, mx, twin, ctx, args.timeline)
         return
     out = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, twin_sdpa=backend,
                batch=args.batch, model_dim=args.model_dim, heads=args.heads, queries=args.queries, timing={})

@@ -20,7 +20,8 @@ wq, wk, wv (H * 128, C), wo (C, H * 128); float32 (master weights) or bfloat16.
 The MXFP8 path (JaggedCrossAttention) on CUDA tensors:
 - rmsnorm + quantize in one pass (mxflash.rmsnorm_quantize: xn never exists in BF16);
 - the K and V projections by mxflash.gemm_quantize (FP8 wgmma on the MX operands; wk and wv are
-  quantized along C each step), written as MX along the head dim;
+  quantized along C each step by mxflash.quantize, with no host synchronization), written as MX
+  along the head dim;
 - q is projected once (a 512-row BF16 GEMM) and broadcast to every sequence without a gather; the
   attention forward and backward are the MXFP8 kernels on execution-layout operands, which the
   training step writes from the GEMMs' MX K and V directly (mxflash.quantize_attention_training on
@@ -54,7 +55,8 @@ def _torch():
 def quantize_rows(w, name="w"):
     """MX quantization of a 2-D torch tensor along its rows' last dim, in blocks of 32, RCEIL (the
     rule of mxflash.quantize, REFERENCE.md section 2), in torch: (payload float8_e4m3fn, scales
-    uint8 (rows, K // 32)). For the weights (small); activations go through the fused kernels."""
+    uint8 (rows, K // 32)). A readable statement of the rule for finite tensors (it raises on inf or
+    NaN, a host synchronization); the module quantizes its weights with mxflash.quantize."""
     torch = _torch()
     if w.dim() != 2 or w.shape[1] % 32:
         raise ValueError(f"{name}: must be 2-D with a multiple of 32 columns, got shape {tuple(w.shape)}")
@@ -69,6 +71,31 @@ def quantize_rows(w, name="w"):
     scale = torch.ldexp(torch.ones_like(ratio), (byte - 127).clamp_min(-126))  # clamped for the division
     payload = (blk / scale[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return payload.reshape(rows, cols), byte.to(torch.uint8)
+
+
+_weight_metas = {}
+
+
+def _quantize_weight(w):
+    """A weight (R, C) MX-quantized along C, RCEIL: the library's quantizer (one kernel on CUDA, and
+    no host synchronization: a weight holding inf or NaN gets NaN blocks, so the outputs turn NaN,
+    as torch's own layers would), C padded with zeros to a multiple of 128 where it is not one (the
+    32-blocks of the real columns are unchanged). Returns (payload (R, C), scales (R, C // 32))."""
+    torch = _torch()
+    rows, cols = w.shape
+    x = w.detach()
+    if x.dtype not in (torch.bfloat16, torch.float32):
+        x = x.float()
+    wide = -(-cols // 128) * 128
+    x = torch.nn.functional.pad(x, (0, wide - cols)) if wide != cols else x.contiguous()
+    meta = _weight_metas.get(rows)
+    if meta is None:
+        meta = _weight_metas[rows] = mxflash.JaggedMeta.from_lengths([rows])
+    p, s = mxflash.quantize(x.view(rows, wide // 128, 128), meta, "hdim")
+    p, s = p.view(rows, wide), s.view(rows, wide // 32)
+    if wide != cols:
+        p, s = p[:, :cols].contiguous(), s[:, :cols // 32].contiguous()
+    return p, s
 
 
 def dequantize_rows(payload, scales, dtype):
@@ -137,8 +164,8 @@ def _make_functions():
             xq = xq.contiguous()
             g = norm_weight.detach().float().contiguous()
             xn_p, xn_s, rstd = mxflash.rmsnorm_quantize(xq, g, eps=eps)
-            wk_p, wk_s = quantize_rows(wk, "wk")
-            wv_p, wv_s = quantize_rows(wv, "wv")
+            wk_p, wk_s = _quantize_weight(wk)
+            wv_p, wv_s = _quantize_weight(wv)
             k_p, k_s = mxflash.gemm_quantize(xn_p, xn_s, wk_p, wk_s)
             v_p, v_s = mxflash.gemm_quantize(xn_p, xn_s, wv_p, wv_s)
             ctx.save_for_backward(xq, g, rstd, xn_p, xn_s, wk_p, wk_s, wv_p, wv_s)

@@ -14,9 +14,10 @@
 #include <vector>
 
 #include "cuda/attention/attention_bwd.h"
+#include "cuda/attention/attention_exact_common.cuh"
 #include "cuda/common/launch_utils.cuh"
 #include "cuda/common/upload.h"
-#include "cuda/attention/attention_exact_common.cuh"
+#include "cuda/common/workspace.h"
 
 namespace mxflash::cuda {
 namespace {
@@ -234,7 +235,8 @@ Status attention_backward_exact(const AttentionBwdProblem& p, void* stream_ptr) 
   const int64_t nq = p.Tq * p.heads * kHeadDim, nk = p.Tk * p.heads * kHeadDim;
   const size_t acc_bytes = size_t(nq + 2 * nk) * sizeof(double), list_bytes = blocks.size() * sizeof(int4);
   void* ws = nullptr;
-  MXFLASH_RETURN_IF_ERROR(cuda_error(cudaMallocAsync(&ws, acc_bytes + list_bytes + 16, stream), "cudaMallocAsync"));
+  MXFLASH_RETURN_IF_ERROR(
+      workspace_alloc(acc_bytes + list_bytes + 16, stream, &ws, "attention_backward (exact) workspace"));
   auto run = [&]() -> Status {
     double* acc = static_cast<double*>(ws);
     int4* list = reinterpret_cast<int4*>(static_cast<uint8_t*>(ws) + acc_bytes);
@@ -278,7 +280,7 @@ Status attention_backward_exact(const AttentionBwdProblem& p, void* stream_ptr) 
     return Status::Ok();
   };
   Status st = run();
-  const Status fr = cuda_error(cudaFreeAsync(ws, stream), "cudaFreeAsync");
+  const Status fr = workspace_free(ws, stream, "attention_backward (exact) workspace free");
   return st.ok() ? fr : st;
 }
 

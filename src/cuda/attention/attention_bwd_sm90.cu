@@ -31,13 +31,14 @@
 #include <vector>
 
 #include "cuda/attention/attention_bwd.h"
-#include "cuda/common/launch_utils.cuh"
-#include "cuda/common/upload.h"
 #include "cuda/attention/attention_fwd_prepare.cuh"
 #include "cuda/attention/attention_sm90_common.cuh"
 #include "cuda/attention/tma_map.h"
 #include "cuda/attention/trace.cuh"
 #include "cuda/attention/work_list.cuh"
+#include "cuda/common/launch_utils.cuh"
+#include "cuda/common/upload.h"
+#include "cuda/common/workspace.h"
 #include "cuda/quantize/mx_device.cuh"
 #include "cuda/quantize/quantize_cuda.h"
 
@@ -2345,7 +2346,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
   const BwdWorkspace& w = plan.w;
   bool owned = false;
   if (!workspace) {
-    MXFLASH_RETURN_IF_ERROR(cuda_error(cudaMallocAsync(&workspace, w.total, stream), "cudaMallocAsync(backward workspace)"));
+    MXFLASH_RETURN_IF_ERROR(workspace_alloc(w.total, stream, &workspace, "attention_backward workspace"));
     owned = true;
   } else if (workspace_bytes < w.total) {
     return Status::Invalid("workspace: " + std::to_string(workspace_bytes) + " bytes given, " + std::to_string(w.total) +
@@ -2778,7 +2779,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
   };
   Status st = run();
   if (owned) {
-    const Status fr = cuda_error(cudaFreeAsync(workspace, stream), "cudaFreeAsync(backward workspace)");
+    const Status fr = workspace_free(workspace, stream, "attention_backward workspace free");
     if (st.ok()) st = fr;
   }
   return st;

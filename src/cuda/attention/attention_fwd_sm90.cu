@@ -20,14 +20,15 @@
 #include <vector>
 
 #include "cuda/attention/attention_fwd.h"
-#include "cuda/common/launch_utils.cuh"
 #include "cuda/attention/attention_fwd_prepare.cuh"
 #include "cuda/attention/attention_sm90_common.cuh"
 #include "cuda/attention/tma_map.h"
 #include "cuda/attention/trace.cuh"
 #include "cuda/attention/work_list.cuh"
+#include "cuda/common/launch_utils.cuh"
 #include "cuda/common/sm90_primitives.cuh"
 #include "cuda/common/upload.h"
+#include "cuda/common/workspace.h"
 
 namespace mxflash::cuda {
 namespace attn {
@@ -1911,7 +1912,7 @@ template <typename Body>
 Status with_workspace(void* workspace, size_t workspace_bytes, size_t need, cudaStream_t stream, Body body) {
   bool owned = false;
   if (!workspace) {
-    MXFLASH_RETURN_IF_ERROR(cuda_error(cudaMallocAsync(&workspace, need, stream), "cudaMallocAsync(workspace)"));
+    MXFLASH_RETURN_IF_ERROR(workspace_alloc(need, stream, &workspace, "attention_forward workspace"));
     owned = true;
   } else if (workspace_bytes < need) {
     return Status::Invalid("workspace: " + std::to_string(workspace_bytes) + " bytes given, " + std::to_string(need) +
@@ -1919,7 +1920,7 @@ Status with_workspace(void* workspace, size_t workspace_bytes, size_t need, cuda
   }
   Status st = body(static_cast<uint8_t*>(workspace));
   if (owned) {
-    const Status fr = cuda_error(cudaFreeAsync(workspace, stream), "cudaFreeAsync(workspace)");
+    const Status fr = workspace_free(workspace, stream, "attention_forward workspace free");
     if (st.ok()) st = fr;
   }
   return st;

@@ -24,15 +24,16 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
-#include "cuda/attention/tma_map.h"
 #include "common/gemm_rules.h"
+#include "cuda/attention/tma_map.h"
 #include "cuda/common/e4m3_shift.cuh"
 #include "cuda/common/launch_utils.cuh"
 #include "cuda/common/sm90_primitives.cuh"
+#include "cuda/common/workspace.h"
 #include "cuda/fused/fused_cuda.h"
 #include "cuda/quantize/mx_device.cuh"
 
@@ -707,7 +708,7 @@ constexpr size_t kPrepAMaxBytes = size_t(1) << 28;  // the largest A the streami
 Status run_coarse(const detail::GemmQuantizeProblem& p, cudaStream_t s) {
   const size_t wbytes = size_t(p.n) * size_t(p.k), ws_bytes = wbytes + size_t(p.n) * sizeof(float);
   void* ws = nullptr;
-  MXFLASH_RETURN_IF_ERROR(cuda_error(cudaMallocAsync(&ws, ws_bytes, s), "cudaMallocAsync (gemm_quantize workspace)"));
+  MXFLASH_RETURN_IF_ERROR(workspace_alloc(ws_bytes, s, &ws, "gemm_quantize workspace"));
   uint8_t* wq = static_cast<uint8_t*>(ws);
   float* wscale = reinterpret_cast<float*>(wq + wbytes);  // N K is a multiple of 4096: aligned
   void* aws = nullptr;  // A re-expressed up front (streaming, small enough), and its row scales
@@ -760,8 +761,8 @@ Status run_coarse(const detail::GemmQuantizeProblem& p, cudaStream_t s) {
     cp.a_prepped = pipe == Pipeline::kStream && size_t(p.m) * size_t(p.k) <= kPrepAMaxBytes;
     if (cp.a_prepped) {
       const size_t abytes = size_t(p.m) * size_t(p.k);
-      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaMallocAsync(&aws, abytes + size_t(p.m) * sizeof(float), s),
-                                         "cudaMallocAsync (gemm_quantize A workspace)"));
+      MXFLASH_RETURN_IF_ERROR(
+          workspace_alloc(abytes + size_t(p.m) * sizeof(float), s, &aws, "gemm_quantize A workspace"));
       uint8_t* aq = static_cast<uint8_t*>(aws);
       gemm_prep_rows_kernel<<<unsigned((p.m + kPrepWarps - 1) / kPrepWarps), kPrepWarps * 32, 0, s>>>(
           p.a, p.a_scales, p.m, p.k, aq, reinterpret_cast<float*>(aq + abytes));  // M K: a multiple of 32
@@ -791,9 +792,8 @@ Status run_coarse(const detail::GemmQuantizeProblem& p, cudaStream_t s) {
     }
     return check_launch("gemm_coarse_kernel");
   }();
-  const Status freed = cuda_error(cudaFreeAsync(ws, s), "cudaFreeAsync (gemm_quantize workspace)");
-  const Status afreed =
-      aws != nullptr ? cuda_error(cudaFreeAsync(aws, s), "cudaFreeAsync (gemm_quantize A workspace)") : Status::Ok();
+  const Status freed = workspace_free(ws, s, "gemm_quantize workspace free");
+  const Status afreed = aws != nullptr ? workspace_free(aws, s, "gemm_quantize A workspace free") : Status::Ok();
   MXFLASH_RETURN_IF_ERROR(st);
   MXFLASH_RETURN_IF_ERROR(freed);
   return afreed;

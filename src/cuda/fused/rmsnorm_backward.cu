@@ -12,6 +12,7 @@
 
 #include "common/rmsnorm_rules.h"
 #include "cuda/common/launch_utils.cuh"
+#include "cuda/common/workspace.h"
 #include "cuda/fused/fused_cuda.h"
 #include "cuda/fused/rms_device.cuh"
 #include "cuda/quantize/mx_device.cuh"
@@ -176,9 +177,8 @@ Status launch_typed(const BwdParams& p, bool weight_bf16, float* dweight, cudaSt
   const int64_t group_rows = rms_bwd_group_rows(p.rows);
   const int64_t groups = (p.rows + group_rows - 1) / group_rows;
   float* partial = nullptr;
-  MXFLASH_RETURN_IF_ERROR(cuda_error(cudaMallocAsync(reinterpret_cast<void**>(&partial),
-                                                     size_t(groups) * size_t(p.cols) * sizeof(float), s),
-                                     "cudaMallocAsync (rmsnorm_backward workspace)"));
+  MXFLASH_RETURN_IF_ERROR(workspace_alloc(size_t(groups) * size_t(p.cols) * sizeof(float), s,
+                                          reinterpret_cast<void**>(&partial), "rmsnorm_backward workspace"));
   const dim3 g1{unsigned(groups), unsigned((p.cols / 2 + kColThreads - 1) / kColThreads)};
   rmsnorm_backward_group_kernel<T><<<g1, kColThreads, 0, s>>>(p, group_rows, partial);
   const Status st = [&] {
@@ -187,7 +187,7 @@ Status launch_typed(const BwdParams& p, bool weight_bf16, float* dweight, cudaSt
         partial, groups, p.cols, dweight);
     return check_launch("rmsnorm_backward_sum_kernel");
   }();
-  const Status freed = cuda_error(cudaFreeAsync(partial, s), "cudaFreeAsync (rmsnorm_backward workspace)");
+  const Status freed = workspace_free(partial, s, "rmsnorm_backward workspace free");
   return st.ok() ? freed : st;
 }
 
