@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "cpu/attention_host_mx.h"
@@ -21,6 +22,26 @@ struct DeviceMx {
     view.payload.device = Device::kCUDA;
     view.scales.data = scales.get();
     view.scales.device = Device::kCUDA;
+  }
+};
+
+// Device buffers of the backward's ten operands (poisoned, sized as want's) with CUDA views; with
+// fwd, their Q', K' and scales are fwd's (quantize_attention_training writes those once).
+struct DeviceBwdParts {
+  std::vector<std::unique_ptr<DeviceBuffer>> parts;
+  AttentionBwdOperands ops;
+  DeviceBwdParts(const test::HostBwdOperands& want, const JaggedMeta& qm, const JaggedMeta& km, int64_t H,
+                 const AttentionFwdOperands* fwd = nullptr) {
+    void* ptr[kAttentionBwdOperandCount];
+    for (int i = 0; i < kAttentionBwdOperandCount; ++i) {
+      parts.push_back(std::make_unique<DeviceBuffer>(want.parts[i].size()));
+      parts.back()->fill(kDevicePoison);
+      ptr[i] = parts.back()->get();
+    }
+    int dev = 0;
+    cudaGetDevice(&dev);
+    ops = attention_bwd_operand_views(qm, km, H, ptr, Device::kCUDA, dev);
+    if (fwd != nullptr) ops.q = fwd->q, ops.q_scale = fwd->q_scale, ops.k = fwd->k, ops.k_scale = fwd->k_scale;
   }
 };
 

@@ -89,16 +89,11 @@ void run_case(const Case& c, uint64_t seed) {
   DeviceBuffer xq(gputest::input_bytes(q, c.bf16)), xk(gputest::input_bytes(k, c.bf16)), xv(gputest::input_bytes(v, c.bf16));
   const DType dt = c.bf16 ? DType::kBFloat16 : DType::kFloat32;
   auto dev_in = [&](DeviceBuffer& b, int64_t T) { return make_view(b.get(), dt, Device::kCUDA, {T, H, kHeadDim}); };
-  std::vector<std::unique_ptr<DeviceBuffer>> parts;
-  void* ptr[kAttentionBwdOperandCount];
-  for (int i = 0; i < kAttentionBwdOperandCount; ++i) {
-    parts.push_back(std::make_unique<DeviceBuffer>(want.parts[i].size()));
-    parts.back()->fill(gputest::kDevicePoison);
-    ptr[i] = parts.back()->get();
-  }
+  gputest::DeviceBwdParts dparts(want, qm, km, H);
+  const std::vector<std::unique_ptr<DeviceBuffer>>& parts = dparts.parts;
+  const AttentionBwdOperands ops = dparts.ops;
   int dev = 0;
   cudaGetDevice(&dev);
-  const AttentionBwdOperands ops = attention_bwd_operand_views(qm, km, H, ptr, Device::kCUDA, dev);
   st = quantize_attention_backward(dev_in(xq, Tq), dev_in(xk, Tk), dev_in(xv, Tk), qm, km, ops);
   ASSERT_TRUE(st.ok()) << st.message();
   ASSERT_TRUE(gputest::device_ok());
@@ -225,7 +220,7 @@ void run_case(const Case& c, uint64_t seed) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.message();
   EXPECT_NE(st.message().find("256-byte aligned"), std::string::npos) << st.message();
   AttentionBwdOperands bad = ops;
-  bad.kt = make_view(ptr[4], DType::kE4M3, Device::kCUDA, {H, km.padded_tokens(), kHeadDim}, dev);
+  bad.kt = make_view(parts[4]->get(), DType::kE4M3, Device::kCUDA, {H, km.padded_tokens(), kHeadDim}, dev);
   st = run(bad, nullptr, 0);
   EXPECT_EQ(st.message().rfind("ops.kt", 0), 0u) << st.message();
   ASSERT_TRUE(gputest::device_ok());

@@ -56,6 +56,65 @@ struct Case {
   bool v_scale_drop = false;
 };
 
+// Bytes of `got` against the first n of `want` (fp32 scales: NaN matches any NaN).
+void compare(const char* name, const std::vector<uint8_t>& want, size_t n, const DeviceBuffer& got, bool floats) {
+  const std::vector<uint8_t> g = got.download();
+  int bad = 0;
+  for (size_t i = 0; i < n; i += floats ? 4 : 1) {
+    bool same;
+    if (floats) {
+      float a, b;
+      std::memcpy(&a, want.data() + i, 4);
+      std::memcpy(&b, g.data() + i, 4);
+      same = (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 4) == 0;
+    } else {
+      same = want[i] == g[i];
+    }
+    if (!same && bad++ < 5)
+      ADD_FAILURE() << name << " byte " << i << ": gpu 0x" << std::hex << int(g[i]) << ", cpu 0x" << int(want[i]);
+  }
+  EXPECT_EQ(bad, 0) << name << ": bytes differ from the CPU reference";
+}
+
+const char* const kFwdNames[kAttentionFwdOperandCount] = {"q", "k", "v", "q_scale", "k_scale", "v_scale"};
+const char* const kBwdNames[kAttentionBwdOperandCount] = {"bwd.q",       "bwd.k",       "bwd.v",      "bwd.qt",
+                                                          "bwd.kt",      "bwd.q_scale", "bwd.k_scale", "bwd.v_scale",
+                                                          "bwd.qt_scale", "bwd.kt_scale"};
+
+// quantize_attention_training on MX K and V (hdim, plain) on CUDA against the CPU overload (the
+// bf16 quantizer on their bf16 values): the forward's six outputs and the backward's V rows, Qᵀ',
+// Kᵀ' and their scales, byte for byte, every output poisoned first. q: fp32 values (bf16 ones when
+// q_bf16), passed in that dtype.
+void expect_mx_kv_training_matches_cpu(std::vector<float>& q, bool q_bf16, const JaggedMeta& qm, const JaggedMeta& km,
+                                       int64_t H, const test::HostMx& mk, const test::HostMx& mv) {
+  const int64_t Tq = qm.total_tokens();
+  HostOperands want(qm, km, H);
+  test::HostBwdOperands want_bwd(qm, km, H);
+  {
+    AttentionBwdOperands hb = want_bwd.ops;
+    hb.q = want.ops.q, hb.q_scale = want.ops.q_scale, hb.k = want.ops.k, hb.k_scale = want.ops.k_scale;
+    const Status st = quantize_attention_training(
+        make_view(q.data(), DType::kFloat32, Device::kCPU, {Tq, H, kHeadDim}), mk.t, mv.t, qm, km, want.ops, hb);
+    ASSERT_TRUE(st.ok()) << st.message();
+  }
+  DeviceBuffer xq(gputest::input_bytes(q, q_bf16));
+  const gputest::DeviceMx dk(mk), dv(mv);
+  DeviceOperands mf(want, qm, km);
+  gputest::DeviceBwdParts tb(want_bwd, qm, km, H, &mf.ops);
+  const Status st = quantize_attention_training(
+      make_view(xq.get(), q_bf16 ? DType::kBFloat16 : DType::kFloat32, Device::kCUDA, {Tq, H, kHeadDim}),
+      dk.view, dv.view, qm, km, mf.ops, tb.ops);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_TRUE(gputest::device_ok());
+  const std::vector<uint8_t>* wf[kAttentionFwdOperandCount] = {&want.q, &want.k, &want.v,
+                                                                &want.q_scale, &want.k_scale, &want.v_scale};
+  const DeviceBuffer* gf[kAttentionFwdOperandCount] = {&mf.q, &mf.k, &mf.v, &mf.q_scale, &mf.k_scale, &mf.v_scale};
+  for (int i = 0; i < kAttentionFwdOperandCount; ++i)
+    compare(kFwdNames[i], *wf[i], wf[i]->size() - 16, *gf[i], i >= 3);  // - 16: HostOperands' slack
+  for (int i : {2, 3, 4, 7, 8, 9})
+    compare(kBwdNames[i], want_bwd.parts[i], want_bwd.parts[i].size(), *tb.parts[size_t(i)], i >= 5);
+}
+
 std::vector<float> draw(int64_t n, std::mt19937_64& rng) {
   std::normal_distribution<float> nd;
   std::vector<float> x(static_cast<size_t>(n));
@@ -112,26 +171,6 @@ void run_case(const Case& c, uint64_t seed, bool attention) {
   st = quantize_attention_forward(view(xq, Tq), view(xk, Tk), view(xv, Tk), qm, km, got.ops);
   ASSERT_TRUE(st.ok()) << st.message();
   ASSERT_TRUE(gputest::device_ok());
-  // Bytes of `got` against the first n of `want` (fp32 scales: NaN matches any NaN).
-  auto compare = [](const char* name, const std::vector<uint8_t>& want, size_t n, const DeviceBuffer& got,
-                    bool floats) {
-    const std::vector<uint8_t> g = got.download();
-    int bad = 0;
-    for (size_t i = 0; i < n; i += floats ? 4 : 1) {
-      bool same;
-      if (floats) {
-        float a, b;
-        std::memcpy(&a, want.data() + i, 4);
-        std::memcpy(&b, g.data() + i, 4);
-        same = (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 4) == 0;
-      } else {
-        same = want[i] == g[i];
-      }
-      if (!same && bad++ < 5)
-        ADD_FAILURE() << name << " byte " << i << ": gpu 0x" << std::hex << int(g[i]) << ", cpu 0x" << int(want[i]);
-    }
-    EXPECT_EQ(bad, 0) << name << ": bytes differ from the CPU reference";
-  };
   const struct {
     const char* name;
     const std::vector<uint8_t>* want;
@@ -152,61 +191,20 @@ void run_case(const Case& c, uint64_t seed, bool attention) {
     st = quantize_attention_backward(host(q, Tq), host(k, Tk), host(v, Tk), qm, km, want_bwd.ops);
     ASSERT_TRUE(st.ok()) << st.message();
     DeviceOperands tf(want, qm, km);
-    std::vector<std::unique_ptr<DeviceBuffer>> bparts;
-    void* bptr[kAttentionBwdOperandCount];
-    for (int i = 0; i < kAttentionBwdOperandCount; ++i) {
-      bparts.push_back(std::make_unique<DeviceBuffer>(want_bwd.parts[i].size()));
-      bparts.back()->fill(gputest::kDevicePoison);
-      bptr[i] = bparts.back()->get();
-    }
-    int dev = 0;
-    cudaGetDevice(&dev);
-    AttentionBwdOperands tb = attention_bwd_operand_views(qm, km, H, bptr, Device::kCUDA, dev);
-    tb.q = tf.ops.q, tb.q_scale = tf.ops.q_scale, tb.k = tf.ops.k, tb.k_scale = tf.ops.k_scale;
-    st = quantize_attention_training(view(xq, Tq), view(xk, Tk), view(xv, Tk), qm, km, tf.ops, tb);
+    gputest::DeviceBwdParts tb(want_bwd, qm, km, H, &tf.ops);
+    st = quantize_attention_training(view(xq, Tq), view(xk, Tk), view(xv, Tk), qm, km, tf.ops, tb.ops);
     ASSERT_TRUE(st.ok()) << st.message();
     ASSERT_TRUE(gputest::device_ok());
     const DeviceBuffer* tparts[kAttentionFwdOperandCount] = {&tf.q, &tf.k, &tf.v, &tf.q_scale, &tf.k_scale, &tf.v_scale};
     for (int i = 0; i < kAttentionFwdOperandCount; ++i)
       compare(outs[i].name, *outs[i].want, outs[i].want->size() - 16, *tparts[i], outs[i].floats);
-    const char* bnames[kAttentionBwdOperandCount] = {"bwd.q", "bwd.k", "bwd.v", "bwd.qt", "bwd.kt",
-                                                     "bwd.q_scale", "bwd.k_scale", "bwd.v_scale", "bwd.qt_scale",
-                                                     "bwd.kt_scale"};
     for (int i : {2, 3, 4, 7, 8, 9})
-      compare(bnames[i], want_bwd.parts[i], want_bwd.parts[i].size(), *bparts[size_t(i)], i >= 5);
+      compare(kBwdNames[i], want_bwd.parts[i], want_bwd.parts[i].size(), *tb.parts[size_t(i)], i >= 5);
 
     // The overload on MX K and V (hdim, plain): the fused kernels reading the MX bytes once give the
     // CPU definition's bytes (the bf16 quantizer on their bf16 values), outputs poisoned again.
-    const test::HostMx mk = test::quantize_host(k, km, H, Orientation::kHdim);
-    const test::HostMx mv = test::quantize_host(v, km, H, Orientation::kHdim);
-    HostOperands mx_want(qm, km, H);
-    test::HostBwdOperands mx_want_bwd(qm, km, H);
-    {
-      AttentionBwdOperands hb = mx_want_bwd.ops;
-      hb.q = mx_want.ops.q, hb.q_scale = mx_want.ops.q_scale, hb.k = mx_want.ops.k, hb.k_scale = mx_want.ops.k_scale;
-      st = quantize_attention_training(host(q, Tq), mk.t, mv.t, qm, km, mx_want.ops, hb);
-      ASSERT_TRUE(st.ok()) << st.message();
-    }
-    DeviceBuffer dkp(mk.payload), dks(mk.scales), dvp(mv.payload), dvs(mv.scales);
-    auto on_device = [&](const test::HostMx& h, DeviceBuffer& p, DeviceBuffer& sc) {
-      MxTensor t = h.t;
-      t.payload.data = p.get(), t.payload.device = Device::kCUDA, t.payload.device_id = dev;
-      t.scales.data = sc.get(), t.scales.device = Device::kCUDA, t.scales.device_id = dev;
-      return t;
-    };
-    DeviceOperands mf(want, qm, km);
-    for (auto& b : bparts) b->fill(gputest::kDevicePoison);
-    tb.q = mf.ops.q, tb.q_scale = mf.ops.q_scale, tb.k = mf.ops.k, tb.k_scale = mf.ops.k_scale;
-    st = quantize_attention_training(view(xq, Tq), on_device(mk, dkp, dks), on_device(mv, dvp, dvs), qm, km, mf.ops, tb);
-    ASSERT_TRUE(st.ok()) << st.message();
-    ASSERT_TRUE(gputest::device_ok());
-    const std::vector<uint8_t>* mwant[kAttentionFwdOperandCount] = {&mx_want.q, &mx_want.k, &mx_want.v,
-                                                                   &mx_want.q_scale, &mx_want.k_scale, &mx_want.v_scale};
-    const DeviceBuffer* mparts[kAttentionFwdOperandCount] = {&mf.q, &mf.k, &mf.v, &mf.q_scale, &mf.k_scale, &mf.v_scale};
-    for (int i = 0; i < kAttentionFwdOperandCount; ++i)
-      compare(outs[i].name, *mwant[i], mwant[i]->size() - 16, *mparts[i], outs[i].floats);
-    for (int i : {2, 3, 4, 7, 8, 9})
-      compare(bnames[i], mx_want_bwd.parts[i], mx_want_bwd.parts[i].size(), *bparts[size_t(i)], i >= 5);
+    expect_mx_kv_training_matches_cpu(q, c.bf16, qm, km, H, test::quantize_host(k, km, H, Orientation::kHdim),
+                                      test::quantize_host(v, km, H, Orientation::kHdim));
     return;
   }
 
@@ -289,6 +287,53 @@ TEST_F(AttentionFwdOperandsGpu, QuantizerMatchesCpuOnHostileLengthsBf16AndFp32) 
   Case f = c;
   f.bf16 = false;
   run_case(f, 12, false);
+}
+
+// MX K and V written directly rather than by a quantizer: any finite bytes (subnormals, +-0,
+// all-zero blocks, blocks whose largest byte is tiny, so that the bf16 values' own block scales drop
+// 11-16 binades under the MX ones), block scales spread 12 or 13 binades within a tile, at 31-33 and
+// 228-241, a NaN byte; partial and one-token tiles. The CUDA overload against the CPU one.
+TEST_F(AttentionFwdOperandsGpu, MxKvWrittenDirectlyMatchesCpu) {
+  const std::vector<int64_t> lengths = {1000, 128, 7, 300, 0, 129, 520, 1};
+  JaggedMeta km;
+  ASSERT_TRUE(JaggedMeta::FromLengths(lengths, &km).ok());
+  ASSERT_TRUE(km.upload().ok());
+  const int64_t H = 2, T = km.total_tokens();
+  std::mt19937_64 rng(77);
+  std::vector<float> zeros(size_t(T * H * kHeadDim), 0.f);
+  auto make = [&](int salt) {
+    test::HostMx m = test::quantize_host(zeros, km, H, Orientation::kHdim);
+    std::uniform_int_distribution<int> byte(0, 255), tiny(0, 7), small(0, 0x20);
+    for (int64_t b = 0; b < km.batch(); ++b) {
+      const int64_t t0 = km.cu_seqlens()[size_t(b)], len = km.cu_seqlens()[size_t(b) + 1] - t0;
+      for (int64_t tile = 0; tile * 128 < len; ++tile) {
+        const int regime = int((b * 7 + tile + salt) % 9);
+        const int lo = regime == 2 || regime == 3 ? 32 : regime == 4 || regime == 5 ? 228 : 40 + int(rng() % 180);
+        const int spread = regime == 1 ? 13 : 12;
+        const int64_t n = std::min<int64_t>(128, len - tile * 128);
+        for (int64_t t = t0 + tile * 128; t < t0 + tile * 128 + n; ++t)
+          for (int64_t h = 0; h < H; ++h) {
+            for (int blk = 0; blk < 4; ++blk) {
+              int sc = lo + int(rng() % uint64_t(spread + 1));
+              if (regime == 3 && rng() % 50 == 0) sc = 31;
+              if (regime == 5 && rng() % 50 == 0) sc = 241;
+              m.scales[size_t((t * H + h) * 4 + blk)] = uint8_t(std::min(sc, 254));
+            }
+            for (int d = 0; d < kHeadDim; ++d) {
+              int v = regime == 6 ? tiny(rng) | (byte(rng) & 0x80) : regime == 7 ? small(rng) | (byte(rng) & 0x80) : byte(rng);
+              if ((v & 0x7F) == 0x7F) v &= 0xFE;  // finite
+              if (regime == 7 && d < 32 && t % 3 == 0) v = t % 2 == 0 ? 0 : 0x80;  // an all-zero block
+              m.payload[size_t((t * H + h) * kHeadDim + d)] = uint8_t(v);
+            }
+          }
+        if (regime == 8) m.payload[size_t(((t0 + tile * 128 + n / 2) * H + 1) * kHeadDim + 77)] = 0x7F;
+      }
+    }
+    return m;
+  };
+  std::vector<float> q = draw(T * H * kHeadDim, rng);
+  for (auto& e : q) e = bf16_to_float(float_to_bf16(e));
+  expect_mx_kv_training_matches_cpu(q, true, km, km, H, make(0), make(4));
 }
 
 TEST_F(AttentionFwdOperandsGpu, QuantizerMatchesCpuOnExtremeAndNonFiniteValues) {
