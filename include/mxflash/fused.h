@@ -34,8 +34,8 @@ Status rmsnorm_quantize(const TensorView& x, const TensorView& weight, const Rms
 //   dx[t, c] = (dy[t, c] w[c] - xh[t, c] mean_c'(dy[t, c'] w[c'] xh[t, c'])) rstd[t],   xh = x rstd,
 //   dweight[c] = sum_t dy[t, c] xh[t, c].
 // Gradients pass the forward's quantization unchanged (dy is the gradient of the quantized y).
-// Deterministic (no atomics); the CUDA path allocates ceil(T / 512) * C * 4 bytes of workspace
-// stream-ordered (cudaMallocAsync) inside the call when dweight is requested.
+// Deterministic (no atomics); the CUDA path allocates about ceil(T / 512) * C * 4 bytes of
+// workspace, stream-ordered from the library's pool, inside the call when dweight is requested.
 //  x:       (T, C) bf16 or fp32, contiguous; C a multiple of 32, 32..65536.
 //  weight:  (C) fp32 or bf16, or an empty view (no weight: w = 1).
 //  rstd:    (T) fp32.     dy: (T, C), x's dtype.     dx: (T, C), x's dtype (may not alias x or dy).

@@ -63,11 +63,14 @@ MXFLASH_HD float rms_apply(float x, float rstd, float w) {
 // summed over the row's L = rms_lanes(C) lanes and chunks exactly as the forward's sum of squares
 // (fma(gy, xh, acc) in place of fma(x, x, acc)), then the butterfly; dx is one fma (gy - xh * m, m =
 // dot / C rounded) and one rounded multiply by rstd. dweight: the rows are taken in groups of
-// rms_bwd_group_rows(T) (a multiple of 512 that makes at most 1024 groups); each group's column sum
-// runs over its rows in order, fma(dy, xh, acc) from 0; the groups' sums are then added in group
-// order from 0.
+// rms_bwd_group_rows(T) (a multiple of 512 that makes at most 8192 groups); each group's column sum
+// runs over its rows in order, fma(dy, xh, acc) from 0; the groups' sums are then added in blocks of
+// kRmsBwdSumBlock consecutive groups, each block in group order from 0, and the blocks' sums in block
+// order from 0. (Many groups let the CUDA pass that writes dx also sum them, one group a slot of
+// lanes, with enough slots to fill the GPU; the blocks keep their sum parallel.)
 inline constexpr int64_t kRmsBwdGroupQuantum = 512;
-inline constexpr int64_t kRmsBwdMaxGroups = 1024;
+inline constexpr int64_t kRmsBwdMaxGroups = 8192;
+inline constexpr int64_t kRmsBwdSumBlock = 256;
 
 MXFLASH_HD int64_t rms_bwd_group_rows(int64_t rows) {
   const int64_t span = kRmsBwdGroupQuantum * kRmsBwdMaxGroups;

@@ -61,7 +61,8 @@ void rmsnorm_backward(const detail::RmsNormBackwardProblem& p) {
   const int L = rms_lanes(C);
   const int64_t group_rows = rms_bwd_group_rows(p.rows);
   const size_t n = static_cast<size_t>(C);
-  std::vector<float> w(n, 1.f), xh(n), gy(n), group(n, 0.f), total(n, 0.f);
+  std::vector<float> w(n, 1.f), xh(n), gy(n), group(n, 0.f), block(n, 0.f), total(n, 0.f);
+  int64_t groups_done = 0;
   if (p.weight)
     for (int64_t c = 0; c < C; ++c) w[size_t(c)] = element(p.weight, p.weight_bf16, c);
   for (int64_t t = 0; t < p.rows; ++t) {
@@ -83,11 +84,18 @@ void rmsnorm_backward(const detail::RmsNormBackwardProblem& p) {
       else
         static_cast<float*>(p.dx)[t * C + c] = v;
     }
-    if (p.dweight && ((t + 1) % group_rows == 0 || t + 1 == p.rows)) {
+    if (p.dweight && ((t + 1) % group_rows == 0 || t + 1 == p.rows)) {  // a group ends: into its block
+      ++groups_done;
+      const bool block_ends = groups_done % kRmsBwdSumBlock == 0 || t + 1 == p.rows;
       for (int64_t c = 0; c < C; ++c) {
-        volatile float sum = total[size_t(c)] + group[size_t(c)];
-        total[size_t(c)] = sum;
+        volatile float sum = block[size_t(c)] + group[size_t(c)];
+        block[size_t(c)] = sum;
         group[size_t(c)] = 0.f;
+        if (block_ends) {
+          volatile float all = total[size_t(c)] + block[size_t(c)];
+          total[size_t(c)] = all;
+          block[size_t(c)] = 0.f;
+        }
       }
     }
   }

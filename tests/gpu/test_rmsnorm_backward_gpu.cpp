@@ -1,8 +1,10 @@
 // rmsnorm_backward on CUDA against the CPU reference (include/mxflash/fused.h): dx and dweight byte
 // for byte, outputs poisoned first, on row lengths that give each lane count (4 to 32 lanes a row)
 // and rows read in 1 to 256 chunks a lane, row counts that leave warps and CTAs part full and that
-// make dweight's row groups longer than 512 (more than 512 K rows), bf16 and fp32, weights in both
-// dtypes or none, dweight not requested, no rows, rows over 40 binades with zeros, inf and NaN.
+// make dweight's row groups longer than 512 (more than 4 M rows) and its group sums span several
+// blocks, bf16 and fp32, weights in both dtypes or none, dweight not requested, no rows, rows over 40
+// binades with zeros, inf and NaN; bf16 rows of 1 to 3 chunks a lane with dweight take the fused
+// pass, the others the rows and group kernels.
 // Then bad pointers (misaligned, on the CPU) rejected by name with nothing written.
 #include <gtest/gtest.h>
 
@@ -100,6 +102,10 @@ TEST(RmsNormBackwardGpu, EqualsCpuReference) {
       {3, 65536, true, true, true, true, false},    {4099, 128, false, true, false, true, true},
       {2500, 384, true, true, false, true, false},  {530001, 32, true, true, false, true, false},
       {0, 384, true, true, false, true, false},
+      // the fused pass (bf16, dweight, up to 3 chunks a lane): 2 chunks a lane, 3 at 32 lanes, the
+      // module's C on 16 lanes over 5 sum blocks, and groups of 1024 rows over 17 blocks
+      {777, 512, true, true, true, true, false},    {300, 768, true, true, false, true, true},
+      {530001, 384, true, true, true, true, false}, {4194305, 32, true, true, false, true, false},
   };
   uint32_t seed = 300;
   for (const BwdCase& s : setups) run_case(s, seed++);

@@ -1,11 +1,14 @@
 // rmsnorm_backward on CUDA (include/mxflash/fused.h): the arithmetic and order of
-// src/common/rmsnorm_rules.h, so that dx and dweight equal the CPU reference's bits. Three kernels:
+// src/common/rmsnorm_rules.h, so that dx and dweight equal the CPU reference's bits. bf16 rows of up
+// to 3 chunks a lane with dweight wanted (the module's C = 384) take rmsnorm_backward_fused_kernel,
+// which writes dx and dweight's group sums from one read of x and dy; the others these kernels:
 // - rows: L = rms_lanes(C) lanes a row (32 / L rows side by side in a warp, as the forward), each
 //   lane summing fma(gy, xh) over its chunks; the butterfly; then the lane reads its chunks again
 //   (L1/L2 hits) and writes dx;
 // - dweight's group sums: a thread per pair of columns and group of rows (rms_bwd_group_rows), its rows
 //   in order (coalesced: a warp reads 64 consecutive columns of a row);
-// - the groups' sums added in group order, a thread per column.
+// - the groups' sums added in blocks of kRmsBwdSumBlock groups, then the blocks in order, a thread
+//   per column (both paths).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -113,6 +116,129 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_backward_rows_kernel(const B
   }
 }
 
+// dx and dweight's group sums in one pass (bf16 x and dy, dweight requested, at most
+// kFusedMaxPerLane chunks a lane): a slot of L lanes per row group (rms_bwd_group_rows), 32 / L slots
+// a warp, each slot taking its group's rows in order, kFusedBatch at a time, the next batch loaded
+// while one is computed. A lane keeps its chunks of the batch's rows in registers (dx needs no second
+// read) and its columns' sums fma(dy, xh, acc) over the group's rows in order, the group kernel's
+// arithmetic, which it writes to partial[group] at the end. dx is the rows kernel's, value for value.
+constexpr int kFusedMaxPerLane = 3, kFusedWarps = 4, kFusedBatch = 2;
+
+template <typename W, int kLanes>
+__global__ void __launch_bounds__(kFusedWarps * 32)
+    rmsnorm_backward_fused_kernel(const BwdParams p, int64_t group_rows, int64_t groups, float* partial) {
+  constexpr int P = kFusedMaxPerLane;
+  const int lane = int(threadIdx.x % 32);
+  const int L = kLanes > 0 ? kLanes : p.lanes, q = lane % L;
+  const int64_t slot0 = (int64_t(blockIdx.x) * kFusedWarps + threadIdx.x / 32) * (32 / L);
+  if (slot0 >= groups) return;  // whole warps
+  const int64_t group = slot0 + lane / L;
+  const bool live = group < groups;
+  const int64_t t0 = (live ? group : groups - 1) * group_rows, t1 = min(p.rows, t0 + group_rows);
+  // Every slot of the warp takes as many steps as the longest (the butterfly needs the whole warp);
+  // rows past a slot's group read its last row and count nowhere.
+  const int n = int(__reduce_max_sync(0xFFFFFFFFu, unsigned(t1 - t0)));
+  const uint16_t* x = static_cast<const uint16_t*>(p.x);
+  const uint16_t* dy = static_cast<const uint16_t*>(p.dy);
+  float w[P][kRmsChunk];
+  if constexpr (!std::is_void_v<W>) {
+#pragma unroll
+    for (int c = 0; c < P; ++c)
+      if (c < p.per_lane) load8(static_cast<const W*>(p.weight), int64_t(q + L * c) * kRmsChunk, w[c]);
+  }
+  float acc[P][kRmsChunk];
+#pragma unroll
+  for (int c = 0; c < P; ++c)
+#pragma unroll
+    for (int e = 0; e < kRmsChunk; ++e) acc[c][e] = 0.f;
+  // A batch of rows as loaded (two named buffers, so that every index is static).
+  struct Batch {
+    Raw<uint16_t> x[kFusedBatch][P], dy[kFusedBatch][P];
+    float rstd[kFusedBatch];
+  };
+  auto load = [&](int i, Batch& b) {
+#pragma unroll
+    for (int k = 0; k < kFusedBatch; ++k) {
+      const int64_t t = min(t0 + i + k, t1 - 1);
+      b.rstd[k] = __ldg(p.rstd + t);
+#pragma unroll
+      for (int c = 0; c < P; ++c)
+        if (c < p.per_lane) {
+          const int64_t at = t * p.cols + int64_t(q + L * c) * kRmsChunk;
+          b.x[k][c] = load_raw(x, at);
+          b.dy[k][c] = load_raw(dy, at);
+        }
+    }
+  };
+  // xh, gy and dy of chunk c of row k (the rows kernel's chunk_terms on the loaded words).
+  auto terms = [&](const Batch& b, int k, int c, float (&xh)[kRmsChunk], float (&gy)[kRmsChunk],
+                   float (&dv)[kRmsChunk]) {
+    widen(b.x[k][c], xh);
+    widen(b.dy[k][c], dv);
+#pragma unroll
+    for (int e = 0; e < kRmsChunk; ++e) {
+      xh[e] = rms_mul(xh[e], b.rstd[k]);
+      if constexpr (std::is_void_v<W>)
+        gy[e] = dv[e];
+      else
+        gy[e] = rms_mul(dv[e], w[c][e]);
+    }
+  };
+  auto compute = [&](int i, const Batch& b) {
+    float dot[kFusedBatch];
+#pragma unroll
+    for (int k = 0; k < kFusedBatch; ++k) {
+      dot[k] = 0.f;
+#pragma unroll
+      for (int c = 0; c < P; ++c) {
+        if (c >= p.per_lane) continue;
+        float xh[kRmsChunk], gy[kRmsChunk], dv[kRmsChunk];
+        terms(b, k, c, xh, gy, dv);
+#pragma unroll
+        for (int e = 0; e < kRmsChunk; ++e) dot[k] = rms_fma(gy[e], xh[e], dot[k]);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kFusedBatch; ++k) dot[k] = rms_lane_sum<kLanes>(dot[k], L);
+#pragma unroll
+    for (int k = 0; k < kFusedBatch; ++k) {
+      const int64_t t = t0 + i + k;
+      if (!live || t >= t1) continue;
+      const float m = rms_bwd_mean(dot[k], p.cols);
+      uint16_t* dxr = static_cast<uint16_t*>(p.dx) + t * p.cols;
+#pragma unroll
+      for (int c = 0; c < P; ++c) {
+        if (c >= p.per_lane) continue;
+        float xh[kRmsChunk], gy[kRmsChunk], dv[kRmsChunk], out[kRmsChunk];
+        terms(b, k, c, xh, gy, dv);
+#pragma unroll
+        for (int e = 0; e < kRmsChunk; ++e) {
+          out[e] = rms_bwd_dx(gy[e], xh[e], m, b.rstd[k]);
+          acc[c][e] = rms_fma(dv[e], xh[e], acc[c][e]);
+        }
+        store8(dxr, int64_t(q + L * c) * kRmsChunk, out);
+      }
+    }
+  };
+  Batch cur, nxt;
+  load(0, cur);
+  for (int i = 0; i < n; i += 2 * kFusedBatch) {
+    if (i + kFusedBatch < n) load(i + kFusedBatch, nxt);
+    compute(i, cur);
+    if (i + kFusedBatch >= n) break;
+    if (i + 2 * kFusedBatch < n) load(i + 2 * kFusedBatch, cur);
+    compute(i + kFusedBatch, nxt);
+  }
+  if (!live) return;
+#pragma unroll
+  for (int c = 0; c < P; ++c) {
+    if (c >= p.per_lane) continue;
+    float* dst = partial + group * p.cols + int64_t(q + L * c) * kRmsChunk;
+    reinterpret_cast<float4*>(dst)[0] = make_float4(acc[c][0], acc[c][1], acc[c][2], acc[c][3]);
+    reinterpret_cast<float4*>(dst)[1] = make_float4(acc[c][4], acc[c][5], acc[c][6], acc[c][7]);
+  }
+}
+
 constexpr int kColThreads = 128;  // a CTA of the dweight kernels: 256 columns (two a thread)
 
 // partial[g][c] = sum over group g's rows in order of fma(dy, xh); blockIdx.x = g, blockIdx.y the
@@ -139,13 +265,26 @@ __global__ void __launch_bounds__(kColThreads)
   partial[int64_t(blockIdx.x) * p.cols + c + 1] = a1;
 }
 
+// The groups' sums added in blocks of kRmsBwdSumBlock (blockIdx.x the block, blockIdx.y the column
+// block), each in group order from 0, into block_sum; then the blocks' in order, NaN canonical.
 __global__ void __launch_bounds__(kColThreads)
-    rmsnorm_backward_sum_kernel(const float* partial, int64_t groups, int cols, float* dweight) {
+    rmsnorm_backward_block_kernel(const float* partial, int64_t groups, int cols, float* block_sum) {
+  const int c = int(blockIdx.y) * kColThreads + int(threadIdx.x);
+  if (c >= cols) return;
+  const int64_t g0 = int64_t(blockIdx.x) * kRmsBwdSumBlock, g1 = min(groups, g0 + kRmsBwdSumBlock);
+  float s = 0.f;
+#pragma unroll 8
+  for (int64_t g = g0; g < g1; ++g) s = __fadd_rn(s, partial[g * cols + c]);
+  block_sum[int64_t(blockIdx.x) * cols + c] = s;
+}
+
+__global__ void __launch_bounds__(kColThreads)
+    rmsnorm_backward_sum_kernel(const float* block_sum, int64_t blocks, int cols, float* dweight) {
   const int c = int(blockIdx.x) * kColThreads + int(threadIdx.x);
   if (c >= cols) return;
   float s = 0.f;
 #pragma unroll 8
-  for (int64_t g = 0; g < groups; ++g) s = __fadd_rn(s, partial[g * cols + c]);
+  for (int64_t b = 0; b < blocks; ++b) s = __fadd_rn(s, block_sum[b * cols + c]);
   dweight[c] = rms_canonical(s);
 }
 
@@ -161,9 +300,23 @@ Status launch_rows(const BwdParams& p, cudaStream_t s) {
   return check_launch("rmsnorm_backward_rows_kernel");
 }
 
+template <typename W>
+void launch_fused(const BwdParams& p, int64_t group_rows, int64_t groups, float* partial, cudaStream_t s) {
+  const int64_t per_cta = int64_t(kFusedWarps) * (32 / p.lanes);
+  const unsigned grid = unsigned((groups + per_cta - 1) / per_cta);
+  if (p.lanes == 32)
+    rmsnorm_backward_fused_kernel<W, 32><<<grid, kFusedWarps * 32, 0, s>>>(p, group_rows, groups, partial);
+  else
+    rmsnorm_backward_fused_kernel<W, 0><<<grid, kFusedWarps * 32, 0, s>>>(p, group_rows, groups, partial);
+}
+
 template <typename T>
 Status launch_typed(const BwdParams& p, bool weight_bf16, float* dweight, cudaStream_t s) {
-  if (p.rows > 0) {
+  // bf16 rows with dweight wanted and at most kFusedMaxPerLane chunks a lane (C <= 768 at 32 lanes,
+  // C = 384 at 16): one fused pass writes dx and the group sums; else the rows kernel, then the group
+  // kernel reads x and dy again.
+  const bool fused = sizeof(T) == 2 && dweight != nullptr && p.rows > 0 && p.per_lane <= kFusedMaxPerLane;
+  if (p.rows > 0 && !fused) {
     if (p.weight == nullptr)
       MXFLASH_RETURN_IF_ERROR((launch_rows<T, void>(p, s)));
     else if (weight_bf16)
@@ -176,15 +329,30 @@ Status launch_typed(const BwdParams& p, bool weight_bf16, float* dweight, cudaSt
     return cuda_error(cudaMemsetAsync(dweight, 0, size_t(p.cols) * sizeof(float), s), "cudaMemsetAsync (dweight)");
   const int64_t group_rows = rms_bwd_group_rows(p.rows);
   const int64_t groups = (p.rows + group_rows - 1) / group_rows;
-  float* partial = nullptr;
-  MXFLASH_RETURN_IF_ERROR(workspace_alloc(size_t(groups) * size_t(p.cols) * sizeof(float), s,
+  const int64_t blocks = (groups + kRmsBwdSumBlock - 1) / kRmsBwdSumBlock;
+  float* partial = nullptr;  // groups x C group sums, then blocks x C block sums
+  MXFLASH_RETURN_IF_ERROR(workspace_alloc(size_t(groups + blocks) * size_t(p.cols) * sizeof(float), s,
                                           reinterpret_cast<void**>(&partial), "rmsnorm_backward workspace"));
-  const dim3 g1{unsigned(groups), unsigned((p.cols / 2 + kColThreads - 1) / kColThreads)};
-  rmsnorm_backward_group_kernel<T><<<g1, kColThreads, 0, s>>>(p, group_rows, partial);
+  float* block_sum = partial + groups * p.cols;
+  const unsigned col_blocks = unsigned((p.cols + kColThreads - 1) / kColThreads);
   const Status st = [&] {
-    MXFLASH_RETURN_IF_ERROR(check_launch("rmsnorm_backward_group_kernel"));
-    rmsnorm_backward_sum_kernel<<<unsigned((p.cols + kColThreads - 1) / kColThreads), kColThreads, 0, s>>>(
-        partial, groups, p.cols, dweight);
+    if (fused) {
+      if (p.weight == nullptr)
+        launch_fused<void>(p, group_rows, groups, partial, s);
+      else if (weight_bf16)
+        launch_fused<uint16_t>(p, group_rows, groups, partial, s);
+      else
+        launch_fused<float>(p, group_rows, groups, partial, s);
+      MXFLASH_RETURN_IF_ERROR(check_launch("rmsnorm_backward_fused_kernel"));
+    } else {
+      const dim3 g1{unsigned(groups), unsigned((p.cols / 2 + kColThreads - 1) / kColThreads)};
+      rmsnorm_backward_group_kernel<T><<<g1, kColThreads, 0, s>>>(p, group_rows, partial);
+      MXFLASH_RETURN_IF_ERROR(check_launch("rmsnorm_backward_group_kernel"));
+    }
+    rmsnorm_backward_block_kernel<<<dim3(unsigned(blocks), col_blocks), kColThreads, 0, s>>>(partial, groups, p.cols,
+                                                                                            block_sum);
+    MXFLASH_RETURN_IF_ERROR(check_launch("rmsnorm_backward_block_kernel"));
+    rmsnorm_backward_sum_kernel<<<col_blocks, kColThreads, 0, s>>>(block_sum, blocks, p.cols, dweight);
     return check_launch("rmsnorm_backward_sum_kernel");
   }();
   const Status freed = workspace_free(partial, s, "rmsnorm_backward workspace free");
