@@ -140,7 +140,8 @@ def timeline(args, mx, twin, ctx, kv):
         x.grad = None
         with tempfile.NamedTemporaryFile(suffix=".json") as f:
             prof.export_chrome_trace(f.name)
-            trace = json.load(open(f.name))
+            with open(f.name) as g:
+                trace = json.load(g)
         ev = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
         gpu = sorted((e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
         host = [e for e in ev if e.get("cat") in ("cpu_op", "cuda_runtime", "cuda_driver", "python_function")]

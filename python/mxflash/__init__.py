@@ -444,6 +444,13 @@ def quantize_hdim_seq(x, meta, mode="rceil", scale_layout="plain", payload_layou
     return outs
 
 
+def _rows_cols(x):
+    """(T, C) of the RMSNorm functions' x, which must be 2-D."""
+    if x.ndim != 2:
+        raise ValueError(f"x: must be 2-D (T, C), got shape {tuple(int(d) for d in x.shape)}")
+    return int(x.shape[0]), int(x.shape[1])
+
+
 def rmsnorm_quantize(x, weight=None, eps=1e-6, mode="rceil", rstd=True, out=None):
     """RMSNorm and MX quantization along each row, in one pass over x (a fused producer).
 
@@ -462,9 +469,7 @@ def rmsnorm_quantize(x, weight=None, eps=1e-6, mode="rceil", rstd=True, out=None
         weight = _as_array(weight, "weight")
     outs = _outputs(out, 3, "payload, scales, rstd")
     if outs is None:
-        if x.ndim != 2:
-            raise ValueError(f"x: must be 2-D (T, C), got shape {tuple(int(d) for d in x.shape)}")
-        rows, cols = (int(d) for d in x.shape)
+        rows, cols = _rows_cols(x)
         payload = _empty(x, (rows, cols), _PAYLOAD_DTYPE)
         scales = _empty(x, (rows, cols // BLOCK_SIZE), _SCALE_DTYPE)
         r = _empty(x, (rows,), "float32") if rstd else None
@@ -493,10 +498,9 @@ def rmsnorm_backward(x, weight, rstd, dy, out=None):
         weight = _as_array(weight, "weight")
     outs = _outputs(out, 2, "dx, dweight")
     if outs is None:
-        if x.ndim != 2:
-            raise ValueError(f"x: must be 2-D (T, C), got shape {tuple(int(d) for d in x.shape)}")
-        dx = _empty(x, tuple(int(d) for d in x.shape), _dtype_name(x))
-        dw = _empty(x, (int(x.shape[1]),), "float32") if weight is not None else None
+        rows, cols = _rows_cols(x)
+        dx = _empty(x, (rows, cols), _dtype_name(x))
+        dw = _empty(x, (cols,), "float32") if weight is not None else None
     else:
         dx = _as_array(outs[0], "dx")
         dw = None if outs[1] is None else _as_array(outs[1], "dweight")
