@@ -1,13 +1,16 @@
-// MXFP8 attention forward on packed jagged tensors, head dim 128, non-causal.
+// MXFP8 attention forward on packed jagged tensors, head dim 128, with or without a causal mask.
 //
 // Operands are MX tensors as the quantizer writes them: Q and K along the head dim (hdim), V along
 // tokens (seq, token-major or token-contiguous payload), scales plain or blocked128x4.
 // On CUDA tensors the fast sm_90a kernel runs (FP8 wgmma; block scales re-expressed per Q row, per
 // 128-key tile and per V channel in a prepare pass: ARCHITECTURE.md §4, docs/attention.md);
-// on CPU tensors the exact-MX CPU reference runs (src/reference/attention_ref.h).
+// on CPU tensors the exact-MX CPU reference runs (src/reference/attention_ref.h). The causal mask
+// (CausalMask below; AttentionOptions::causal, AttentionBackwardOptions::causal) applies on every
+// path alike: masked keys contribute exactly nothing, rows facing no key give out = 0, lse = -inf.
 #pragma once
 #include <cmath>
 #include <cstddef>
+#include <string>
 
 #include "mxflash/jagged.h"
 #include "mxflash/quantize.h"
@@ -24,8 +27,33 @@ struct MxTensor {
   PayloadLayout payload_layout = PayloadLayout::kTokenMajor;
 };
 
+// The causal mask. Query row i of a Q sequence of Lq rows attends keys 0 .. n - 1 of its K/V
+// sequence of Lk keys, n = causal_keys(mask, i, Lq, Lk) (rows i = 0 .. Lq - 1, counted from the Q
+// sequence's start; with broadcast_q, the shared sequence's rows against each K/V sequence):
+//   kNone         n = Lk (every key);
+//   kTopLeft      key j <= i: the diagonal starts at the sequences' first row and key (torch's
+//                 scaled_dot_product_attention(is_causal=True));
+//   kBottomRight  key j <= i + Lk - Lq: the diagonal ends at the last row and key
+//                 (FlashAttention's causal, torch.nn.attention.bias.causal_lower_right); rows
+//                 i < Lq - Lk then face no key.
+// Lq == Lk (self-attention) gives the same mask either way. A row facing no key gets out = 0,
+// lse = -inf and zero gradients.
+enum class CausalMask : int { kNone = 0, kTopLeft = 1, kBottomRight = 2 };
+MXFLASH_HD int64_t causal_keys(CausalMask mask, int64_t i, int64_t Lq, int64_t Lk) {
+  if (mask == CausalMask::kNone) return Lk;
+  const int64_t n = i + 1 + (mask == CausalMask::kBottomRight ? Lk - Lq : 0);
+  return n < 0 ? 0 : (n > Lk ? Lk : n);
+}
+
+// The masks' names in the tools' command lines and JSON and in the Python package: "none",
+// "top_left", "bottom_right"; parse_causal also takes "top-left" and "bottom-right" (false for
+// anything else, *out untouched).
+const char* causal_name(CausalMask mask);
+bool parse_causal(const std::string& text, CausalMask* out);
+
 struct AttentionOptions {
   float softmax_scale = NAN;  // NaN: 1/sqrt(128)
+  CausalMask causal = CausalMask::kNone;
   // One shared Q sequence (q_meta has one sequence) attends to each of the B K/V sequences; the
   // output has B*Lq tokens, token b*Lq + i. Q is read in place, never gathered.
   bool broadcast_q = false;
@@ -41,7 +69,8 @@ size_t attention_forward_workspace_size(const JaggedMeta& q_meta, const JaggedMe
                                         const AttentionOptions& opt);
 
 // out: (To, H, 128) bf16, lse: (H, To) fp32 natural log, To = Tq (or B*Lq with broadcast_q).
-// Rows with no keys give out = 0 and lse = -inf.
+// Rows with no keys (an empty K/V sequence, or none left by opt.causal) give out = 0 and lse = -inf.
+// opt.causal outside the enum: Status kInvalidArgument naming "causal", nothing written.
 Status attention_forward(const MxTensor& q, const MxTensor& k, const MxTensor& v, const JaggedMeta& q_meta,
                          const JaggedMeta& k_meta, const AttentionOptions& opt, TensorView out, TensorView lse,
                          void* workspace = nullptr, size_t workspace_bytes = 0, void* stream = nullptr);
@@ -108,6 +137,7 @@ enum class PScaleMode : int { kConstant = 0, kDynamic = 1 };  // P as e4m3(256 p
 
 struct AttentionBackwardOptions {
   float softmax_scale = NAN;  // NaN: 1/sqrt(128); must be the forward's
+  CausalMask causal = CausalMask::kNone;  // must be the forward's
   bool broadcast_q = false;   // dQ of the shared Q sequence is summed over the batch
   DqAccum dq_accum = DqAccum::kFp32;
   int dq_fp16_scale_log2 = 12;  // static scale 2^k of the FP16 dQ accumulator, k in 0..15
@@ -122,7 +152,8 @@ struct AttentionBackwardOptions {
 // dim (S = Q Kᵀ), q_seq and k_seq the same tensors quantized along tokens (dK = dSᵀ Q, dQ = dS K),
 // v along the head dim (dP = dO Vᵀ); out and dout (To, H, 128) bf16 and lse (H, To) fp32 from the
 // forward (To as in attention_forward). dO is quantized inside in 32x32 blocks, D = rowsum(out∘dout),
-// dS = P∘(dP − D) quantized 1x32 along Q tokens (dK) and 32x32 (dQ).
+// dS = P∘(dP − D) quantized 1x32 along Q tokens (dK) and 32x32 (dQ). With opt.causal (the
+// forward's), P = dS = 0 exactly for masked keys, and a row facing exactly one key gets dS = 0.
 // Outputs: dq (Tq, H, 128), dk and dv (Tk, H, 128), bf16; with broadcast_q, dq is the sum over the
 // batch. With opt.output_mxfp8_dkv, dk and dv are E4M3 payloads (Tk, H, 128) instead, quantized in
 // 32x32 blocks (32 tokens from each K sequence start x 32 dims, RCEIL), and dk_scales, dv_scales

@@ -1,5 +1,6 @@
 // Host launchers of MXFP8 attention: validate every argument, then run the exact-MX CPU reference
-// (CPU tensors) or the sm_90a kernels (CUDA tensors; forward only so far).
+// (CPU tensors) or the sm_90a kernels (CUDA tensors). The causal mask (opt.causal) reaches every
+// path: the CUDA problems, the CPU reference's problems and the workspace sizes.
 #include "mxflash/attention.h"
 
 #include <algorithm>
@@ -79,6 +80,15 @@ Status check_scale(float scale) {
   return Status::Ok();
 }
 
+bool valid_causal(CausalMask c) {
+  return c == CausalMask::kNone || c == CausalMask::kTopLeft || c == CausalMask::kBottomRight;
+}
+Status check_causal(CausalMask c) {
+  if (valid_causal(c)) return Status::Ok();
+  return Status::Invalid("causal: must be none, top_left or bottom_right, got an unknown value " +
+                         std::to_string(int(c)));
+}
+
 // The dequantized values of an MX operand, (T, H, 128) fp32.
 Status dequantized(const MxTensor& t, const JaggedMeta& m, int64_t H, std::vector<float>* x) {
   x->assign(size_t(m.total_tokens() * H * kHeadDim), 0.f);
@@ -90,10 +100,11 @@ cuda::MxOperand device_operand(const MxTensor& t) {
   return {t.payload.ptr<const uint8_t>(), t.scales.ptr<const uint8_t>(), t.scale_layout, t.payload_layout};
 }
 
-// The fields the forward and backward CUDA problems share: shapes, options, device and host metadata.
+// The fields the forward and backward CUDA problems share: shapes, options (the quantizers, which
+// know no mask, pass CausalMask::kNone), device and host metadata.
 template <typename Problem>
 void fill_problem(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t H, int64_t To, bool broadcast_q,
-                  float scale, Problem* p) {
+                  float scale, CausalMask causal, Problem* p) {
   p->batch = k_meta.batch();
   p->heads = int(H);
   p->Pq = q_meta.padded_tokens();
@@ -101,6 +112,7 @@ void fill_problem(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t H,
   p->To = To;
   p->broadcast_q = broadcast_q;
   p->softmax_scale = scale;
+  p->causal = causal;
   p->cu_q = q_meta.device_cu_seqlens();
   p->cu_q_sf = q_meta.device_cu_seqlens_sf();
   p->cu_k = k_meta.device_cu_seqlens();
@@ -143,8 +155,8 @@ Status check_tma_coordinates(const char* name, int64_t H, const JaggedMeta& q_me
 // already-representable MX values unchanged.
 Status forward_cpu_values(const std::vector<float>& qf, const std::vector<float>& kf, const std::vector<float>& vf,
                           const JaggedMeta& qm, const JaggedMeta& km, int64_t H, float scale, bool broadcast_q,
-                          TensorView out, TensorView lse) {
-  const ref::AttnProblem p = ref::make_problem(qm, km, H, qf.data(), kf.data(), vf.data(), scale, broadcast_q);
+                          CausalMask causal, TensorView out, TensorView lse) {
+  const ref::AttnProblem p = ref::make_problem(qm, km, H, qf.data(), kf.data(), vf.data(), scale, broadcast_q, causal);
   ref::AttnForwardResult r;
   MXFLASH_RETURN_IF_ERROR(ref::attention_forward(p, ref::AttnMethod::kMx, &r));
   uint16_t* o = out.ptr<uint16_t>();
@@ -154,28 +166,50 @@ Status forward_cpu_values(const std::vector<float>& qf, const std::vector<float>
   return Status::Ok();
 }
 Status forward_cpu(const MxTensor& q, const MxTensor& k, const MxTensor& v, const JaggedMeta& qm, const JaggedMeta& km,
-                   int64_t H, float scale, bool broadcast_q, TensorView out, TensorView lse) {
+                   int64_t H, float scale, bool broadcast_q, CausalMask causal, TensorView out, TensorView lse) {
   std::vector<float> qf, kf, vf;
   MXFLASH_RETURN_IF_ERROR(dequantized(q, qm, H, &qf));
   MXFLASH_RETURN_IF_ERROR(dequantized(k, km, H, &kf));
   MXFLASH_RETURN_IF_ERROR(dequantized(v, km, H, &vf));
-  return forward_cpu_values(qf, kf, vf, qm, km, H, scale, broadcast_q, out, lse);
+  return forward_cpu_values(qf, kf, vf, qm, km, H, scale, broadcast_q, causal, out, lse);
 }
 
-// The workspace-size queries answer 0 for metadata the calls would reject (and then read nothing
-// past q's cu_seqlens).
-bool sizable(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, bool broadcast_q) {
-  if (q_meta.batch() < 1 || k_meta.batch() < 1 || heads < 1) return false;
+// The workspace-size queries answer 0 for metadata (or a causal value) the calls would reject (and
+// then read nothing past q's cu_seqlens).
+bool sizable(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, bool broadcast_q, CausalMask causal) {
+  if (q_meta.batch() < 1 || k_meta.batch() < 1 || heads < 1 || !valid_causal(causal)) return false;
   return broadcast_q ? q_meta.batch() == 1 : q_meta.batch() == k_meta.batch();
 }
 
 }  // namespace
 
+const char* causal_name(CausalMask mask) {
+  switch (mask) {
+    case CausalMask::kNone: return "none";
+    case CausalMask::kTopLeft: return "top_left";
+    case CausalMask::kBottomRight: return "bottom_right";
+  }
+  return "?";
+}
+
+bool parse_causal(const std::string& text, CausalMask* out) {
+  for (CausalMask m : {CausalMask::kNone, CausalMask::kTopLeft, CausalMask::kBottomRight}) {
+    std::string hyphen = causal_name(m);
+    for (char& c : hyphen) c = c == '_' ? '-' : c;
+    if (text == causal_name(m) || text == hyphen) {
+      *out = m;
+      return true;
+    }
+  }
+  return false;
+}
+
 size_t attention_forward_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
                                         const AttentionOptions& opt) {
-  if (!sizable(q_meta, k_meta, heads, opt.broadcast_q)) return 0;
+  if (!sizable(q_meta, k_meta, heads, opt.broadcast_q, opt.causal)) return 0;
   return cuda::attention_fwd_workspace_bytes(q_meta.cu_seqlens(), k_meta.cu_seqlens(), k_meta.batch(), heads,
-                                             q_meta.padded_tokens(), k_meta.padded_tokens(), opt.broadcast_q);
+                                             q_meta.padded_tokens(), k_meta.padded_tokens(), opt.broadcast_q,
+                                             opt.causal);
 }
 
 Status attention_forward(const MxTensor& q, const MxTensor& k, const MxTensor& v, const JaggedMeta& q_meta,
@@ -184,6 +218,7 @@ Status attention_forward(const MxTensor& q, const MxTensor& k, const MxTensor& v
   MXFLASH_RETURN_IF_ERROR(check_metas(q_meta, k_meta, opt.broadcast_q));
   const float scale = resolved_scale(opt.softmax_scale);
   MXFLASH_RETURN_IF_ERROR(check_scale(scale));
+  MXFLASH_RETURN_IF_ERROR(check_causal(opt.causal));
   int64_t H = 0;
   MXFLASH_RETURN_IF_ERROR(check_operand(q, "q", Orientation::kHdim, q_meta, &H));
   MXFLASH_RETURN_IF_ERROR(check_operand(k, "k", Orientation::kHdim, k_meta, &H));
@@ -201,13 +236,14 @@ Status attention_forward(const MxTensor& q, const MxTensor& k, const MxTensor& v
                                              {&lse, "lse"}},
                                             &dev));
   if (To == 0) return Status::Ok();
-  if (dev == Device::kCPU) return forward_cpu(q, k, v, q_meta, k_meta, H, scale, opt.broadcast_q, out, lse);
+  if (dev == Device::kCPU)
+    return forward_cpu(q, k, v, q_meta, k_meta, H, scale, opt.broadcast_q, opt.causal, out, lse);
   MXFLASH_RETURN_IF_ERROR(check_cuda_call(q.payload.device_id, "q.payload", q_meta, k_meta));
   if (!opt.exact_mx) MXFLASH_RETURN_IF_ERROR(check_tma_coordinates("q.payload", H, q_meta, k_meta));
   if (workspace && workspace_bytes < attention_forward_workspace_size(q_meta, k_meta, H, opt))
     return Status::Invalid("workspace: smaller than attention_forward_workspace_size()");
   cuda::AttentionFwdProblem p;
-  fill_problem(q_meta, k_meta, H, To, opt.broadcast_q, scale, &p);
+  fill_problem(q_meta, k_meta, H, To, opt.broadcast_q, scale, opt.causal, &p);
   p.q = device_operand(q);
   p.k = device_operand(k);
   p.v = device_operand(v);
@@ -452,9 +488,9 @@ AttentionFwdOperands attention_fwd_operand_views(const JaggedMeta& q_meta, const
 
 size_t attention_forward_operands_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
                                                  const AttentionOptions& opt) {
-  if (!sizable(q_meta, k_meta, heads, opt.broadcast_q)) return 0;
+  if (!sizable(q_meta, k_meta, heads, opt.broadcast_q, opt.causal)) return 0;
   return cuda::attention_fwd_exec_workspace_bytes(q_meta.cu_seqlens(), k_meta.cu_seqlens(), k_meta.batch(), heads,
-                                                  opt.broadcast_q);
+                                                  opt.broadcast_q, opt.causal);
 }
 
 Status quantize_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -481,7 +517,7 @@ Status quantize_attention_forward(const TensorView& q, const TensorView& k, cons
   }
   MXFLASH_RETURN_IF_ERROR(check_cuda_call(q.device_id, "q", q_meta, k_meta));
   cuda::AttentionFwdProblem p;
-  fill_problem(q_meta, k_meta, H, q_meta.total_tokens(), false, 1.f, &p);
+  fill_problem(q_meta, k_meta, H, q_meta.total_tokens(), false, 1.f, CausalMask::kNone, &p);
   // The kernels take Q's sequence count from p.broadcast_q (1) or p.batch.
   p.broadcast_q = q_meta.batch() != k_meta.batch();
   return cuda::quantize_attention_fwd_operands(p, q.data, k.data, v.data, q.dtype == DType::kFloat32,
@@ -494,6 +530,7 @@ Status attention_forward(const AttentionFwdOperands& ops, const JaggedMeta& q_me
   MXFLASH_RETURN_IF_ERROR(check_metas(q_meta, k_meta, opt.broadcast_q));
   const float scale = resolved_scale(opt.softmax_scale);
   MXFLASH_RETURN_IF_ERROR(check_scale(scale));
+  MXFLASH_RETURN_IF_ERROR(check_causal(opt.causal));
   if (opt.exact_mx)
     return Status::Unsupported("opt.exact_mx: the exact-MX path takes MX tensors, not execution-layout operands");
   int64_t H = 0;
@@ -506,14 +543,14 @@ Status attention_forward(const AttentionFwdOperands& ops, const JaggedMeta& q_me
   if (dev == Device::kCPU) {
     std::vector<float> qf, kf, vf;
     dequantized_operands(ops, q_meta, k_meta, H, &qf, &kf, &vf);
-    return forward_cpu_values(qf, kf, vf, q_meta, k_meta, H, scale, opt.broadcast_q, out, lse);
+    return forward_cpu_values(qf, kf, vf, q_meta, k_meta, H, scale, opt.broadcast_q, opt.causal, out, lse);
   }
   MXFLASH_RETURN_IF_ERROR(check_cuda_call(ops.q.device_id, "ops.q", q_meta, k_meta));
   MXFLASH_RETURN_IF_ERROR(check_tma_coordinates("ops.q", H, q_meta, k_meta));
   if (workspace && workspace_bytes < attention_forward_operands_workspace_size(q_meta, k_meta, H, opt))
     return Status::Invalid("workspace: smaller than attention_forward_operands_workspace_size()");
   cuda::AttentionFwdProblem p;
-  fill_problem(q_meta, k_meta, H, To, opt.broadcast_q, scale, &p);
+  fill_problem(q_meta, k_meta, H, To, opt.broadcast_q, scale, opt.causal, &p);
   p.out = out.data;
   p.lse = lse.ptr<float>();
   return cuda::attention_forward_exec(p, exec_operands(ops), workspace, workspace_bytes, stream);
@@ -523,6 +560,7 @@ Status attention_forward(const AttentionFwdOperands& ops, const JaggedMeta& q_me
 namespace {
 
 Status check_backward_options(const AttentionBackwardOptions& opt) {
+  MXFLASH_RETURN_IF_ERROR(check_causal(opt.causal));
   if (opt.dq_accum != DqAccum::kFp32 && opt.dq_accum != DqAccum::kFp16)
     return Status::Invalid("dq_accum: must be fp32 or fp16, got an unknown value " + std::to_string(int(opt.dq_accum)));
   if (opt.dq_fp16_scale_log2 < 0 || opt.dq_fp16_scale_log2 > 15)
@@ -576,6 +614,7 @@ Status backward_cpu_values(const ref::AttnOperands& ops, TensorView out, TensorV
   p.heads = H;
   p.softmax_scale = scale;
   p.broadcast_q = opt.broadcast_q;
+  p.causal = opt.causal;
   ref::AttnOptions ro;
   ro.dq_fp16_scale_log2 = opt.dq_accum == DqAccum::kFp16 ? opt.dq_fp16_scale_log2 : -1;
   ro.dynamic_p = opt.p_scale == PScaleMode::kDynamic;
@@ -680,9 +719,10 @@ void set_backward_io(cuda::AttentionBwdProblem* p, const TensorView& out, const 
 
 size_t attention_backward_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
                                          const AttentionBackwardOptions& opt) {
-  if (!sizable(q_meta, k_meta, heads, opt.broadcast_q)) return 0;
+  if (!sizable(q_meta, k_meta, heads, opt.broadcast_q, opt.causal)) return 0;
   cuda::AttentionBwdProblem p;
-  fill_problem(q_meta, k_meta, heads, out_tokens(q_meta, k_meta, opt.broadcast_q), opt.broadcast_q, 1.f, &p);
+  fill_problem(q_meta, k_meta, heads, out_tokens(q_meta, k_meta, opt.broadcast_q), opt.broadcast_q, 1.f, opt.causal,
+               &p);
   p.Tq = q_meta.total_tokens();
   p.Tk = k_meta.total_tokens();
   p.mxfp8_dkv = opt.output_mxfp8_dkv;
@@ -735,7 +775,7 @@ Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTens
   MXFLASH_RETURN_IF_ERROR(check_cuda_backward_options(opt));
   MXFLASH_RETURN_IF_ERROR(check_cuda_call(q.payload.device_id, "q.payload", q_meta, k_meta));
   cuda::AttentionBwdProblem p;
-  fill_problem(q_meta, k_meta, H, To, opt.broadcast_q, scale, &p);
+  fill_problem(q_meta, k_meta, H, To, opt.broadcast_q, scale, opt.causal, &p);
   p.Tq = q_meta.total_tokens();
   p.Tk = k_meta.total_tokens();
   p.q = device_operand(q);
@@ -830,7 +870,7 @@ Status quantize_attention_backward(const TensorView& q, const TensorView& k, con
   }
   MXFLASH_RETURN_IF_ERROR(check_cuda_call(q.device_id, "q", q_meta, k_meta));
   cuda::AttentionBwdProblem p;
-  fill_problem(q_meta, k_meta, H, q_meta.total_tokens(), false, 1.f, &p);
+  fill_problem(q_meta, k_meta, H, q_meta.total_tokens(), false, 1.f, CausalMask::kNone, &p);
   p.broadcast_q = q_meta.batch() != k_meta.batch();  // the kernels take Q's sequence count from it
   return cuda::quantize_attention_bwd_operands(p, q.data, k.data, v.data, q.dtype == DType::kFloat32,
                                                bwd_exec_operands(ops), write_qk, stream);
@@ -873,7 +913,7 @@ Status quantize_attention_training(const TensorView& q, const TensorView& k, con
   }
   MXFLASH_RETURN_IF_ERROR(check_cuda_call(q.device_id, "q", q_meta, k_meta));
   cuda::AttentionFwdProblem p;
-  fill_problem(q_meta, k_meta, H, q_meta.total_tokens(), false, 1.f, &p);
+  fill_problem(q_meta, k_meta, H, q_meta.total_tokens(), false, 1.f, CausalMask::kNone, &p);
   p.broadcast_q = q_meta.batch() != k_meta.batch();  // the kernels take Q's sequence count from it
   return cuda::quantize_attention_training_operands(p, q.data, k.data, v.data, q.dtype == DType::kFloat32,
                                                     exec_operands(fwd), bwd_exec_operands(bwd), stream);
@@ -919,7 +959,7 @@ Status quantize_attention_training(const TensorView& q, const MxTensor& k, const
   MXFLASH_RETURN_IF_ERROR(check_same_device({{&q, "q"}, {&fwd.q, "fwd.q"}, {&bwd.v, "bwd.v"}}, &dev));
   MXFLASH_RETURN_IF_ERROR(check_cuda_call(q.device_id, "q", q_meta, k_meta));
   cuda::AttentionFwdProblem p;
-  fill_problem(q_meta, k_meta, H, q_meta.total_tokens(), false, 1.f, &p);
+  fill_problem(q_meta, k_meta, H, q_meta.total_tokens(), false, 1.f, CausalMask::kNone, &p);
   p.broadcast_q = q_meta.batch() != k_meta.batch();  // the kernels take Q's sequence count from it
   cuda::MxKvSource src;
   src.k = k.payload.ptr<uint8_t>();
@@ -932,9 +972,10 @@ Status quantize_attention_training(const TensorView& q, const MxTensor& k, const
 
 size_t attention_backward_operands_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
                                                   const AttentionBackwardOptions& opt) {
-  if (!sizable(q_meta, k_meta, heads, opt.broadcast_q)) return 0;
+  if (!sizable(q_meta, k_meta, heads, opt.broadcast_q, opt.causal)) return 0;
   cuda::AttentionBwdProblem p;
-  fill_problem(q_meta, k_meta, heads, out_tokens(q_meta, k_meta, opt.broadcast_q), opt.broadcast_q, 1.f, &p);
+  fill_problem(q_meta, k_meta, heads, out_tokens(q_meta, k_meta, opt.broadcast_q), opt.broadcast_q, 1.f, opt.causal,
+               &p);
   p.Tq = q_meta.total_tokens();
   p.Tk = k_meta.total_tokens();
   p.mxfp8_dkv = opt.output_mxfp8_dkv;
@@ -984,7 +1025,7 @@ Status attention_backward(const AttentionBwdOperands& ops, TensorView out, Tenso
   MXFLASH_RETURN_IF_ERROR(check_cuda_call(ops.q.device_id, "ops.q", q_meta, k_meta));
   MXFLASH_RETURN_IF_ERROR(check_tma_coordinates("ops.q", H, q_meta, k_meta));
   cuda::AttentionBwdProblem p;
-  fill_problem(q_meta, k_meta, H, out_tokens(q_meta, k_meta, opt.broadcast_q), opt.broadcast_q, scale, &p);
+  fill_problem(q_meta, k_meta, H, out_tokens(q_meta, k_meta, opt.broadcast_q), opt.broadcast_q, scale, opt.causal, &p);
   p.Tq = q_meta.total_tokens();
   p.Tk = k_meta.total_tokens();
   const cuda::BwdExecOperands exec = bwd_exec_operands(ops);

@@ -4,7 +4,7 @@
 
 namespace mxflash::cuda {
 size_t attention_fwd_workspace_bytes(const std::vector<int32_t>&, const std::vector<int32_t>&, int, int64_t, int64_t,
-                                     int64_t, bool) {
+                                     int64_t, bool, CausalMask) {
   return 0;
 }
 Status attention_forward_exact(const AttentionFwdProblem&, void*) {
@@ -17,7 +17,8 @@ Status quantize_attention_fwd_operands(const AttentionFwdProblem&, const void*, 
                                        const FwdExecOperands&, void*) {
   return Status::Unsupported("mxflash was built without CUDA");
 }
-size_t attention_fwd_exec_workspace_bytes(const std::vector<int32_t>&, const std::vector<int32_t>&, int, int64_t, bool) {
+size_t attention_fwd_exec_workspace_bytes(const std::vector<int32_t>&, const std::vector<int32_t>&, int, int64_t, bool,
+                                          CausalMask) {
   return 0;
 }
 Status attention_forward_exec(const AttentionFwdProblem&, const FwdExecOperands&, void*, size_t, void*) {

@@ -226,7 +226,7 @@ std::vector<int64_t> jagged_lengths(bool quick) {
 }
 
 ref::AttnProblem Inputs::problem() const {
-  return ref::make_problem(q_meta, k_meta, heads, q.data(), k.data(), v.data(), softmax_scale, broadcast_q);
+  return ref::make_problem(q_meta, k_meta, heads, q.data(), k.data(), v.data(), softmax_scale, broadcast_q, causal);
 }
 
 Status make_inputs(Dist d, const Shape& shape, int64_t heads, uint64_t seed, Inputs* in) {
@@ -235,6 +235,7 @@ Status make_inputs(Dist d, const Shape& shape, int64_t heads, uint64_t seed, Inp
   MXFLASH_RETURN_IF_ERROR(JaggedMeta::FromLengths(shape.k_lengths, &in->k_meta));
   in->heads = heads;
   in->broadcast_q = shape.broadcast_q;
+  in->causal = shape.causal;
   if (shape.broadcast_q ? shape.q_lengths.size() != 1 : shape.q_lengths.size() != shape.k_lengths.size())
     return Status::Invalid("shape: Q needs one length per K/V sequence (one with broadcast_q)");
   const int64_t Tq = in->q_meta.total_tokens(), Tk = in->k_meta.total_tokens();
@@ -379,6 +380,8 @@ against floors (pass / borderline / fail). Runs on the CPU; no GPU needed.
   --lq N               every Q sequence has N tokens (cross attention; default: Q lengths = K lengths,
                        and 1024 queries for long)
   --broadcast-q        one shared Q sequence of --lq tokens attends to every K/V sequence
+  --causal [MASK]      the causal mask for every method, the reference and the gpu column: top_left
+                       (the default MASK: key j <= row i), bottom_right (j <= i + Lk - Lq), or none
   --seed N             input seed (default 0)
   --methods LIST       bf16,fp8,mx,gpu (default) and mx16 (exact MX with dQ accumulated in fp16 at the
                        static scale 2^K of --dq16-scale K, 0..15, default 12), mxdp (exact MX with P for
@@ -467,6 +470,15 @@ Status parse_args(const std::vector<std::string>& args, Config* cfg, bool* help)
       MXFLASH_RETURN_IF_ERROR(value(&v));
       if (!parse_int(v, 1, &n)) return Status::Invalid("--lq: wants an integer >= 1, got '" + v + "'");
       cfg->lq = n;
+    } else if (flag == "--causal") {
+      // The mask's name is optional: a bare --causal (followed by another flag, or last) is top_left.
+      if (!has_val && (i + 1 >= args.size() || args[i + 1].rfind("-", 0) == 0)) {
+        cfg->causal = CausalMask::kTopLeft;
+        continue;
+      }
+      MXFLASH_RETURN_IF_ERROR(value(&v));
+      if (!parse_causal(v, &cfg->causal))
+        return Status::Invalid("--causal: wants none, top_left or bottom_right, got '" + v + "'");
     } else if (flag == "--broadcast-q") {
       MXFLASH_RETURN_IF_ERROR(no_value());
       cfg->broadcast_q = true;
@@ -553,6 +565,7 @@ std::vector<Dist> selected_dists(const Config& cfg) {
 Shape shape_for(Dist d, const Config& cfg) {
   Shape s;
   s.broadcast_q = cfg.broadcast_q;
+  s.causal = cfg.causal;
   s.k_lengths = d == Dist::kJagged ? jagged_lengths(cfg.quick) : d == Dist::kLong ? std::vector<int64_t>{kLongKeys}
                                                                                   : cfg.lengths;
   const int64_t lq = cfg.lq > 0 ? cfg.lq : d == Dist::kLong ? kLongQueriesDefault : 0;
@@ -684,9 +697,14 @@ std::string cell(const Record& r) {
 
 std::string shape_text(const Shape& s) {
   std::string t = "K/V lengths [" + join_ints(s.k_lengths) + "], Q ";
-  if (s.broadcast_q) return t + "broadcast, " + std::to_string(s.q_lengths[0]) + " tokens";
-  if (s.q_lengths == s.k_lengths) return t + "= K";
-  return t + "lengths [" + join_ints(s.q_lengths) + "]";
+  if (s.broadcast_q)
+    t += "broadcast, " + std::to_string(s.q_lengths[0]) + " tokens";
+  else if (s.q_lengths == s.k_lengths)
+    t += "= K";
+  else
+    t += "lengths [" + join_ints(s.q_lengths) + "]";
+  if (s.causal != CausalMask::kNone) t += std::string(", causal ") + causal_name(s.causal);
+  return t;
 }
 
 std::string pad(std::string s, size_t w) {
@@ -744,7 +762,8 @@ std::string to_json(const Config& cfg, const std::vector<Record>& records) {
   const auto dists = selected_dists(cfg);
   for (size_t i = 0; i < dists.size(); ++i) o << (i ? ", " : "") << json_str(to_string(dists[i]));
   o << "], \"lengths\": [" << join_ints(cfg.lengths) << "], \"heads\": " << cfg.heads << ", \"lq\": " << cfg.lq
-    << ", \"broadcast_q\": " << (cfg.broadcast_q ? "true" : "false") << ", \"seed\": " << cfg.seed
+    << ", \"broadcast_q\": " << (cfg.broadcast_q ? "true" : "false")
+    << ", \"causal\": " << json_str(causal_name(cfg.causal)) << ", \"seed\": " << cfg.seed
     << ", \"softmax_scale\": " << json_num(cfg.softmax_scale) << ", \"quick\": " << (cfg.quick ? "true" : "false")
     << ", \"long\": " << (cfg.long_ctx ? "true" : "false")
     << ", \"forward_only\": " << (cfg.forward_only ? "true" : "false") << ", \"methods\": [";

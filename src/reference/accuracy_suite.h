@@ -36,16 +36,20 @@ std::vector<int64_t> jagged_lengths(bool quick);
 inline constexpr int64_t kLongKeys = 16384;
 inline constexpr int64_t kLongQueriesDefault = 1024;
 
+// The causal mask's names in the CLI and the JSON: mxflash::causal_name, parse_causal (attention.h).
+
 struct Shape {
   std::vector<int64_t> q_lengths;  // one entry with broadcast_q
   std::vector<int64_t> k_lengths;
   bool broadcast_q = false;
+  CausalMask causal = CausalMask::kNone;  // every method and the FP64 reference run with it
 };
 
 struct Inputs {
   JaggedMeta q_meta, k_meta;
   int64_t heads = 0;
   bool broadcast_q = false;
+  CausalMask causal = CausalMask::kNone;  // the shape's; the GPU hooks take it from here
   double softmax_scale = ref::kDefaultSoftmaxScale;
   std::vector<float> q, k, v, dout;  // (Tq|Tk|To, H, 128)
   ref::AttnProblem problem() const;
@@ -128,6 +132,7 @@ struct Config {
   int64_t heads = 2;
   int64_t lq = 0;                 // > 0: every Q sequence has this length (cross attention)
   bool broadcast_q = false;       // one shared Q sequence of length lq
+  CausalMask causal = CausalMask::kNone;  // --causal: every distribution's shape takes it
   uint64_t seed = 0;
   std::vector<Method> methods{Method::kBf16, Method::kFp8, Method::kMx, Method::kGpu};
   Thresholds thresholds;

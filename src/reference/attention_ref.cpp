@@ -409,6 +409,9 @@ Status check_problem_meta(const AttnProblem& p) {
   if (p.heads < 1) return Status::Invalid("heads: must be >= 1");
   if (!(p.softmax_scale > 0.0) || !std::isfinite(p.softmax_scale))
     return Status::Invalid("softmax_scale: must be finite and > 0");
+  if (p.causal != CausalMask::kNone && p.causal != CausalMask::kTopLeft && p.causal != CausalMask::kBottomRight)
+    return Status::Invalid("causal: must be none, top_left or bottom_right, got an unknown value " +
+                           std::to_string(int(p.causal)));
   return Status::Ok();
 }
 }  // namespace
@@ -461,16 +464,19 @@ Status attention_forward(const AttnProblem& p, AttnMethod m, AttnForwardResult* 
     Vec s(static_cast<size_t>(lk));
     double acc[kD];
     for (int64_t i = i_begin; i < i_end; ++i) {
+      // The row's keys 0 .. nk - 1 (the causal mask; all lk without one): the others take no part.
+      const int64_t nk = causal_keys(p.causal, i, g.lq[b], lk);
+      if (nk == 0) continue;  // a row facing no key: O = 0, LSE = -inf
       const double* q = ops.q_s + g.idx(g.q0[b] + i, h);
       double m_row = kNegInf;
-      for (int64_t j = 0; j < lk; ++j) {
+      for (int64_t j = 0; j < nk; ++j) {
         const double dot = dot128(q, ops.k_s + g.idx(g.k0[b] + j, h));
         s[j] = (exact ? dot : to_f32(dot)) * p.softmax_scale;
         m_row = std::max(m_row, s[j]);
       }
       double l = 0.0;
       std::fill(acc, acc + kD, 0.0);
-      for (int64_t j = 0; j < lk; ++j) {
+      for (int64_t j = 0; j < nk; ++j) {
         double pj = std::exp(s[j] - m_row);
         if (!exact) pj = to_f32(pj);
         l += pj;  // the row sum uses the unquantized P, as FA kernels do
@@ -597,7 +603,11 @@ Status backward_core(const AttnProblem& p, const Geometry& g, AttnMethod m, cons
         const double* dov = ops.do_g + g.idx(to, h);
         double dsum = dot128(fwd.out.data() + g.idx(to, h), do_d.data() + g.idx(to, h));
         if (!exact) dsum = to_f32(dsum);
-        for (int64_t j = 0; j < lk; ++j) {
+        // The row's keys 0 .. nk - 1 (the causal mask; all lk without one): P = dS = 0 exactly
+        // beyond, so masked keys add nothing to any product and no block's amax.
+        const int64_t nk = causal_keys(p.causal, i0 + r, lq, lk);
+        for (int64_t j = nk; j < lk; ++j) ps[r * lk + j] = dsk[r * lk + j] = 0.0;
+        for (int64_t j = 0; j < nk; ++j) {
           const int64_t tk = g.k0[b] + j;
           const double sdot = dot128(q, ops.k_s + g.idx(tk, h));
           double pij, dp = dot128(dov, ops.v_dp + g.idx(tk, h));
@@ -613,7 +623,7 @@ Status backward_core(const AttnProblem& p, const Geometry& g, AttnMethod m, cons
                                                                : to_bf16(pij);
           double ds = p_ds * (dp - dsum);
           if (!exact) ds = to_f32(ds);
-          if (m == AttnMethod::kMx && lk == 1) ds = 0.0;  // softmax over one key: dS = 0 exactly
+          if (m == AttnMethod::kMx && nk == 1) ds = 0.0;  // softmax over one key: dS = 0 exactly
           ps[r * lk + j] = pij;
           dsk[r * lk + j] = ds;
           amax = std::max(amax, std::fabs(ds));
@@ -690,18 +700,20 @@ Status backward_core(const AttnProblem& p, const Geometry& g, AttnMethod m, cons
       }
       for (int r = 0; r < n; ++r) {
         double* dq = dq_part.data() + g.idx(g.o0[b] + i0 + r, h);
+        const int64_t nk = causal_keys(p.causal, i0 + r, lq, lk);  // the row's keys (its dS are 0 beyond)
         if (!fp16_dq) {
-          for (int64_t j = 0; j < lk; ++j) {
+          for (int64_t j = 0; j < nk; ++j) {
             const double ds = dsq[r * lk + j];
             if (ds != 0.0) axpy128(ds, ops.k_dq + g.idx(g.k0[b] + j, h), dq);
           }
           continue;
         }
         // FP16 accumulation: each K/V tile's fp32 contribution, scaled, rounded to fp16 and added
-        // into the fp16 accumulator (rounded again), tile after tile.
-        for (int64_t t0 = 0; t0 < lk; t0 += kDqTile) {
+        // into the fp16 accumulator (rounded again), tile after tile (the tiles holding a key the
+        // row sees: a fully masked tile adds nothing).
+        for (int64_t t0 = 0; t0 < nk; t0 += kDqTile) {
           double c[kD] = {};
-          for (int64_t j = t0; j < std::min(lk, t0 + kDqTile); ++j) {
+          for (int64_t j = t0; j < std::min(nk, t0 + kDqTile); ++j) {
             const double ds = dsq[r * lk + j];
             if (ds != 0.0) axpy128(ds, ops.k_dq + g.idx(g.k0[b] + j, h), c);
           }

@@ -1,7 +1,7 @@
-// CPU reference of attention forward and backward on packed jagged (T, H, 128) tensors, non-causal,
-// in four numeric methods. The FP64 method is the ground truth every accuracy number is measured
-// against; the exact-MX method is the definition the GPU kernels are checked against
-// (ARCHITECTURE.md §3, §5; REFERENCE.md §2, §5).
+// CPU reference of attention forward and backward on packed jagged (T, H, 128) tensors, with or
+// without a causal mask, in four numeric methods. The FP64 method is the ground truth every accuracy
+// number is measured against; the exact-MX method is the definition the GPU kernels are checked
+// against (ARCHITECTURE.md §3, §5; REFERENCE.md §2, §5).
 //
 // Shapes and conventions (all host memory, token-major, head dim 128):
 //   q (Tq, H, 128), k and v (Tk, H, 128), fp32, with independent metadata q_meta and k_meta.
@@ -10,13 +10,23 @@
 //   that attends to each of the B K/V sequences; the output has B*Lq tokens (token b*Lq + i) and
 //   dQ is summed over the batch.
 //   out (To, H, 128); lse (H, To), natural log; rows with no keys give O = 0 and LSE = -inf.
+//   causal (mxflash::CausalMask, attention.h): query row i of a Q sequence of Lq rows sees keys
+//   0 .. n - 1 of its K/V sequence of Lk keys, n = causal_keys(causal, i, Lq, Lk) (broadcast_q: the
+//   shared sequence's rows against each K/V sequence b, with b's Lk). Every method treats a masked
+//   key as absent: it takes no part in the row max, the row sum, P or dS (both exactly 0), so it
+//   contributes exactly nothing to O, LSE, dQ, dK or dV; a row facing no key gets O = 0, LSE = -inf
+//   and no gradient contribution, as a row of an empty K/V sequence. Masked zeros never raise a
+//   block's amax, so the MX blocks of P and dS (and the per-tensor FP8 dS scale) are those of the
+//   unmasked values. kNone gives the results of the unmasked code bit for bit.
 //   dout (To, H, 128) fp32; dq (Tq, H, 128); dk, dv (Tk, H, 128).
 //
 // Methods (what each models):
 //   kFp64         exact math in double on the unquantized inputs.
 //   kBf16         a BF16 flash-attention kernel: Q, K, V, dO rounded to bf16; S in fp32; P rounded
 //                 to bf16 before P.V; row sum l from the fp32 P; fp32 accumulation; O, dQ, dK, dV
-//                 rounded to bf16; backward P and dS rounded to bf16 before their GEMMs.
+//                 rounded to bf16; backward P and dS rounded to bf16 before their GEMMs. Under a
+//                 causal mask, as FA2 / FA3 do: masked scores are -inf (P = 0 exactly, no part in
+//                 the row max or sum), the unmasked keys' arithmetic is unchanged.
 //   kFp8PerTensor cuDNN / FA3 FP8: one fp32 scale per (tensor, head), descale = amax / 448 from
 //                 the exact current amax (not a power of two: that is what those libraries are fed,
 //                 and it is the most favourable per-tensor choice), elements e4m3 with saturating
@@ -24,7 +34,11 @@
 //                 the top of the e4m3 range, as cuDNN's scale_s for amax(P) = 1; FA3 converts P
 //                 unscaled, which differs only for p < 2^-6) in the forward and for dV; dS per
 //                 tensor and head from its exact amax (a first backward pass finds it); D as for MX
-//                 below; fp32 accumulation; O, dQ, dK, dV in bf16.
+//                 below; fp32 accumulation; O, dQ, dK, dV in bf16. Under a causal mask: Q, K, V, dO
+//                 keep their scales from the whole tensors (they are quantized before the attention,
+//                 which the mask does not reach); P keeps 448 (each row's max over its unmasked keys
+//                 still gives p = 1); dS's amax is over the unmasked entries only (masked dS are 0,
+//                 as in a kernel that masks the scores before the softmax).
 //   kMx           exact MX: Q, K along hdim, V along seq (32-token blocks from each sequence start),
 //                 RCEIL, through the library quantizer; products are sums over 32-blocks of
 //                 scale_a * scale_b * (a8 . b8), evaluated exactly (dequantize, then double).
@@ -37,9 +51,10 @@
 //                 dS = P (dP - D), quantized in-kernel style (RCEIL, zero block byte 127) in 1x32
 //                 blocks along Q tokens for dK = dS^T . Q_seq and in 32x32 blocks for dQ = dS . K_seq
 //                 (blocks aligned to the Q and K sequence starts); softmax_scale applied to dK and dQ
-//                 afterwards. A K/V sequence of length 1 gives dS = 0 exactly (softmax over one key
-//                 is constant; REFERENCE.md §5): the MX method applies that rule explicitly, because
-//                 the quantized dP and the bf16 O no longer cancel on their own.
+//                 afterwards. A row facing exactly one key (causal_keys(...) == 1: without a mask, a
+//                 K/V sequence of length 1; with one, e.g. row 0 under kTopLeft) gives dS = 0 exactly
+//                 (softmax over one key is constant; REFERENCE.md §5): the MX method applies that rule
+//                 explicitly, because the quantized dP and the bf16 O no longer cancel on their own.
 // "fp32 accumulation" is modelled as double accumulation rounded to fp32 at each GEMM output: the
 // fp32 summation error (~1e-7 relative) is orders of magnitude below the bf16 / e4m3 rounding the
 // methods are compared on. The forward uses the final row max instead of an online running max:
@@ -50,6 +65,7 @@
 #include <string>
 #include <vector>
 
+#include "mxflash/attention.h"
 #include "mxflash/jagged.h"
 #include "mxflash/status.h"
 
@@ -73,12 +89,13 @@ struct AttnProblem {
   const float* v = nullptr;  // (Tk, H, 128)
   double softmax_scale = kDefaultSoftmaxScale;
   bool broadcast_q = false;
+  CausalMask causal = CausalMask::kNone;  // the keys each query row sees (above; attention.h)
 };
 
 inline AttnProblem make_problem(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, const float* q,
                                 const float* k, const float* v, double softmax_scale = kDefaultSoftmaxScale,
-                                bool broadcast_q = false) {
-  return AttnProblem{&q_meta, &k_meta, heads, q, k, v, softmax_scale, broadcast_q};
+                                bool broadcast_q = false, CausalMask causal = CausalMask::kNone) {
+  return AttnProblem{&q_meta, &k_meta, heads, q, k, v, softmax_scale, broadcast_q, causal};
 }
 
 // The forward's Hopper execution form (AttnOptions::hopper_fwd).
@@ -148,7 +165,8 @@ struct AttnOperands {
 };
 Status attention_operands(const AttnProblem& p, AttnMethod m, const float* dout, AttnOperands* ops);
 
-// Checks metadata, heads, pointers and the softmax scale; names the argument and the rule.
+// Checks metadata, heads, pointers, the softmax scale and the causal mask; names the argument and
+// the rule.
 Status check_problem(const AttnProblem& p);
 // Output tokens: Tq, or B * Lq with broadcast_q.
 int64_t out_tokens(const AttnProblem& p);

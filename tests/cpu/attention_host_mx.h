@@ -12,6 +12,18 @@ namespace mxflash::test {
 
 constexpr uint8_t kPoison = 0xA5;
 // CUDA-tagged views carry it: a launcher that dereferenced one before rejecting it would crash.
+// Values rounded to bf16 bits, and bf16 bits as doubles.
+inline std::vector<uint16_t> to_bf16_bits(const std::vector<double>& x) {
+  std::vector<uint16_t> b(x.size());
+  for (size_t i = 0; i < x.size(); ++i) b[i] = float_to_bf16(float(x[i]));
+  return b;
+}
+inline std::vector<double> bf16_values(const std::vector<uint16_t>& b) {
+  std::vector<double> x(b.size());
+  for (size_t i = 0; i < b.size(); ++i) x[i] = bf16_to_float(b[i]);
+  return x;
+}
+
 inline void* const kDummyDevicePtr = reinterpret_cast<void*>(uintptr_t(0x1000));
 
 struct HostMx {

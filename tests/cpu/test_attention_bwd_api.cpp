@@ -20,12 +20,8 @@ using test::HostMx;
 using test::kDummyDevicePtr;
 using test::kPoison;
 using test::quantize_host;
+using test::to_bf16_bits;
 
-std::vector<uint16_t> to_bf16_bits(const std::vector<double>& x) {
-  std::vector<uint16_t> b(x.size());
-  for (size_t i = 0; i < x.size(); ++i) b[i] = float_to_bf16(float(x[i]));
-  return b;
-}
 
 double sqnr_db(const std::vector<uint16_t>& out, const std::vector<double>& ref) {
   double s = 0, n = 0;

@@ -14,6 +14,7 @@
 #include "mxflash/tensor.h"
 #include "reference/accuracy_suite.h"
 #include "reference/attention_ref.h"
+#include "attention_ref_case.h"
 
 namespace mxflash {
 namespace {
@@ -23,18 +24,8 @@ constexpr int kD = kHeadDim;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 const AttnMethod kAllMethods[] = {AttnMethod::kFp64, AttnMethod::kBf16, AttnMethod::kFp8PerTensor, AttnMethod::kMx};
 
-// A self-contained problem: metadata and tensors owned together.
-struct Case {
-  JaggedMeta qm, km;
-  int64_t H = 1;
-  bool broadcast = false;
-  double scale = ref::kDefaultSoftmaxScale;
-  std::vector<float> q, k, v, dout;
-  ref::AttnProblem problem() const {
-    return ref::make_problem(qm, km, H, q.data(), k.data(), v.data(), scale, broadcast);
-  }
-  int64_t To() const { return ref::out_tokens(problem()); }
-};
+using Case = test::RefCase;
+using Result = test::RefResult;
 
 uint64_t lcg(uint64_t& s) {
   s = s * 6364136223846793005ull + 1442695040888963407ull;
@@ -58,32 +49,14 @@ std::vector<float> small_ints(int64_t n, uint64_t seed, float mult) {
 }
 
 Case make_case(std::vector<int64_t> ql, std::vector<int64_t> kl, int64_t H, bool broadcast, uint64_t seed) {
-  Case c;
-  EXPECT_TRUE(JaggedMeta::FromLengths(ql, &c.qm).ok());
-  EXPECT_TRUE(JaggedMeta::FromLengths(kl, &c.km).ok());
-  c.H = H;
-  c.broadcast = broadcast;
-  c.q = gaussian(c.qm.total_tokens() * H * kD, seed + 1);
-  c.k = gaussian(c.km.total_tokens() * H * kD, seed + 2);
-  c.v = gaussian(c.km.total_tokens() * H * kD, seed + 3);
-  c.dout = gaussian(c.To() * H * kD, seed + 4);
-  return c;
+  return test::make_ref_case(ql, kl, H, broadcast, CausalMask::kNone, seed, gaussian);
 }
 
-struct Result {
-  ref::AttnForwardResult f;
-  ref::AttnBackwardResult g;
-};
 Result run(const Case& c, AttnMethod m, bool round = true, int threads = 2) {
   ref::AttnOptions opt;
   opt.round_outputs = round;
   opt.threads = threads;
-  Result r;
-  const Status s1 = ref::attention_forward(c.problem(), m, &r.f, opt);
-  EXPECT_TRUE(s1.ok()) << s1.message();
-  const Status s2 = ref::attention_backward(c.problem(), m, r.f, c.dout.data(), &r.g, opt);
-  EXPECT_TRUE(s2.ok()) << s2.message();
-  return r;
+  return test::run_ref(c, m, opt);
 }
 
 double max_abs(const std::vector<double>& x) {
@@ -152,37 +125,7 @@ TEST(AttentionRef, Fp64ForwardMatchesNaive) {
   }
 }
 
-// dQ, dK, dV of the FP64 backward against central differences of L = sum(O . G).
-TEST(AttentionRef, Fp64BackwardMatchesFiniteDifferences) {
-  Case c = make_case({3, 2, 4}, {4, 0, 1}, 1, false, 11);
-  // Softer logits: larger finite-difference steps stay in the linear regime.
-  for (float& x : c.q) x *= 0.5f;
-  const Result r = run(c, AttnMethod::kFp64);
-  auto loss = [&](const Case& cc) {
-    ref::AttnForwardResult f;
-    EXPECT_TRUE(ref::attention_forward(cc.problem(), AttnMethod::kFp64, &f).ok());
-    double l = 0;
-    for (size_t i = 0; i < f.out.size(); ++i) l += f.out[i] * cc.dout[i];
-    return l;
-  };
-  uint64_t seed = 5;
-  auto check = [&](std::vector<float> Case::*tensor, const std::vector<double>& grad, const char* name) {
-    const size_t n = (c.*tensor).size();
-    for (int trial = 0; trial < 24; ++trial) {
-      const size_t i = size_t(lcg(seed) % n);
-      Case plus = c, minus = c;
-      const float x = (c.*tensor)[i];
-      (plus.*tensor)[i] = x + 1e-2f;
-      (minus.*tensor)[i] = x - 1e-2f;
-      const double h2 = double((plus.*tensor)[i]) - double((minus.*tensor)[i]);
-      const double fd = (loss(plus) - loss(minus)) / h2;
-      EXPECT_NEAR(grad[i], fd, 2e-5 + 2e-4 * std::fabs(fd)) << name << "[" << i << "]";
-    }
-  };
-  check(&Case::q, r.g.dq, "dq");
-  check(&Case::k, r.g.dk, "dk");
-  check(&Case::v, r.g.dv, "dv");
-}
+// (The FP64 backward against finite differences, with and without a mask: test_attention_causal.cpp.)
 
 // Measured on normal(0,1) inputs (ARCHITECTURE.md §3 quotes 49.3 / 25.2 / 25.2 dB forward and
 // 23.5 / 23.6 / 25.4 dB backward for MX at L=4096; these lengths give the same within ~0.5 dB).

@@ -1,5 +1,5 @@
-// mxflash-bench numbers: FLOP counts (dense, broadcast Q, jagged), the seeded jagged length
-// generator, and the sample statistics.
+// mxflash-bench numbers: FLOP counts (dense, broadcast Q, jagged, causal masks), the seeded jagged
+// length generator, and the sample statistics.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -43,6 +43,63 @@ TEST(BenchFlops, JaggedUsesRealLengths) {
   EXPECT_DOUBLE_EQ(attention_flops(l, 3, 128, true), 10.0 * 3 * 128 * 512 * 146);
   CaseLengths self{{17, 0, 129}, {17, 0, 129}};
   EXPECT_EQ(sum_lq_lk(self), 17 * 17 + 129 * 129);
+}
+
+// The unmasked (row, key) pairs counted one row at a time with the library's rule.
+int64_t pairs_by_rows(const CaseLengths& l, CausalMask m) {
+  int64_t s = 0;
+  for (size_t b = 0; b < l.lq.size(); ++b)
+    for (int64_t i = 0; i < l.lq[b]; ++i) s += causal_keys(m, i, l.lq[b], l.lk[b]);
+  return s;
+}
+
+TEST(BenchFlops, CausalCountsTheUnmaskedPairs) {
+  // Lq = Lk = L: L(L+1)/2 pairs either way
+  CaseLengths sq{std::vector<int64_t>(8, 2048), std::vector<int64_t>(8, 2048)};
+  for (CausalMask m : {CausalMask::kTopLeft, CausalMask::kBottomRight}) {
+    EXPECT_EQ(attended_pairs(sq, m), int64_t(8) * 2048 * 2049 / 2);
+    EXPECT_DOUBLE_EQ(attention_flops(sq, 16, 128, false, m), 4.0 * 16 * 128 * 8 * (2048.0 * 2049.0 / 2));
+    EXPECT_DOUBLE_EQ(attention_flops(sq, 16, 128, true, m), 10.0 * 16 * 128 * 8 * (2048.0 * 2049.0 / 2));
+  }
+  EXPECT_EQ(attended_pairs(sq, CausalMask::kNone), sum_lq_lk(sq));
+  EXPECT_DOUBLE_EQ(attention_flops(sq, 16, 128, false, CausalMask::kNone), attention_flops(sq, 16, 128, false));
+  // Lq = 4, Lk = 2: top_left rows see 1, 2, 2, 2 keys; bottom_right 0, 0, 1, 2
+  CaseLengths tall{{4}, {2}};
+  EXPECT_EQ(attended_pairs(tall, CausalMask::kTopLeft), 7);
+  EXPECT_EQ(attended_pairs(tall, CausalMask::kBottomRight), 3);
+  // Lq = 2, Lk = 5: top_left 1, 2; bottom_right 4, 5
+  CaseLengths wide{{2}, {5}};
+  EXPECT_EQ(attended_pairs(wide, CausalMask::kTopLeft), 3);
+  EXPECT_EQ(attended_pairs(wide, CausalMask::kBottomRight), 9);
+  EXPECT_DOUBLE_EQ(attention_flops(wide, 3, 128, true, CausalMask::kBottomRight), 10.0 * 3 * 128 * 9);
+}
+
+TEST(BenchFlops, CausalClosedFormEqualsRowByRowCount) {
+  CaseLengths l{{0, 1, 1, 5, 7, 40, 130, 512, 512, 512, 3}, {0, 0, 1, 9, 7, 33, 129, 17, 0, 16384, 1}};
+  for (CausalMask m : {CausalMask::kNone, CausalMask::kTopLeft, CausalMask::kBottomRight})
+    EXPECT_EQ(attended_pairs(l, m), pairs_by_rows(l, m)) << causal_name(m);
+  // the presets, broadcast Q counted per K/V sequence
+  std::vector<CaseSpec> cases;
+  ASSERT_TRUE(preset_cases("all", &cases));
+  for (const CaseSpec& c : cases) {
+    CaseLengths r;
+    std::string err;
+    ASSERT_TRUE(realize_lengths(c, &r, &err)) << err;
+    for (CausalMask m : {CausalMask::kTopLeft, CausalMask::kBottomRight}) {
+      EXPECT_EQ(attended_pairs(r, m), pairs_by_rows(r, m)) << c.name << " " << causal_name(m);
+      EXPECT_LT(attended_pairs(r, m), sum_lq_lk(r)) << c.name;
+      EXPECT_DOUBLE_EQ(attention_flops(r, c.heads, 128, false, m), 4.0 * c.heads * 128 * double(pairs_by_rows(r, m)));
+    }
+  }
+  // cross (Lq 512 broadcast, Lk 16384): top_left sees 512*513/2 pairs per sequence, bottom_right
+  // 512*16384 - 511*512/2
+  std::vector<CaseSpec> cross;
+  ASSERT_TRUE(preset_cases("cross", &cross));
+  CaseLengths cl;
+  std::string err;
+  ASSERT_TRUE(realize_lengths(cross[0], &cl, &err)) << err;
+  EXPECT_EQ(attended_pairs(cl, CausalMask::kTopLeft), int64_t(64) * 512 * 513 / 2);
+  EXPECT_EQ(attended_pairs(cl, CausalMask::kBottomRight), int64_t(64) * (512 * 16384 - 511 * 512 / 2));
 }
 
 TEST(BenchJagged, SeededDeterministicMeanAndBounds) {

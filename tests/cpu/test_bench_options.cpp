@@ -146,6 +146,42 @@ TEST(BenchOptions, CommandLineIsRecordedQuoted) {
   EXPECT_EQ(shell_quote("it's"), "'it'\\''s'");
 }
 
+TEST(BenchOptions, CausalFlag) {
+  Options opt;
+  ASSERT_TRUE(parse({}, &opt).ok);
+  for (const CaseSpec& c : opt.cases) EXPECT_EQ(c.causal, CausalMask::kNone);
+  // bare --causal: top_left on every preset, which it changes ("*")
+  ASSERT_TRUE(parse({"--causal"}, &opt).ok);
+  ASSERT_EQ(opt.cases.size(), 4u);
+  for (const CaseSpec& c : opt.cases) {
+    EXPECT_EQ(c.causal, CausalMask::kTopLeft);
+    EXPECT_EQ(c.name.back(), '*');
+  }
+  ASSERT_TRUE(parse({"--preset", "llm", "--causal", "bottom_right", "--workload", "fwd"}, &opt).ok);
+  ASSERT_EQ(opt.cases.size(), 1u);
+  EXPECT_EQ(opt.cases[0].causal, CausalMask::kBottomRight);
+  EXPECT_EQ(opt.cases[0].name, "llm*");
+  EXPECT_FALSE(opt.run_bwd);
+  ASSERT_TRUE(parse({"--causal=top-left", "--preset", "cross"}, &opt).ok);
+  EXPECT_EQ(opt.cases.at(0).causal, CausalMask::kTopLeft);
+  ASSERT_TRUE(parse({"--preset", "jagged", "--causal", "--check"}, &opt).ok);  // a flag after a bare --causal
+  EXPECT_EQ(opt.cases.at(0).causal, CausalMask::kTopLeft);
+  EXPECT_TRUE(opt.check);
+  ASSERT_TRUE(parse({"--lq", "17,0,129", "--lk", "5,3,200", "--causal", "bottom-right"}, &opt).ok);
+  EXPECT_EQ(opt.cases.at(0).name, "custom");
+  EXPECT_EQ(opt.cases.at(0).causal, CausalMask::kBottomRight);
+  // --causal none: the presets unchanged
+  ASSERT_TRUE(parse({"--preset", "llm", "--causal", "none"}, &opt).ok);
+  EXPECT_EQ(opt.cases.at(0).name, "llm");
+  EXPECT_EQ(opt.cases.at(0).causal, CausalMask::kNone);
+  EXPECT_STREQ(causal_name(CausalMask::kTopLeft), "top_left");
+  EXPECT_STREQ(causal_name(CausalMask::kBottomRight), "bottom_right");
+  expect_error({"--causal", "diagonal"}, "--causal");
+  expect_error({"--causal=yes"}, "--causal");
+  expect_error({"--causal="}, "--causal");
+  expect_error({"--workload", "quantize", "--causal"}, "--causal");
+}
+
 TEST(BenchOptions, BadInputNamesTheFlag) {
   expect_error({"--bogus"}, "--bogus");
   expect_error({"--preset", "huge"}, "--preset");

@@ -16,11 +16,13 @@
 #include "attention_device_mx.h"
 #include "gpu_test_util.h"
 #include "mxflash/attention.h"
+#include "reference/attention_ref.h"
 
 namespace mxflash {
 namespace {
 using gputest::DeviceBuffer;
 using gputest::DeviceMx;
+using gputest::sqnr_db;
 using test::HostMx;
 using test::quantize_host;
 
@@ -73,6 +75,7 @@ struct Case {
   PayloadLayout seq_layout;  // of q_seq and k_seq
   ScaleLayout scale_layout;
   bool mxfp8_dkv = false;  // also compare output_mxfp8_dkv (fast kernel against the CPU reference)
+  CausalMask causal = CausalMask::kNone;
 };
 
 void run_case(const Case& c, uint64_t seed) {
@@ -101,6 +104,7 @@ void run_case(const Case& c, uint64_t seed) {
   // Forward on the CPU (out, lse), dout in bf16.
   AttentionOptions fo;
   fo.broadcast_q = c.broadcast_q;
+  fo.causal = c.causal;
   std::vector<uint16_t> out(size_t(To * H * kHeadDim)), dout(out.size());
   std::vector<float> lse(size_t(H * To));
   ASSERT_TRUE(attention_forward(hq.t, hk.t, hvs.t, qm, km, fo,
@@ -111,6 +115,7 @@ void run_case(const Case& c, uint64_t seed) {
 
   AttentionBackwardOptions bo;
   bo.broadcast_q = c.broadcast_q;
+  bo.causal = c.causal;
   std::vector<uint16_t> dq(size_t(Tq * H * kHeadDim)), dk(size_t(Tk * H * kHeadDim)), dv(dk.size());
   auto cpu_view = [&](std::vector<uint16_t>& x, int64_t T) {
     return make_view(x.data(), DType::kBFloat16, Device::kCPU, {T, H, kHeadDim});
@@ -171,6 +176,31 @@ void run_case(const Case& c, uint64_t seed) {
       EXPECT_GT(sqnr_of("dK", dk, bits_of(got[1])), kFastMinDb);
       EXPECT_GT(sqnr_of("dV", dv, bits_of(got[2])), kFastMinDb);
       for (int i = 0; i < 3; ++i) first[i] = got[i];
+      if (c.causal != CausalMask::kNone) {
+        // Against FP64 gradients of the unquantized inputs (the mask's ground truth, wherever its
+        // diagonal falls): the fast kernel within 1 dB of the exact-MX CPU reference.
+        ref::AttnProblem rp = ref::make_problem(qm, km, H, q.data(), k.data(), v.data(), ref::kDefaultSoftmaxScale,
+                                                c.broadcast_q);
+        rp.causal = c.causal;
+        ref::AttnForwardResult f64;
+        ref::AttnBackwardResult g64;
+        ASSERT_TRUE(ref::attention_forward(rp, ref::AttnMethod::kFp64, &f64).ok());
+        ASSERT_TRUE(ref::attention_backward(rp, ref::AttnMethod::kFp64, f64, g.data(), &g64).ok());
+        const struct {
+          const char* name;
+          const std::vector<double>* truth;
+          const std::vector<uint16_t>* cpu;
+          const std::vector<uint8_t>* gpu;
+        } grads[] = {{"dQ", &g64.dq, &dq, &got[0]}, {"dK", &g64.dk, &dk, &got[1]}, {"dV", &g64.dv, &dv, &got[2]}};
+        for (const auto& x : grads) {
+          std::vector<double> cpu(x.cpu->size()), gpu(x.cpu->size());
+          const std::vector<uint16_t> gb = bits_of(*x.gpu);
+          for (size_t i = 0; i < cpu.size(); ++i) cpu[i] = bf16_to_float((*x.cpu)[i]), gpu[i] = bf16_to_float(gb[i]);
+          const double s_cpu = sqnr_db(*x.truth, cpu), s_gpu = sqnr_db(*x.truth, gpu);
+          std::printf("    causal %s vs fp64: fast %.2f dB, exact MX %.2f dB\n", x.name, s_gpu, s_cpu);
+          EXPECT_GT(s_gpu, s_cpu - 1.0) << x.name << ": the fast causal backward loses more than 1 dB to exact MX";
+        }
+      }
     } else {
       for (int i = 0; i < 3; ++i)
         EXPECT_TRUE(got[i] == first[i]) << "fast backward output " << i << " not deterministic";
@@ -238,6 +268,22 @@ TEST_F(AttentionBwdGpu, JaggedMultiTileBothSides) {
 
 TEST_F(AttentionBwdGpu, BroadcastQMultiTile) {
   run_case({{300}, {700, 0, 129, 1}, 2, true, PayloadLayout::kTokenMajor, ScaleLayout::kPlain}, 5);
+}
+
+// The causal mask, both alignments: Lq = Lk and Lq != Lk (rows facing no key: bottom-right with
+// Lq > Lk; keys no query faces: top-left with Lk > Lq), one-key rows (dS = 0), empty sequences,
+// diagonals crossing two tiles, broadcast Q, MXFP8 dK/dV.
+TEST_F(AttentionBwdGpu, Causal) {
+  uint64_t seed = 30;
+  for (CausalMask m : {CausalMask::kTopLeft, CausalMask::kBottomRight}) {
+    Case c{{300, 1, 700, 0, 129, 64, 257}, {257, 1000, 1, 64, 0, 383, 257}, 2, false, PayloadLayout::kTokenMajor,
+           ScaleLayout::kBlocked128x4, /*mxfp8_dkv=*/true};
+    c.causal = m;
+    run_case(c, seed++);
+    Case b{{300}, {700, 0, 129, 1}, 2, true, PayloadLayout::kTokenContiguous, ScaleLayout::kPlain};
+    b.causal = m;
+    run_case(b, seed++);
+  }
 }
 
 }  // namespace

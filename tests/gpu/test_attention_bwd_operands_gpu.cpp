@@ -49,6 +49,7 @@ struct Case {
   // dS's scale jumps from one K tile to the next; then only the fast backward's checks against the
   // CPU reference and its determinism are run.
   std::vector<int> v_exp = {};
+  CausalMask causal = CausalMask::kNone;
 };
 
 void run_case(const Case& c, uint64_t seed) {
@@ -158,6 +159,7 @@ void run_case(const Case& c, uint64_t seed) {
   const test::HostMx hvs = test::quantize_host(v, km, H, Orientation::kSeq);
   AttentionOptions fo;
   fo.broadcast_q = c.broadcast_q;
+  fo.causal = c.causal;
   std::vector<uint16_t> out(size_t(To * row)), dout(out.size());
   std::vector<float> lse(size_t(H * To));
   ASSERT_TRUE(attention_forward(hq.t, hk.t, hvs.t, qm, km, fo,
@@ -169,6 +171,7 @@ void run_case(const Case& c, uint64_t seed) {
   // The CPU backward on the CPU operands: the reference of the fast kernels on the GPU operands.
   AttentionBackwardOptions bo;
   bo.broadcast_q = c.broadcast_q;
+  bo.causal = c.causal;
   std::vector<uint16_t> dq(size_t(Tq * row)), dk(size_t(Tk * row)), dv(dk.size());
   auto cpu_bf16 = [&](std::vector<uint16_t>& x, int64_t T) {
     return make_view(x.data(), DType::kBFloat16, Device::kCPU, {T, H, kHeadDim});
@@ -434,6 +437,23 @@ TEST_F(AttentionBwdOperandsGpu, RingTakenByDefaultWhereItMeasuredFaster) {
   EXPECT_EQ(ws(llm, llm, 16, false, nullptr), ws(llm, llm, 16, false, "2"));
   const std::vector<int64_t> long2(2, 8192);  // llm-long: 64 Q tiles, the square form only
   EXPECT_EQ(ws(long2, long2, 16, false, nullptr), ws(long2, long2, 16, false, "1"));
+}
+
+// The causal mask on the operands (the training path; the two kernels, never the ring): both
+// alignments, jagged and uniform lengths (uniform ones would take the ring without the mask).
+TEST_F(AttentionBwdOperandsGpu, CausalBf16AndFp32) {
+  uint64_t seed = 50;
+  for (CausalMask m : {CausalMask::kTopLeft, CausalMask::kBottomRight}) {
+    Case c{{300, 1, 700, 0, 129, 64}, {257, 1000, 1, 64, 0, 383}, 2, false, true};
+    c.causal = m;
+    run_case(c, seed++);
+    Case u{{1024, 1024}, {1024, 1024}, 2, false, false};
+    u.causal = m;
+    run_case(u, seed++);
+    Case b{{300}, {700, 0, 129, 1}, 3, true, true};
+    b.causal = m;
+    run_case(b, seed++);
+  }
 }
 
 TEST_F(AttentionBwdOperandsGpu, BroadcastQFp32) {

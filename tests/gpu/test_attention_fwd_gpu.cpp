@@ -37,6 +37,7 @@ struct Case {
   // lie ~130 binades apart in each channel (the prepare pass shifts the small block by more than
   // an int8 holds; it must become zeros, not wrap).
   bool v_extreme_blocks = false;
+  CausalMask causal = CausalMask::kNone;
 };
 
 void run_case(const Case& c, uint64_t seed) {
@@ -63,6 +64,7 @@ void run_case(const Case& c, uint64_t seed) {
   const HostMx hv = quantize_host(v, km, H, Orientation::kSeq, c.v_layout, c.scale_layout);
   AttentionOptions opt;
   opt.broadcast_q = c.broadcast_q;
+  opt.causal = c.causal;
   const int64_t To = c.broadcast_q ? km.batch() * Tq : Tq;
 
   // CPU exact MX through the public API.
@@ -95,8 +97,9 @@ void run_case(const Case& c, uint64_t seed) {
   std::vector<double> oc(out_cpu.size());
   for (size_t i = 0; i < oc.size(); ++i) oc[i] = bf16_to_float(out_cpu[i]);
   // FP64 ground truth on the unquantized inputs.
-  const ref::AttnProblem p = ref::make_problem(qm, km, H, q.data(), k.data(), v.data(), ref::kDefaultSoftmaxScale,
-                                               c.broadcast_q);
+  ref::AttnProblem p = ref::make_problem(qm, km, H, q.data(), k.data(), v.data(), ref::kDefaultSoftmaxScale,
+                                         c.broadcast_q);
+  p.causal = c.causal;
   ref::AttnForwardResult exact;
   ASSERT_TRUE(ref::attention_forward(p, ref::AttnMethod::kFp64, &exact).ok());
   const double s_gpu = sqnr_db(exact.out, og), s_cpu = sqnr_db(exact.out, oc), s_agree = sqnr_db(oc, og);
@@ -106,7 +109,14 @@ void run_case(const Case& c, uint64_t seed) {
   EXPECT_GT(s_gpu, s_cpu - 0.3) << "fast kernel loses more than 0.3 dB against exact MX";
   EXPECT_GT(s_agree, gputest::forward_splits(workspace) ? gputest::kSplitAgreeDb : 30.0)
       << "fast kernel disagrees with exact MX";
-  gputest::expect_split_forward_close(out_gpu, lse_gpu, lse_cpu, oc, exact.out, s_cpu, km, workspace, rerun);
+  if (c.causal != CausalMask::kNone) {
+    // The causal mask runs without a split tail: a forced part count changes neither the
+    // workspace nor a byte.
+    EXPECT_EQ(workspace(), gputest::unsplit_workspace_bytes(workspace)) << "a causal plan with a split tail";
+    gputest::expect_same_bytes_under_env("MXFLASH_FWD_SPLIT", {"2", "4"}, {&out_gpu, &lse_gpu}, rerun);
+  } else {
+    gputest::expect_split_forward_close(out_gpu, lse_gpu, lse_cpu, oc, exact.out, s_cpu, km, workspace, rerun);
+  }
 }
 
 class AttentionFwdGpu : public ::testing::Test {
@@ -142,6 +152,24 @@ TEST_F(AttentionFwdGpu, PeakedSoftmaxLongKeys) {
 TEST_F(AttentionFwdGpu, ExtremeVScaleRange) {
   for (PayloadLayout vl : {PayloadLayout::kTokenMajor, PayloadLayout::kTokenContiguous})
     run_case({{70, 100}, {200, 64}, 2, false, vl, ScaleLayout::kBlocked128x4, 1.f, true}, 6);
+}
+
+// The causal mask (both alignments; rows facing no key with the bottom-right one where Lq > Lk),
+// on the persistent three-consumer kernel, blocked scales and token-contiguous V.
+TEST_F(AttentionFwdGpu, CausalJaggedAndCross) {
+  for (CausalMask m : {CausalMask::kTopLeft, CausalMask::kBottomRight}) {
+    Case c{{1, 17, 127, 128, 129, 0, 300, 1000}, {1, 17, 127, 128, 129, 5, 300, 1000}, 3, false,
+           PayloadLayout::kTokenMajor, ScaleLayout::kPlain};
+    c.causal = m;
+    run_case(c, 7);
+    Case x{{200, 64, 33, 700}, {1000, 0, 129, 250}, 2, false, PayloadLayout::kTokenContiguous,
+           ScaleLayout::kBlocked128x4};
+    x.causal = m;
+    run_case(x, 8);
+    Case bq{{300}, {129, 0, 1000, 64}, 2, true, PayloadLayout::kTokenMajor, ScaleLayout::kPlain};
+    bq.causal = m;
+    run_case(bq, 9);
+  }
 }
 
 // Runs the forward on device copies of host MX operands; returns out (as doubles) and lse.

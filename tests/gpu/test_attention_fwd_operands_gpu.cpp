@@ -54,6 +54,7 @@ struct Case {
   // binades over the later tiles': the forward's O-unit guard (promote_vtile) then takes its slow
   // path on every later tile, and only that path decides the output.
   bool v_scale_drop = false;
+  CausalMask causal = CausalMask::kNone;
 };
 
 // Bytes of `got` against the first n of `want` (fp32 scales: NaN matches any NaN).
@@ -211,6 +212,7 @@ void run_case(const Case& c, uint64_t seed, bool attention) {
   // The forward on the GPU operands vs the CPU forward on the CPU operands, exact MX and FP64.
   AttentionOptions opt;
   opt.broadcast_q = c.broadcast_q;
+  opt.causal = c.causal;
   const int64_t To = c.broadcast_q ? km.batch() * Tq : Tq;
   std::vector<uint16_t> out_cpu(size_t(To * row)), out_mx(out_cpu.size());
   std::vector<float> lse_cpu(size_t(H * To)), lse_mx(lse_cpu.size());
@@ -260,8 +262,9 @@ void run_case(const Case& c, uint64_t seed, bool attention) {
     oc[i] = bf16_to_float(out_cpu[i]);
     om[i] = bf16_to_float(out_mx[i]);
   }
-  const ref::AttnProblem p = ref::make_problem(qm, km, H, q.data(), k.data(), v.data(), ref::kDefaultSoftmaxScale,
-                                               c.broadcast_q);
+  ref::AttnProblem p = ref::make_problem(qm, km, H, q.data(), k.data(), v.data(), ref::kDefaultSoftmaxScale,
+                                         c.broadcast_q);
+  p.causal = c.causal;
   ref::AttnForwardResult exact;
   ASSERT_TRUE(ref::attention_forward(p, ref::AttnMethod::kFp64, &exact).ok());
   const double s_gpu = sqnr_db(exact.out, og), s_mx = sqnr_db(exact.out, om), s_agree = sqnr_db(oc, og);
@@ -273,7 +276,14 @@ void run_case(const Case& c, uint64_t seed, bool attention) {
   EXPECT_GT(s_gpu, s_mx - 0.3) << "the operands' forward loses more than 0.3 dB against exact MX";
   EXPECT_GT(s_agree, gputest::forward_splits(workspace) ? gputest::kSplitAgreeDb : 30.0)
       << "the GPU forward disagrees with the CPU forward on the same operands";
-  gputest::expect_split_forward_close(out_gpu, lse_gpu, lse_cpu, oc, exact.out, s_mx, km, workspace, rerun);
+  if (c.causal != CausalMask::kNone) {
+    // The causal mask runs without a split tail: a forced part count changes neither the
+    // workspace nor a byte.
+    EXPECT_EQ(workspace(), gputest::unsplit_workspace_bytes(workspace)) << "a causal plan with a split tail";
+    gputest::expect_same_bytes_under_env("MXFLASH_FWD_SPLIT", {"2", "4"}, {&out_gpu, &lse_gpu}, rerun);
+  } else {
+    gputest::expect_split_forward_close(out_gpu, lse_gpu, lse_cpu, oc, exact.out, s_mx, km, workspace, rerun);
+  }
 }
 
 class AttentionFwdOperandsGpu : public ::testing::Test {
@@ -522,6 +532,30 @@ TEST_F(AttentionFwdOperandsGpu, ForwardSplitTailBesidePersistentWholeItems) {
 
 TEST_F(AttentionFwdOperandsGpu, ForwardLongSequences) {
   run_case({{4096}, {4096}, 1}, 25, true);
+}
+
+// The causal mask on the operands (the training path): both alignments, Lq = Lk jagged, Lq != Lk
+// with rows facing no key (bottom-right, Lq > Lk) and an empty K/V sequence, broadcast Q, fp32
+// inputs, a long sequence (many tiles per item, the diagonal crossing two K/V tiles where Lk - Lq is
+// no multiple of 128).
+TEST_F(AttentionFwdOperandsGpu, ForwardCausal) {
+  uint64_t seed = 40;
+  for (CausalMask m : {CausalMask::kTopLeft, CausalMask::kBottomRight}) {
+    Case c{{1, 17, 127, 128, 129, 0, 300, 1000}, {1, 17, 127, 128, 129, 5, 300, 1000}, 3};
+    c.causal = m;
+    run_case(c, seed++, true);
+    Case x{{200, 64, 33, 700}, {1000, 0, 129, 250}, 2};
+    x.causal = m;
+    x.bf16 = false;
+    run_case(x, seed++, true);
+    Case bq{{300}, {1000, 64, 513}, 2};
+    bq.broadcast_q = true;
+    bq.causal = m;
+    run_case(bq, seed++, true);
+    Case lng{{2000}, {4096}, 1};
+    lng.causal = m;
+    run_case(lng, seed++, true);
+  }
 }
 
 }  // namespace

@@ -22,6 +22,7 @@ struct AttentionBwdProblem {
   int64_t Tq = 0, Tk = 0, Pq = 0, Pk = 0, To = 0;
   bool broadcast_q = false;
   float softmax_scale = 0.f;
+  CausalMask causal = CausalMask::kNone;
   const int32_t* cu_q = nullptr;  // device metadata
   const int32_t* cu_q_sf = nullptr;
   const int32_t* cu_k = nullptr;

@@ -5,7 +5,9 @@
 // 32x32 blocks (dQ), fp32 roundings where the reference has them, FP64 sums. Sums are associated
 // differently (FP64 atomics across Q blocks), so results agree with the reference to the last bit
 // except where that order flips an fp32 / bf16 rounding. Slow on purpose: the oracle for the fast
-// backward on shapes the CPU cannot reach.
+// backward on shapes the CPU cannot reach. The causal mask as the reference applies it: P = dS = 0
+// exactly for the keys a row does not see (j >= causal_keys(causal, i, Lq, Lk)), a row facing exactly
+// one key gets dS = 0, and a Q block whose rows see no key is not launched (its dQ stays 0).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -43,6 +45,7 @@ struct BwdExactParams {
   int64_t H, Pq, Pk, To;
   double softmax_scale;
   bool broadcast_q;
+  CausalMask causal;
   double* dq_acc;  // (Tq, H, 128)
   double* dk_acc;  // (Tk, H, 128)
   double* dv_acc;  // (Tk, H, 128)
@@ -137,7 +140,9 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_exact_kernel(const 
   double dq[kPer];
   for (int k = 0; k < kPer; ++k) dq[k] = 0.0;
 
-  for (int64_t j0 = 0; j0 < lk; j0 += kKeys) {
+  // Keys beyond the block's last row's (causal_keys grows with the row) are masked for every row.
+  const int64_t keys_end = causal_keys(p.causal, i0 + n - 1, lq, lk);
+  for (int64_t j0 = 0; j0 < keys_end; j0 += kKeys) {
     const int nk = int(lk - j0 < kKeys ? lk - j0 : kKeys);
     for (int e = tid; e < kKeys * kHeadDim; e += kBwdThreads) {
       const int c = e / kHeadDim, d = e % kHeadDim;
@@ -157,12 +162,13 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_exact_kernel(const 
     for (int e = tid; e < kRows * kKeys; e += kBwdThreads) {
       const int r = e / kKeys, c = e % kKeys;
       double pq = 0.0, ds = 0.0;
-      if (r < n && c < nk) {
+      const int64_t row_keys = r < n ? causal_keys(p.causal, i0 + r, lq, lk) : 0;  // the row's keys
+      if (r < n && j0 + c < row_keys) {  // (c < nk follows: row_keys <= lk)
         const double lse = sm.lse[r];
         const double x = to_f32(dot128(sm.q_s[r], sm.k_s[c])) * p.softmax_scale * kLog2eD - lse * kLog2eD;
         const double pij = lse == -INFINITY ? 0.0 : to_f32(exp2(fmin(x, kPClamp)));
         const double dp = to_f32(dot128(sm.dog[r], sm.v_dp[c]));
-        ds = lk == 1 ? 0.0 : to_f32(pij * (dp - sm.dsum[r]));  // one key: dS = 0 exactly
+        ds = row_keys == 1 ? 0.0 : to_f32(pij * (dp - sm.dsum[r]));  // one key: dS = 0 exactly
         pq = double(e4m3_to_float(float_to_e4m3(float(pij) * 256.f, /*saturate=*/true))) / 256.0;
       }
       sm.ps[r][c] = pq;
@@ -222,7 +228,8 @@ __global__ void finish_kernel(const double* acc, double scale, int64_t n, __nv_b
 
 Status attention_backward_exact(const AttentionBwdProblem& p, void* stream_ptr) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  // The 32-row Q blocks of every (K/V sequence, Q sequence) pair that has keys and queries.
+  // The 32-row Q blocks of every (K/V sequence, Q sequence) pair that has keys and queries, less
+  // those whose rows the causal mask shows no key (their last row sees the most).
   std::vector<int4> blocks;
   const std::vector<int32_t>& cq = *p.host_cu_q;
   const std::vector<int32_t>& ck = *p.host_cu_k;
@@ -230,7 +237,10 @@ Status attention_backward_exact(const AttentionBwdProblem& p, void* stream_ptr) 
     const int qb = p.broadcast_q ? 0 : b;
     const int lq = cq[qb + 1] - cq[qb], lk = ck[b + 1] - ck[b];
     if (lk == 0) continue;
-    for (int i0 = 0; i0 < lq; i0 += kRows) blocks.push_back(make_int4(b, i0, std::min(kRows, lq - i0), qb));
+    for (int i0 = 0; i0 < lq; i0 += kRows) {
+      const int n = std::min(kRows, lq - i0);
+      if (causal_keys(p.causal, i0 + n - 1, lq, lk) > 0) blocks.push_back(make_int4(b, i0, n, qb));
+    }
   }
   const int64_t nq = p.Tq * p.heads * kHeadDim, nk = p.Tk * p.heads * kHeadDim;
   const size_t acc_bytes = size_t(nq + 2 * nk) * sizeof(double), list_bytes = blocks.size() * sizeof(int4);

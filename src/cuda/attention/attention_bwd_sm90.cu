@@ -70,6 +70,7 @@ struct DoutPrep {
   const int32_t* cu_q;
   const int32_t* cu_q_sf;
   const int32_t* cu_k;  // K/V sequence b faces output sequence b
+  CausalMask causal;    // rows facing one key: the rule above; rows facing none: padding's infos
   int out_seqs;      // output sequences (K/V sequences)
   bool broadcast_q;  // output sequence b: queries of Q sequence 0, padded to lq_pad rows each
   int64_t lq_pad;
@@ -188,8 +189,9 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_dout_kernel(const DoutPr
     *reinterpret_cast<uint2*>(dst) = make_uint2(q[0], q[1]);
     *reinterpret_cast<uint2*>(dst + kHeadDim / 2) = make_uint2(q[2], q[3]);
     if (chunk == 0) {
-      const bool one_key = p.cu_k[o.seq + 1] - p.cu_k[o.seq] == 1;
-      p.info[orow] = valid ? make_float4(p.q_scale[h * p.Pq + o.q_pad0 + i] * p.scale_log2,
+      const int64_t keys = causal_keys(p.causal, i, o.len, p.cu_k[o.seq + 1] - p.cu_k[o.seq]);
+      const bool one_key = keys == 1;
+      p.info[orow] = valid && keys > 0 ? make_float4(p.q_scale[h * p.Pq + o.q_pad0 + i] * p.scale_log2,
                                          p.lse[h * p.To + o.tok0 + i] * attn::kLog2e - kPScaleLog2,
                                          one_key ? 0.f : scale_of(s), one_key ? 0.f : dsum)
                            : make_float4(0.f, INFINITY, 0.f, 0.f);
@@ -255,6 +257,7 @@ struct BwdParams {
   const int2* items;  // the work list (work_list.cuh): K/V tiles (dK/dV kernel) or Q tiles (dQ kernel)
   int num_items;      // items x heads: the persistent dK/dV kernel's work list
   bool heads_inner;   // its order within a sequence (heads_in_turn)
+  bool causal_br;     // kCausal kernels: the bottom-right alignment (else top-left); in heads_inner's padding
   int heads;
   int64_t Pq, Pk, Po;
   bool broadcast_q;
@@ -432,15 +435,47 @@ __device__ __forceinline__ Item sequence_item(const BwdParams& p, int b) {
   w.o_pad0 = p.broadcast_q ? int64_t(b) * p.lq_pad : int64_t(p.cu_q_sf[b]);
   return w;
 }
+// The causal mask (AttentionBackwardOptions::causal), a template flag of the dK/dV kernel (its kDiag
+// bit kCausal, not a diagnostic) and of the persistent dQ kernel, which alone run it (no ring): query
+// i of item w faces its keys j <= i + causal_off (causal_keys).
+inline constexpr int kCausal = 32768;
+__device__ __forceinline__ int causal_off(const BwdParams& p, const Item& w) { return p.causal_br ? w.Lk - w.Lq : 0; }
+// The Q tiles [x, x + y) of dK/dV item w (K tile w.blk): all of them, or (kCausal) those with a query
+// that faces the tile's first key.
+template <bool kCausalMask>
+__device__ __forceinline__ int2 kv_q_tiles(const BwdParams& p, const Item& w) {
+  const int n_q = (w.Lq + kTile - 1) / kTile;
+  if constexpr (!kCausalMask) {
+    return make_int2(0, n_q);
+  } else {
+    const int first = max(w.blk * kTile - causal_off(p, w), 0);
+    if (first >= w.Lq) return make_int2(0, 0);
+    return make_int2(first / kTile, n_q - first / kTile);
+  }
+}
+// The K/V tiles of dQ item w (Q tile w.blk): all, or (kCausal) up to the diagonal of its last row.
+template <bool kCausalMask>
+__device__ __forceinline__ int dq_k_tiles(const BwdParams& p, const Item& w) {
+  if constexpr (!kCausalMask) {
+    return (w.Lk + kTile - 1) / kTile;
+  } else {
+    const int last = min((w.blk + 1) * kTile, w.Lq) - 1;
+    const int keys = min(w.Lk, max(last + 1 + causal_off(p, w), 0));
+    return (keys + kTile - 1) / kTile;
+  }
+}
+
 // kKvTiles: the items are K/V tiles (dK/dV kernel), otherwise Q tiles (dQ kernel).
-template <bool kKvTiles>
+// kReverse: a sequence's tiles last first (the causal dQ kernel: the Q tiles that face the most keys
+// first; the dK/dV list's first K tiles face the most queries already).
+template <bool kKvTiles, bool kReverse = false>
 __device__ __forceinline__ Item item_of(const BwdParams& p, unsigned index) {
   const int2 it = p.items[index / unsigned(p.heads)];
   Item w = sequence_item(p, it.x);
   const unsigned tiles = unsigned(((kKvTiles ? w.Lk : w.Lq) + kTile - 1) / kTile);
   const attn::HeadTile ht = attn::head_and_tile(index, unsigned(it.y), tiles, unsigned(p.heads), p.heads_inner);
   w.h = ht.h;
-  w.blk = ht.tile;
+  w.blk = kReverse ? int(tiles) - 1 - ht.tile : ht.tile;
   return w;
 }
 // The dK/dV role's item `index` of the rectangular ring's explicit list (kRect: {group b x heads + h,
@@ -680,13 +715,14 @@ __device__ __forceinline__ void for_each_loaded_item(const BwdParams& p, Fn&& fn
     int it = 0, kv_i = 0;
     for (unsigned index = blockIdx.x; index < unsigned(p.num_items); index += dkdv_ctas<kDiag>(p)) {
       const Item w = kv_item_of<kDiag>(p, index);
-      const int n_q = (w.Lq + kTile - 1) / kTile;
+      const int n_q = kv_q_tiles<(kDiag & kCausal) != 0>(p, w).y;  // (kCausal: from Q tile kv_q_tiles(.).x on)
       if (n_q == 0) continue;
       fn(w, n_q, it, kv_i);
       it += n_q;
       ++kv_i;
     }
   } else {
+    static_assert((kDiag & kCausal) == 0, "the causal mask: the persistent dK/dV kernel");
     const Item w = item_of<true>(p, blockIdx.x);
     const int n_q = (w.Lq + kTile - 1) / kTile;
     if (n_q > 0) fn(w, n_q, 0, 0);
@@ -706,6 +742,8 @@ __device__ __forceinline__ void dkdv_body(const CUtensorMap& tm_q, const CUtenso
   // The item's K and V tiles: for the S and dP GEMMs, which kFromPds (but for kDsOnly's S) leaves
   // out. Without them their 32 KB hold the staged epilogue's dK tiles (one per warpgroup).
   constexpr bool kNeedKv = !kPds || kDsOnlyMode;
+  constexpr bool kCausalMask = (kDiag & kCausal) != 0;
+  static_assert(!kCausalMask || (!kPds && !kDvPerHalf && kPersistent), "the causal mask: the default persistent kernel");
   extern __shared__ uint8_t smem_raw[];
   KvSmem& s = attn::aligned_shared<KvSmem>(smem_raw);
   uint8_t* const smem_base = reinterpret_cast<uint8_t*>(&s);
@@ -796,7 +834,8 @@ __device__ __forceinline__ void dkdv_body(const CUtensorMap& tm_q, const CUtenso
         const int stage = (it + j) % kKvStages;
         KvStage& st = s.st[stage];
         // Ring: Q tile qj = (this K tile - j) mod n at step j, its block in the ring's slot.
-        const int qj = kRingMode ? kv_ring_q_tile<kDiag>(w, j, n_q) : j;
+        // kCausal: from the item's first Q tile that faces its keys on.
+        const int qj = kRingMode ? kv_ring_q_tile<kDiag>(w, j, n_q) : kv_q_tiles<kCausalMask>(p, w).x + j;
         if constexpr (kRingMode) {  // the block of step j stored (before the stage is free: its latency
                                     // under the consumers' work)
           ring_wait(p.ring_ready + kv_ring_slot<kDiag>(p, w, j), kv_ring_epoch<kDiag>(p, w, j), p.ring_poll_ns);
@@ -902,7 +941,10 @@ __device__ __forceinline__ void dkdv_body(const CUtensorMap& tm_q, const CUtenso
         first[0] = sm90::ld_shared_f32x4(&st.info[hh * kHalf + 2 * quad]);
         first[1] = sm90::ld_shared_f32x4(&st.info[hh * kHalf + 2 * quad + 1]);
       };
-      auto math = [&](float (&sc)[32], float (&dp)[32], const KvStage& st, int hh, const float4 (&first)[2]) {
+      // kCausal, masked: this thread's score (key k, query q) of the half has p = 0 where k - q >
+      // the tile's delta: thr > 8 jn - 8 r + (0, 1) with thr = (its first key - first query) - delta.
+      auto math = [&](float (&sc)[32], float (&dp)[32], const KvStage& st, int hh, const float4 (&first)[2],
+                      [[maybe_unused]] int thr, auto masked) {
         if constexpr ((kDiag & kDiagNoMath) != 0) {
           rs[0] = rs[1] = 1.f;
 #pragma unroll
@@ -925,6 +967,10 @@ __device__ __forceinline__ void dkdv_body(const CUtensorMap& tm_q, const CUtenso
             if constexpr ((kDiag & kDiagNoExp) == 0) {
               p0 = attn::fast_exp2(p0);  // 256 p
               p1 = attn::fast_exp2(p1);
+            }
+            if constexpr (decltype(masked)::value) {
+              p0 = thr > 8 * jn - 8 * r ? 0.f : p0;
+              p1 = thr > 8 * jn - 8 * r + 1 ? 0.f : p1;
             }
             const float d0 = p0 * fmaf(dp[i0], c0, -in0.w);  // 256 dS
             const float d1 = p1 * fmaf(dp[i0 + 1], c1, -in1.w);
@@ -1007,11 +1053,16 @@ __device__ __forceinline__ void dkdv_body(const CUtensorMap& tm_q, const CUtenso
         }
       };
       {
+        // kCausal: the Q tiles from q0 on; tile qj is masked where the tile's last key lies past its
+        // first query's diagonal (delta: first query + causal_off - the tile's first key).
+        const int q0 = kv_q_tiles<kCausalMask>(p, w).x;
+        [[maybe_unused]] const int key_minus_col = cw * kHalf + warp * 16 + lane / 4 - 2 * quad;
 #pragma unroll 1
         for (int j = 0; j < n_q; ++j) {
           const int stage = (it + j) % kKvStages;
           const KvStage& st = s.st[stage];
-          const int qj = kRingMode ? kv_ring_q_tile<kDiag>(w, j, n_q) : j;  // (square ring: rotated)
+          const int qj = kRingMode ? kv_ring_q_tile<kDiag>(w, j, n_q) : q0 + j;  // (square ring: rotated)
+          [[maybe_unused]] const int delta = kCausalMask ? (qj - w.blk) * kTile + causal_off(p, w) : 0;
           const float q_tile = kTileScales ? q_tiles[qj] : 1.f;  // the Q tile's Qᵀ' scale (kTileScales)
           sm90::mbar_wait(&s.full[stage], ((it + j) / kKvStages) & 1);
           sm90::mbar_wait(&s.info_ready[stage], ((it + j) / kKvStages) & 1);
@@ -1063,7 +1114,10 @@ __device__ __forceinline__ void dkdv_body(const CUtensorMap& tm_q, const CUtenso
               stamp(2 * j + hh, 1);
               if (kPersistent && j == n_q - 1 && hh == 1) sm90::mbar_arrive(&s.kv_empty);  // K, V read for the last time
               math_slot = 2 * j + hh;
-              math(sc, dp, st, hh, first);
+              if (kCausalMask && delta < kTile - 1)  // (uniform: the tile's last key past its first query's diagonal)
+                math(sc, dp, st, hh, first, key_minus_col - hh * kHalf - delta, std::true_type{});
+              else
+                math(sc, dp, st, hh, first, 0, std::false_type{});
             }
             stamp(2 * j + hh, 2);
             if constexpr ((kDiag & kDiagDumpDs) != 0) {
@@ -1159,7 +1213,7 @@ __device__ __forceinline__ void dkdv_body(const CUtensorMap& tm_q, const CUtenso
     int it = 0, kv_i = 0;
     for (unsigned index = blockIdx.x; index < unsigned(p.num_items); index += dkdv_ctas<kDiag>(p)) {
       const Item w = kv_item_of<kDiag>(p, index);
-      const int n_q = (w.Lq + kTile - 1) / kTile;
+      const int n_q = kv_q_tiles<kCausalMask>(p, w).y;
       consume(w, n_q, it, kv_i);
       if (n_q > 0) {
         it += n_q;
@@ -1257,10 +1311,20 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
                                            const Item& w, int cw, int tid, int it, const CUtensorMap* tm_dq = nullptr,
                                            float* wg_amax = nullptr, uint64_t* dump_done = nullptr,
                                            uint64_t* q_release = nullptr) {
-  const int n_k = (w.Lk + kTile - 1) / kTile;
+  constexpr bool kCausalMask = (kDiag & kCausal) != 0;
+  const int n_k = dq_k_tiles<kCausalMask>(p, w);
   const int64_t o_row = w.o_pad0 + int64_t(w.blk) * kTile;  // padded output row of the Q tile
   const int warp = tid / 32, lane = tid % 32, quad = lane % 4;
   const int row0 = cw * kHalf + warp * 16 + lane / 4;  // rows row0, row0 + 8 of the Q tile
+  // kCausal: the keys (causal_keys) of the warpgroup's first row and of this thread's rows.
+  [[maybe_unused]] int lim_first = 0, lim[2] = {0, 0};
+  if constexpr (kCausalMask) {
+    const int off = causal_off(p, w);
+    auto keys = [&](int i) { return min(w.Lk, max(i + 1 + off, 0)); };
+    lim_first = keys(w.blk * kTile + cw * kHalf);
+    lim[0] = keys(w.blk * kTile + row0);
+    lim[1] = keys(w.blk * kTile + row0 + 8);
+  }
   float dq[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) dq[i] = 0.f;
@@ -1320,7 +1384,9 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
         if (q_release != nullptr && j == n_k - 1) sm90::mbar_arrive(q_release);
         attn::fence_all(sa);
         attn::fence_all(sb);
-        const int valid = w.Lk - kt * kTile;
+        // The keys of the tile the warpgroup's rows all face (kCausal: its first row's), and a row's.
+        const int valid = (kCausalMask ? lim_first : w.Lk) - kt * kTile;
+        auto valid_of = [&](int r) { return kCausalMask ? lim[r] - kt * kTile : valid; };
         float a[2], c[2], amax[2] = {0.f, 0.f};
 #pragma unroll
         for (int r = 0; r < 2; ++r) a[r] = in[r].x * ks, c[r] = in[r].z * vs;
@@ -1379,7 +1445,7 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
 #pragma unroll
           for (int i = 0; i < 64; ++i) {
             const int col = 8 * (i / 4) + 2 * quad + (i % 2);
-            sb[i] = col < valid ? ds_of(i) : 0.f;
+            sb[i] = col < valid_of((i % 4) / 2) ? ds_of(i) : 0.f;
             amax[(i % 4) / 2] = fmaxf(amax[(i % 4) / 2], fabsf(sb[i]));
           }
         }
@@ -1710,7 +1776,8 @@ struct QSmemP {
 };
 inline constexpr size_t kQSmemBytesP = sizeof(QSmemP) + 1024;
 
-template <bool kTileScales>
+// kCausalMask: the causal mask (consume_dq's kCausal).
+template <bool kTileScales, bool kCausalMask = false>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_bwd_dq_kernel_p(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -1740,7 +1807,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       Item w{};
       if (more) {
         if (lane == 0) next = gridDim.x + atomicAdd(next_item, 1u);
-        w = item_of<false>(p, index);
+        w = item_of<false, kCausalMask>(p, index);
       }
       sm90::mbar_wait(&s.q_empty[qb], ((n >> 1) & 1u) ^ 1u);
       if (!more) {  // the end
@@ -1748,7 +1815,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         sm90::mbar_arrive(&s.q_full[qb]);
         return;
       }
-      const int n_k = (w.Lk + kTile - 1) / kTile;
+      const int n_k = dq_k_tiles<kCausalMask>(p, w);
       if (lane == 0) {
         s.item[qb] = w;
         if (n_k > 0) {
@@ -1780,9 +1847,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::mbar_wait(&s.q_full[qb], phase);
     const Item w = attn::warp_uniform(s.item[qb]);
     if (w.h < 0) break;
-    consume_dq<kTileScales, true>(s.st, s.full, s.empty, s.q[qb], s.dout[qb], &s.q_full[qb], phase, s.info[qb], p, w,
-                                  cw, tid, it, &tm_dq);
-    it += (w.Lk + kTile - 1) / kTile;
+    consume_dq<kTileScales, true, kCausalMask ? kCausal : 0>(s.st, s.full, s.empty, s.q[qb], s.dout[qb], &s.q_full[qb],
+                                                             phase, s.info[qb], p, w, cw, tid, it, &tm_dq);
+    it += dq_k_tiles<kCausalMask>(p, w);
     sm90::mbar_arrive(&s.q_empty[qb]);
   }
   // Launched as the dK/dV kernel's programmatic dependent: the last CTA waits for that kernel to
@@ -2322,7 +2389,8 @@ BwdPlan plan_of(const AttentionBwdProblem& p) {
   pl.kv_items = attn::work_list(k_tiles, pl.lq);  // dK/dV: K/V tiles
   pl.q_items = attn::work_list(q_tiles, pl.lk);   // dQ: Q tiles
   const int sms = device_sms();  // (the launcher's sm_count: the same device)
-  pl.ring = ring_config_of(p, sms);
+  // The causal mask runs on the two kernels (no ring).
+  pl.ring = p.causal != CausalMask::kNone ? RingConfig{} : ring_config_of(p, sms);
   if (pl.ring.rect)
     pl.ring_meta = rect_meta(pl.q_items, k_tiles, p.heads, pl.ring.groups, &pl.ring_n_items, &pl.ring_totals);
   pl.pds = pl.ring.n > 0 || pds_experiment(p);
@@ -2446,6 +2514,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       d.cu_q = p.cu_q;
       d.cu_q_sf = p.cu_q_sf;
       d.cu_k = p.cu_k;
+      d.causal = p.causal;
       d.out_seqs = p.batch;
       d.broadcast_q = p.broadcast_q;
       d.lq_pad = lq_pad;
@@ -2495,6 +2564,8 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
     bp.Pk = p.Pk;
     bp.Po = Po;
     bp.broadcast_q = p.broadcast_q;
+    bp.causal_br = p.causal == CausalMask::kBottomRight;
+    const bool causal = p.causal != CausalMask::kNone;
     bp.lq_pad = lq_pad;
     bp.k_scale = in.k_scale;
     bp.v_scale = in.v_scale;
@@ -2565,7 +2636,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       const int64_t n_items = int64_t(kv_items.size()) * H;
       bp.num_items = int(n_items);
       const int variant = bwd_variant();
-      const bool persistent = (variant & 1) == 0 || p.exec != nullptr;  // (exec: the persistent kernel, below)
+      const bool persistent = (variant & 1) == 0 || p.exec != nullptr || causal;  // (exec: the persistent kernel, below)
       auto kernel = persistent ? bwd::attention_bwd_dkdv_kernel<true> : bwd::attention_bwd_dkdv_kernel<false>;
       // dK, dV through the staging tiles (bf16 output, TMA's 16-byte alignment; the API asks 4).
       bp.staged_dkdv = persistent && !mx && p.Tk > 0 && is_aligned(p.dk, 16) && is_aligned(p.dv, 16);
@@ -2610,6 +2681,9 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
           default: break;
         }
 #endif
+      if (causal)  // the persistent kernel's causal form (either operand form)
+        kernel = p.exec ? bwd::attention_bwd_dkdv_kernel<true, false, false, true, bwd::kCausal>
+                        : bwd::attention_bwd_dkdv_kernel<true, false, false, false, bwd::kCausal>;
       bool ring_done = false;
       if (bp.ring_n > 0) {
         // The ring: one cooperative launch of both roles (every CTA resident at once, or the launch
@@ -2709,13 +2783,19 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       // Programmatic dependent of the dK/dV kernel (independent work: see the dQ kernel's epilogue).
       // (Only behind that kernel, whose CTAs trigger after their wait for dO's preprocess.)
       const bool programmatic = (bwd_variant() & 131072) == 0 && !kv_items.empty();
-      if (const int ctas = dq_persistent_ctas(sms, plan.lk)) {
+      // The causal mask: the persistent kernel's causal form, at least 2 CTAs where
+      // MXFLASH_BWD_DQ_PERSISTENT asks for none.
+      int dq_ctas = dq_persistent_ctas(sms, plan.lk);
+      if (causal && dq_ctas == 0) dq_ctas = sms;
+      if (const int ctas = dq_ctas) {
         bp.num_items = int(n_q);
         // dQ (bf16, 16-byte aligned: TMA) staged in the item buffers (consume_dq).
         bp.staged_dq = !p.broadcast_q && p.Tq > 0 && is_aligned(p.dq, 16);
         CUtensorMap tm_dq{};
         if (bp.staged_dq) MXFLASH_RETURN_IF_ERROR(make_bf16_rows_map(&tm_dq, p.dq, uint64_t(p.Tq), uint64_t(H)));
         auto kernel = p.exec ? bwd::attention_bwd_dq_kernel_p<true> : bwd::attention_bwd_dq_kernel_p<false>;
+        if (causal)
+          kernel = p.exec ? bwd::attention_bwd_dq_kernel_p<true, true> : bwd::attention_bwd_dq_kernel_p<false, true>;
         MXFLASH_RETURN_IF_ERROR(cuda_error(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bwd::kQSmemBytesP)),
             "cudaFuncSetAttribute(attention_bwd_dq_kernel_p)"));

@@ -54,6 +54,7 @@ void copy_common(const Problem& p, Params* e) {
   e->To = p.To;
   e->softmax_scale = p.softmax_scale;
   e->broadcast_q = p.broadcast_q;
+  e->causal = p.causal;
 }
 
 }  // namespace mxflash::cuda::exact

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "mxflash/attention.h"
 #include "mxflash/mx.h"
 #include "mxflash/status.h"
 
@@ -22,6 +23,7 @@ struct AttentionFwdProblem {
   int64_t Pq = 0, Pk = 0, To = 0;
   bool broadcast_q = false;
   float softmax_scale = 0.f;
+  CausalMask causal = CausalMask::kNone;
   // device copies of the metadata
   const int32_t* cu_q = nullptr;
   const int32_t* cu_q_sf = nullptr;
@@ -56,14 +58,16 @@ Status quantize_attention_fwd_operands(const AttentionFwdProblem& p, const void*
 // attention_fwd_exec_workspace_bytes(...) (the work list, and the partial states of the split tail
 // when the three-consumer kernel runs one: it depends on the current device's SM count), or nullptr.
 size_t attention_fwd_exec_workspace_bytes(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k,
-                                          int batch, int64_t heads, bool broadcast_q);
+                                          int batch, int64_t heads, bool broadcast_q,
+                                          CausalMask causal = CausalMask::kNone);
 Status attention_forward_exec(const AttentionFwdProblem& p, const FwdExecOperands& ops, void* workspace,
                               size_t workspace_bytes, void* stream);
 
 // The forward on MX tensors: its re-expressed operands, the work list and the split tail's partial
 // states (attention_fwd_exec_workspace_bytes).
 size_t attention_fwd_workspace_bytes(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k, int batch,
-                                     int64_t heads, int64_t Pq, int64_t Pk, bool broadcast_q);
+                                     int64_t heads, int64_t Pq, int64_t Pk, bool broadcast_q,
+                                     CausalMask causal = CausalMask::kNone);
 
 // The exact-MX oracle (attention_fwd_exact.cu): no workspace.
 Status attention_forward_exact(const AttentionFwdProblem& p, void* stream);

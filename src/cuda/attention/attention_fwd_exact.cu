@@ -3,7 +3,9 @@
 // reference's exact-MX method (src/reference/attention_ref.cpp), so results agree with it to the
 // last bit except where a double sum's order or a libm last bit flips an fp32 rounding. Slow on
 // purpose (one warp per output row, two passes over the keys): the oracle for shapes the CPU
-// reference cannot reach in a test.
+// reference cannot reach in a test. The causal mask as the reference applies it: row i reads keys
+// 0 .. causal_keys(causal, i, Lq, Lk) - 1 only (the row max, the row sum and P.V over those), and a
+// row facing no key gets O = 0, LSE = -inf.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -34,6 +36,7 @@ struct ExactParams {
   int64_t H, Pq, Pk, To;
   double softmax_scale;
   bool broadcast_q;
+  CausalMask causal;
   __nv_bfloat16* out;
   float* lse;
 };
@@ -57,10 +60,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_fwd_exact_kerne
     tq = row;
   }
   const int qb = p.broadcast_q ? 0 : b;
-  const int64_t tq_p = p.cu_q_sf[qb] + i;
-  const int64_t k0 = p.cu_k[b], lk = p.cu_k[b + 1] - k0, k0_p = p.cu_k_sf[b];
+  const int64_t tq_p = p.cu_q_sf[qb] + i, lq = p.cu_q[qb + 1] - p.cu_q[qb];
+  const int64_t k0 = p.cu_k[b], k0_p = p.cu_k_sf[b];
+  // The keys the row sees: 0 .. nk - 1 of its K/V sequence (all of them without a causal mask).
+  const int64_t nk = causal_keys(p.causal, i, lq, p.cu_k[b + 1] - k0);
   __nv_bfloat16* o = p.out + (row * p.H + h) * kHeadDim;
-  if (lk == 0) {
+  if (nk == 0) {  // no key (an empty K/V sequence, or the mask): O = 0, LSE = -inf
     for (int d = lane; d < kHeadDim; d += 32) o[d] = __float2bfloat16_rn(0.f);
     if (lane == 0) p.lse[h * p.To + row] = -INFINITY;
     return;
@@ -74,9 +79,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_fwd_exact_kerne
     return double(float(warp_sum(part))) * p.softmax_scale;
   };
   double m = -INFINITY;
-  for (int64_t j = 0; j < lk; ++j) m = fmax(m, score(j));
+  for (int64_t j = 0; j < nk; ++j) m = fmax(m, score(j));
   double l = 0.0, acc[kDimsPerLane] = {0.0, 0.0, 0.0, 0.0};
-  for (int64_t j = 0; j < lk; ++j) {
+  for (int64_t j = 0; j < nk; ++j) {
     const double pj = double(float(exp(score(j) - m)));
     l += pj;
     const double pq = double(e4m3_to_float(float_to_e4m3(float(pj) * 256.f))) / 256.0;

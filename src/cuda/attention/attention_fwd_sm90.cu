@@ -89,6 +89,12 @@ inline constexpr int kVariantTrace = 262144;
 // row sums are stored to shared memory before the hand-over (a first version without the pins
 // had 36 of 64 MUFUs hoisted above the barrier by ptxas).
 inline constexpr int kVariantExpTurn = 524288;
+// Bit 25: the causal mask (AttentionOptions::causal; FwdParams::causal_br picks the alignment), on the
+// persistent kernels without a split tail only (exec_plan). Each row faces causal_keys(...) keys: an
+// item's K/V tiles end at its last row's diagonal (work_item), the Q tiles of a sequence run
+// heaviest first, and the tiles a warpgroup's first row does not wholly see take the masked softmax
+// (per-row key limits; rows facing no key of a tile keep O, l and m as they were).
+inline constexpr int kVariantCausal = 1 << 25;
 // Bit 24 (P packed into e4m3 by integer ALU work, 4 LEA + 3 PRMT per 4 values, instead of F2FP):
 // measured 2026-11-30, 6% slower; removed (docs/attention.md).
 // Bit 21 (the exponential turn taken before the wait for S, so that the whole softmax alternates):
@@ -122,6 +128,7 @@ struct FwdParams {
   const float* v_scale;  // (B, H, 128); kVariantVTile: (H, Pk / 128)
   const int2* tiles;  // the work list of Q tiles (work_list.cuh), sequences facing the most keys first
   bool heads_inner;   // its order within a sequence (heads_in_turn)
+  bool causal_br;     // kVariantCausal: the bottom-right alignment (else top-left); in heads_inner's padding
   int heads;
   int64_t Pq, Pk, To;
   float scale_log2;
@@ -173,11 +180,12 @@ __device__ __forceinline__ void issue_pv(float (&ot)[64], const uint32_t (&pa)[1
 // columns 8j + 2q + {0, 1}. Produces the tile's P fragments (e4m3 of 256 p, computed as
 // exp2(x + 8)) and the rescale factor of O; the row sums l carry the factor 256 (removed in the
 // epilogue). Only a sequence's last tile can hold masked keys, so the mask is compiled there alone.
-template <bool kTree>
+template <bool kTree, bool kCausal = false>
 struct TileSoftmax {
   float row_mult[2];      // Q row scale * softmax_scale * log2 e
-  int Lk;
+  int Lk;                 // keys from the first K/V tile on (kCausal: those of the warpgroup's first row)
   int quad;
+  int lim[2];             // kCausal: this thread's rows' keys (causal_keys), from the first tile on
 
   // Row state between the two phases of one tile.
   struct Rows {
@@ -202,7 +210,8 @@ struct TileSoftmax {
   __device__ __forceinline__ float value(const float (&sc)[N], int j, int i) const {
     if (!kMasked) return sc[i];
     const int col = 8 * (i / 4) + 2 * quad + (i % 2);
-    return col >= Lk - j * kTile ? -INFINITY : sc[i];  // keys past the sequence's end
+    const int keys = kCausal ? lim[(i % 4) / 2] : Lk;
+    return col >= keys - j * kTile ? -INFINITY : sc[i];  // keys past the sequence's end (or the row's diagonal)
   }
 
   template <int W, int N>
@@ -237,8 +246,17 @@ struct TileSoftmax {
       }
       rows.mult[r] = row_mult[r] * ks;
       rows.m_new[r] = fmaxf(m[r], quad_max(mx) * rows.mult[r]);
-      alpha[r] = fast_exp2(m[r] - rows.m_new[r]);
-      m[r] = rows.m_new[r];
+      if constexpr (kCausal) {
+        // A row that has faced no key yet keeps m = -inf; its exponentials use 0 as the maximum
+        // (every value is -inf: p = 0) and alpha = 0 (O and l are 0).
+        const float m_use = rows.m_new[r] == -INFINITY ? 0.f : rows.m_new[r];
+        alpha[r] = fast_exp2(m[r] - m_use);
+        m[r] = rows.m_new[r];
+        rows.m_new[r] = m_use;
+      } else {
+        alpha[r] = fast_exp2(m[r] - rows.m_new[r]);
+        m[r] = rows.m_new[r];
+      }
       l[r] *= alpha[r];
     }
     return rows;
@@ -297,6 +315,28 @@ struct TileSoftmax {
   }
 };
 
+// A consumer warpgroup's softmax for the tile of Q rows from row0 of its sequence on: rows[] the
+// thread's rows within the tile, first the warpgroup's first (kCausal: the key limits, causal_keys;
+// Lk: the keys from the item's first K/V tile on).
+template <bool kTree, bool kCausal>
+__device__ __forceinline__ TileSoftmax<kTree, kCausal> make_softmax(const FwdParams& p, const float (&row_mult)[2],
+                                                                   int Lq, int Lk, int row0, int first,
+                                                                   const int (&rows)[2], int quad) {
+  if constexpr (kCausal) {
+    const int off = p.causal_br ? Lk - Lq : 0;
+    auto keys = [&](int i) { return min(Lk, max(i + 1 + off, 0)); };
+    return {{row_mult[0], row_mult[1]}, keys(row0 + first), quad, {keys(row0 + rows[0]), keys(row0 + rows[1])}};
+  } else {
+    return {{row_mult[0], row_mult[1]}, Lk, quad};
+  }
+}
+
+// 1 / l for the epilogue; kCausal: 0 for a row that faced no key (l = 0; O is 0).
+template <bool kCausal>
+__device__ __forceinline__ float inv_sum(float lsum) {
+  return kCausal && lsum == 0.f ? 0.f : 1.f / lsum;
+}
+
 // One (Q tile, head) of the work list.
 struct WorkItem {
   int h, b, m_block, qb, Lq, Lk, n_tiles;
@@ -305,7 +345,9 @@ struct WorkItem {
   int slot = -1;  // split items: the part's slot in FwdParams::part_o / part_rows
 };
 
-template <int kQTile = kTile>
+// kCausal: a sequence's Q tiles in reverse order (the last, which faces the most keys, first), and
+// the K/V tiles up to the diagonal of the tile's last row.
+template <int kQTile = kTile, bool kCausal = false>
 __device__ __forceinline__ WorkItem work_item(const FwdParams& p, unsigned index) {
   WorkItem w;
   const int2 work = p.tiles[index / p.heads];
@@ -315,9 +357,15 @@ __device__ __forceinline__ WorkItem work_item(const FwdParams& p, unsigned index
   const unsigned tiles = unsigned((w.Lq + kQTile - 1) / kQTile);
   const HeadTile ht = head_and_tile(index, unsigned(work.y), tiles, unsigned(p.heads), p.heads_inner);
   w.h = ht.h;
-  w.m_block = ht.tile;
+  w.m_block = kCausal ? int(tiles) - 1 - ht.tile : ht.tile;
   w.Lk = p.cu_k[w.b + 1] - p.cu_k[w.b];
-  w.n_tiles = (w.Lk + kTile - 1) / kTile;
+  if constexpr (kCausal) {
+    const int last = min((w.m_block + 1) * kQTile, w.Lq) - 1;  // the tile's last row
+    const int keys = min(w.Lk, max(last + 1 + (p.causal_br ? w.Lk - w.Lq : 0), 0));
+    w.n_tiles = (keys + kTile - 1) / kTile;
+  } else {
+    w.n_tiles = (w.Lk + kTile - 1) / kTile;
+  }
   w.q_row = int64_t(w.h) * p.Pq + p.cu_q_sf[w.qb] + int64_t(w.m_block) * kQTile;
   return w;
 }
@@ -482,7 +530,7 @@ struct OutNorm {
 // The epilogue: O / (l 256) times V's scale (kVTile: O's unit 2^e_ref, promote_vtile; else V's
 // per-channel scales of sequence b) to BF16, and LSE = (m + log2 l - 8) ln 2, for this thread's two
 // rows of the tile that starts at row row0 of its sequence.
-template <bool kVTile>
+template <bool kVTile, bool kCausal = false>
 __device__ __forceinline__ void write_rows(const FwdParams& p, const float (&o)[64], const float (&l)[2],
                                            const float (&m)[2], const VTileUnit& vunit, int b, int h,
                                            int64_t tok_base, int row0, int Lq, const int (&rows)[2], int quad) {
@@ -493,7 +541,7 @@ __device__ __forceinline__ void write_rows(const FwdParams& p, const float (&o)[
     const int i = row0 + rows[r];
     if (i >= Lq) continue;
     const int64_t tok = tok_base + i;
-    const float inv = 1.f / lsum;
+    const float inv = inv_sum<kCausal>(lsum);
     __nv_bfloat16* orow = p.out + (tok * p.heads + h) * kHeadDim;
 #pragma unroll
     for (int jn = 0; jn < 16; ++jn) {
@@ -512,7 +560,7 @@ __device__ __forceinline__ void write_rows(const FwdParams& p, const float (&o)[
 // past the sequence's end (rows of the next sequence: a box cannot skip them), write_rows. The tile
 // is rewritten only once the previous item's stores have read it (bulk_wait_read by the thread that
 // issued them, then the warpgroup's barrier).
-template <bool kVTile>
+template <bool kVTile, bool kCausal = false>
 __device__ __forceinline__ void write_rows_staged(const FwdParams& p, const CUtensorMap* tm_o, uint8_t* stage,
                                                   int cw, int warp, int lane, const float (&o)[64],
                                                   const float (&l)[2], const float (&m)[2], const VTileUnit& vunit,
@@ -520,7 +568,7 @@ __device__ __forceinline__ void write_rows_staged(const FwdParams& p, const CUte
                                                   const int (&rows)[2], int quad) {
   const int first = row0 + cw * kRowsPerConsumer;  // the warpgroup's first row of the sequence
   if (first + kRowsPerConsumer > Lq) {
-    write_rows<kVTile>(p, o, l, m, vunit, b, h, tok_base, row0, Lq, rows, quad);
+    write_rows<kVTile, kCausal>(p, o, l, m, vunit, b, h, tok_base, row0, Lq, rows, quad);
     return;
   }
   const bool issuer = warp == 0 && lane == 0;
@@ -531,7 +579,7 @@ __device__ __forceinline__ void write_rows_staged(const FwdParams& p, const CUte
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float lsum = quad_sum(l[r]);
-    const float inv = 1.f / lsum;
+    const float inv = inv_sum<kCausal>(lsum);
 #pragma unroll
     for (int jn = 0; jn < 16; ++jn) {
       const float2 v = norm.pair(o[4 * jn + 2 * r], o[4 * jn + 2 * r + 1], inv, 8 * jn + 2 * quad);
@@ -586,7 +634,9 @@ __device__ __forceinline__ void consume_item(Storage& s, const uint8_t* q_tile, 
   auto stamp = [&](int j, int event) {
     if constexpr (kTrace) trace_stamp(trace_row, cw, j, event);
   };
-  const TileSoftmax<(kVariant & kVariantTree) != 0> sm{{row_mult[0], row_mult[1]}, Lk, quad};
+  constexpr bool kCausal = (kVariant & kVariantCausal) != 0;
+  const auto sm = make_softmax<(kVariant & kVariantTree) != 0, kCausal>(p, row_mult, Lq, Lk, m_block * kTile,
+                                                                        cw * kRowsPerConsumer, rows, quad);
 
   constexpr int kDiag = variant_diag(kVariant);
   auto wait_full = [&](int j) {
@@ -791,10 +841,11 @@ __device__ __forceinline__ void consume_item(Storage& s, const uint8_t* q_tile, 
 
   // ---------------------------------------------------------------------------- epilogue
   if (kPersistent && tm_o != nullptr)  // (kernel2p: out staged for TMA stores)
-    write_rows_staged<(kVariant & kVariantVTile) != 0>(p, tm_o, o_stage, cw, warp, lane, o, l, m, vunit, b, h,
-                                                       tok_base, m_block * kTile, Lq, rows, quad);
+    write_rows_staged<(kVariant & kVariantVTile) != 0, kCausal>(p, tm_o, o_stage, cw, warp, lane, o, l, m, vunit, b,
+                                                                h, tok_base, m_block * kTile, Lq, rows, quad);
   else
-    write_rows<(kVariant & kVariantVTile) != 0>(p, o, l, m, vunit, b, h, tok_base, m_block * kTile, Lq, rows, quad);
+    write_rows<(kVariant & kVariantVTile) != 0, kCausal>(p, o, l, m, vunit, b, h, tok_base, m_block * kTile, Lq, rows,
+                                                         quad);
 }
 
 // The main kernels start as programmatic dependents of the work list's upload (launch_main): no
@@ -1126,7 +1177,10 @@ __device__ __forceinline__ void consume_item3(Storage& s, const uint8_t* q_tile,
     for (int r = 0; r < 2; ++r)
       row_mult[r] = (row0 + rows[r] < Lq ? p.q_scale[w.q_row + rows[r]] : 0.f) * p.scale_log2;
   }
-  const TileSoftmax<(kVariant & kVariantTree) != 0> sm{{row_mult[0], row_mult[1]}, Lk, quad};
+  constexpr bool kCausal = (kVariant & kVariantCausal) != 0;
+  static_assert(!kCausal || !kParts, "the causal mask runs without a split tail");
+  const auto sm = make_softmax<(kVariant & kVariantTree) != 0, kCausal>(p, row_mult, Lq, Lk, row0, cw * kRowsPerConsumer,
+                                                                        rows, quad);
 
   float o[64];
 #pragma unroll
@@ -1153,11 +1207,19 @@ __device__ __forceinline__ void consume_item3(Storage& s, const uint8_t* q_tile,
     const int stage = stage_of(it + j);
     tile3<kVTile>(s, sc, j, stage, desc_v0 + uint64_t(stage) * kStageDesc, sm, o, m, l, vunit, stamp);
   };
+  // kCausal: the item's last tiles may lie past every row of this warpgroup (its rows are the tile's
+  // first 64 or 128): the warpgroup releases them unread (its O, l and m would not change).
+  [[maybe_unused]] const int keys_last =
+      kCausal ? min(Lk, max(row0 + cw * kRowsPerConsumer + kRowsPerConsumer + (p.causal_br ? Lk - Lq : 0), 0)) : 0;
   for (int j = 0; j < n_tiles; ++j) {
     const int stage = stage_of(it + j);
     stamp(j, 0);
     float sc[64];
     sm90::mbar_wait(&s.full[stage], phase_of(it + j));
+    if (kCausal && j * kTile >= keys_last) {
+      sm90::mbar_arrive(&s.empty[stage]);
+      continue;
+    }
     issue_s(sc, desc_q, desc_k0 + uint64_t(stage) * kStageDesc);
     stamp(j, 1);
     tile(sc, j);
@@ -1175,10 +1237,10 @@ __device__ __forceinline__ void consume_item3(Storage& s, const uint8_t* q_tile,
       write_partial3(sp, slot, cw, tid, o, l, m, vunit);
       merge_when_last3<kVTile>(p, sp, slot, cw, tid);
     } else if (tm_o != nullptr)
-      write_rows_staged<kVTile>(p, tm_o, s.o_stage[cw], cw, warp, lane, o, l, m, vunit, b, h, tok_base, row0, Lq,
-                                rows, quad);
+      write_rows_staged<kVTile, kCausal>(p, tm_o, s.o_stage[cw], cw, warp, lane, o, l, m, vunit, b, h, tok_base, row0,
+                                         Lq, rows, quad);
     else
-      write_rows<kVTile>(p, o, l, m, vunit, b, h, tok_base, row0, Lq, rows, quad);
+      write_rows<kVTile, kCausal>(p, o, l, m, vunit, b, h, tok_base, row0, Lq, rows, quad);
   } else {
     write_rows<kVTile>(p, o, l, m, vunit, b, h, tok_base, row0, Lq, rows, quad);
   }
@@ -1320,7 +1382,7 @@ __device__ __forceinline__ void produce_persistent(Storage& s, const CUtensorMap
     float2 first_scales = make_float2(0.f, 0.f);
     if (more) {
       if (lane == 0) next = gridDim.x + atomicAdd(next_item, 1u);
-      w = index < items ? work_item<kQRows>(p, index) : work_part3(p, sp, index - items);
+      w = index < items ? work_item<kQRows, (kVariant & kVariantCausal) != 0>(p, index) : work_part3(p, sp, index - items);
       const int row0 = w.m_block * kQRows;
 #pragma unroll
       for (int i = 0; i < kRowsPerLane; ++i) {
@@ -1701,21 +1763,31 @@ struct ExecPlan {
 constexpr size_t kSplitSlotBytes =
     attn::kConsumers3 * (16 * attn::kWarpgroupThreads + attn::kRowsPerConsumer) * sizeof(float4);
 
+// The causal mask (kVariantCausal) runs on the persistent three-consumer kernel only
+// (MXFLASH_FWD_PERSISTENT=0 and MXFLASH_FWD_CONSUMERS are not taken; PERSISTENT=n >= 2 is), without
+// a split tail: its items are of unequal work, and the persistent CTAs' first-not-taken order
+// balances them as it does jagged batches. (The two-consumer kernel's loop, at 240 registers, spilled
+// 4 words with the mask's row limits.)
 ExecPlan exec_plan(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k, int batch, int64_t heads,
-                   bool broadcast_q) {
+                   bool broadcast_q, CausalMask causal = CausalMask::kNone) {
   int sms = 0;
   if (!sm_count(&sms).ok()) {  // no device (sizes asked on a CPU machine): nothing to launch, no split
     cudaGetLastError();
     sms = 0;
   }
   ExecPlan e;
-  e.three = three_consumers(cu_q, batch, heads, broadcast_q, sms);
+  e.three = causal != CausalMask::kNone || three_consumers(cu_q, batch, heads, broadcast_q, sms);
   for (int b = 0; b < batch; ++b) e.longest_lk = std::max<int64_t>(e.longest_lk, cu_k[size_t(b) + 1] - cu_k[size_t(b)]);
   const bool short_keys = (e.longest_lk + attn::kTile - 1) / attn::kTile <= kPersistentMaxTiles;
   e.persistent = sms > 0 ? persistent_ctas(sms, short_keys) : 0;
   e.tiles = schedule(cu_q, cu_k, batch, broadcast_q, e.three ? attn::kQTile3 : attn::kTile);
   e.items = int64_t(e.tiles.size()) * heads;
   e.split_first = e.items;
+  if (causal != CausalMask::kNone) {
+    const int n = sms > 0 ? persistent_ctas(sms, true) : 0;
+    e.persistent = n > 0 ? n : sms;
+    return e;
+  }
   if (!e.three || e.items == 0 || sms <= 0) return e;
   const int64_t r = e.items % sms;
   int max_tiles = 0;
@@ -1770,6 +1842,7 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   fp.To = p.To;
   fp.scale_log2 = p.softmax_scale * attn::kLog2e;
   fp.broadcast_q = p.broadcast_q;
+  fp.causal_br = p.causal == CausalMask::kBottomRight;
   fp.out = static_cast<__nv_bfloat16*>(p.out);
   fp.lse = p.lse;
   attn::SplitParams sp;
@@ -1844,6 +1917,15 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   }
   if (experiment_variant() >= 0 && !three) persistent = 0;  // a two-consumer variant: a CTA per item
 #endif
+  if (p.causal != CausalMask::kNone) {  // the persistent kernels with the mask (exec_plan: no split tail)
+    constexpr int kC = attn::kVariantCausal;
+    if (ops.v_per_tile)
+      kernel3p = staged ? attn::attention_fwd_kernel3p<kV3 | kC, true> : attn::attention_fwd_kernel3p<kV3 | kC, false>;
+    else
+      kernel3p = staged ? attn::attention_fwd_kernel3p<kM3 | kC, true> : attn::attention_fwd_kernel3p<kM3 | kC, false>;
+    if (!three || persistent <= 0 || plan.slots() > 0)
+      return Status::Internal("attention_forward: a causal plan not on the persistent three-consumer kernel");
+  }
   fp.num_items = int(plan.items);
   // The main kernel's launch and set-up under the upload (wait_for_work_list).
   const bool pdl = pdl_after_setup();
@@ -1928,27 +2010,27 @@ Status with_workspace(void* workspace, size_t workspace_bytes, size_t need, cuda
 }  // namespace
 
 size_t attention_fwd_exec_workspace_bytes(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k,
-                                          int batch, int64_t heads, bool broadcast_q) {
-  return exec_workspace_bytes(exec_plan(cu_q, cu_k, batch, heads, broadcast_q));
+                                          int batch, int64_t heads, bool broadcast_q, CausalMask causal) {
+  return exec_workspace_bytes(exec_plan(cu_q, cu_k, batch, heads, broadcast_q, causal));
 }
 
 size_t attention_fwd_workspace_bytes(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k, int batch,
-                                     int64_t heads, int64_t Pq, int64_t Pk, bool broadcast_q) {
-  const ExecPlan plan = exec_plan(cu_q, cu_k, batch, heads, broadcast_q);
+                                     int64_t heads, int64_t Pq, int64_t Pk, bool broadcast_q, CausalMask causal) {
+  const ExecPlan plan = exec_plan(cu_q, cu_k, batch, heads, broadcast_q, causal);
   return layout_of(batch, heads, Pq, Pk, exec_workspace_bytes(plan)).total;
 }
 
 Status attention_forward_exec(const AttentionFwdProblem& p, const FwdExecOperands& ops, void* workspace,
                               size_t workspace_bytes, void* stream_ptr) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  const ExecPlan plan = exec_plan(*p.host_cu_q, *p.host_cu_k, p.batch, p.heads, p.broadcast_q);
+  const ExecPlan plan = exec_plan(*p.host_cu_q, *p.host_cu_k, p.batch, p.heads, p.broadcast_q, p.causal);
   return with_workspace(workspace, workspace_bytes, exec_workspace_bytes(plan), stream,
                         [&](uint8_t* ws) { return launch_main(p, ops, plan, ws, stream); });
 }
 
 Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t workspace_bytes, void* stream_ptr) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  const ExecPlan plan = exec_plan(*p.host_cu_q, *p.host_cu_k, p.batch, p.heads, p.broadcast_q);
+  const ExecPlan plan = exec_plan(*p.host_cu_q, *p.host_cu_k, p.batch, p.heads, p.broadcast_q, p.causal);
   const WorkspaceLayout w = layout_of(p.batch, p.heads, p.Pq, p.Pk, exec_workspace_bytes(plan));
   return with_workspace(workspace, workspace_bytes, w.total, stream, [&](uint8_t* ws) -> Status {
     const int64_t H = p.heads;
