@@ -23,6 +23,12 @@ runs the forward on them (no prepare pass: faster on CUDA than the MX-operand fo
 :func:`attention_backward` takes MX operands in both orientations; :func:`quantize_attention_backward`
 writes the backward's operands in its execution layout (:class:`AttentionBwdOperands`) from the same
 inputs, and :func:`attention_backward_operands` runs the backward on them (no prepare passes).
+Every attention function takes ``causal=``: False (the default, every key), True or "top_left"
+(query row i of a sequence attends keys j <= i, as torch's
+``scaled_dot_product_attention(is_causal=True)``) or "bottom_right" (keys j <= i + Lk - Lq, the
+diagonal ending at the last row and key, FlashAttention's causal; rows i < Lq - Lk then attend no
+key and give out 0, lse -inf and zero gradients). Lq == Lk gives the same mask either way. Any other
+causal= value raises ValueError naming causal (checked here, before the library's checks).
 
 All argument checking is done by the C++ library: a broken rule raises ``ValueError`` whose
 message names the argument (nothing is written); other failures (no CUDA in this build, CUDA
@@ -190,6 +196,19 @@ def _stream(like) -> int:
 def _code(table, value) -> int:
     """Enum name -> code; unknown names map to -1, which the C++ launchers reject by name."""
     return table.get(value, -1) if isinstance(value, str) else -1
+
+
+_CAUSAL_NAMES = ("top_left", "bottom_right")
+
+
+def _causal_code(causal) -> int:
+    """The CausalMask code of a ``causal=`` argument: False -> none, True -> top_left, or the names
+    "top_left", "bottom_right". Anything else raises ValueError naming causal."""
+    if isinstance(causal, (bool, np.bool_)):
+        return _C.CAUSAL_MASKS["top_left" if causal else "none"]
+    if isinstance(causal, str) and causal in _CAUSAL_NAMES:
+        return _C.CAUSAL_MASKS[causal]
+    raise ValueError(f'causal: must be False, True, "top_left" or "bottom_right", got {causal!r}')
 
 
 def _check_meta(meta, name="meta"):
@@ -698,10 +717,10 @@ def _torch_workspace(nbytes, device):
     return workspace, workspace.data_ptr(), int(workspace.numel())
 
 
-def _forward_outputs(ref, heads, q_meta, k_meta, broadcast_q, out, operands=False):
+def _forward_outputs(ref, heads, q_meta, k_meta, broadcast_q, out, operands=False, causal=0):
     """A forward's (out, lse) (given through out=, or allocated like `ref`) and, for CUDA, its
     workspace from torch's allocator (operands: the execution-layout form's, its work list and the
-    split tail's partial states):
+    split tail's partial states; causal: the mask's code):
     (out, lse, workspace, ptr, bytes)."""
     outs = _outputs(out, 2, "out, lse")
     if outs is None:
@@ -713,28 +732,35 @@ def _forward_outputs(ref, heads, q_meta, k_meta, broadcast_q, out, operands=Fals
     workspace = ws_ptr = ws_bytes = 0
     if _is_cuda(ref):
         if operands:
-            n = _C.attention_forward_operands_workspace_size(q_meta._host, k_meta._host, heads, broadcast_q)
+            n = _C.attention_forward_operands_workspace_size(q_meta._host, k_meta._host, heads, broadcast_q, causal)
         else:
-            n = _C.attention_forward_workspace_size(q_meta._host, k_meta._host, heads, broadcast_q)
+            n = _C.attention_forward_workspace_size(q_meta._host, k_meta._host, heads, broadcast_q, causal)
         workspace, ws_ptr, ws_bytes = _torch_workspace(n, ref.device)
     return o, lse, workspace, ws_ptr, ws_bytes
 
 
-def attention_forward(q, k, v, q_meta, k_meta, softmax_scale=None, broadcast_q=False, out=None):
-    """MXFP8 attention forward on packed jagged sequences, head dim 128, non-causal.
+def attention_forward(q, k, v, q_meta, k_meta, softmax_scale=None, broadcast_q=False, out=None, causal=False):
+    """MXFP8 attention forward on packed jagged sequences, head dim 128, with or without a causal
+    mask.
 
     q, k, v: :class:`MxTensor` operands (see :func:`quantize_mx`): q and k "hdim"-oriented (token
     major), v "seq"-oriented (token_major or token_contiguous); scales plain or blocked128x4. q is
     described by q_meta, k and v by k_meta; Q sequence b attends to K/V sequence b.
     softmax_scale: None for 1/sqrt(128). broadcast_q: q_meta holds one Q sequence (length Lq) that
     attends to each of the B K/V sequences; output token b*Lq + i.
+    causal: False (default: every key), True or "top_left" (row i of a Q sequence of Lq rows attends
+    keys j <= i of its K/V sequence of Lk keys: torch's is_causal=True) or "bottom_right" (keys
+    j <= i + Lk - Lq: FlashAttention's causal); rows count from each Q sequence's start (with
+    broadcast_q, the shared sequence's rows against each K/V sequence). Anything else: ValueError.
     Returns (out, lse): out (To, H, 128) bfloat16, lse (H, To) float32 natural log, To = Tq, or
-    B*Lq with broadcast_q; rows with no keys give out = 0 and lse = -inf. out=(out, lse) writes into
-    given tensors. numpy operands run the exact-MX CPU reference; CUDA torch tensors run the sm_90a
-    kernel on the current stream (workspace from torch's allocator, no synchronization).
+    B*Lq with broadcast_q; rows with no keys (an empty K/V sequence, or rows i < Lq - Lk under
+    "bottom_right") give out = 0 and lse = -inf. out=(out, lse) writes into given tensors. numpy
+    operands run the exact-MX CPU reference; CUDA torch tensors run the sm_90a kernel on the current
+    stream (workspace from torch's allocator, no synchronization).
     """
     _check_meta(q_meta, "q_meta")
     _check_meta(k_meta, "k_meta")
+    causal = _causal_code(causal)
     arrays = [_mx_arrays(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v"))]
     qp = arrays[0][0]
     broadcast_q = bool(broadcast_q)
@@ -742,12 +768,13 @@ def attention_forward(q, k, v, q_meta, k_meta, softmax_scale=None, broadcast_q=F
     heads = 1
     if qp.ndim == 3:
         heads = int(qp.shape[0] if q.payload_layout == "token_contiguous" else qp.shape[1]) or 1
-    o, lse, workspace, ws_ptr, ws_bytes = _forward_outputs(qp, heads, q_meta, k_meta, broadcast_q, out)
+    o, lse, workspace, ws_ptr, ws_bytes = _forward_outputs(qp, heads, q_meta, k_meta, broadcast_q, out,
+                                                           causal=causal)
     scale = float("nan") if softmax_scale is None else float(softmax_scale)
     _C.attention_forward(q_meta._cpp_for(qp), k_meta._cpp_for(qp),
                          *(_mx_view(t, a, n) for t, a, n in zip((q, k, v), arrays, ("q", "k", "v"))),
                          scale, broadcast_q, _view(o, "out", True), _view(lse, "lse", True), ws_ptr, ws_bytes,
-                         _stream(qp))
+                         _stream(qp), causal)
     del workspace  # freed to torch's caching allocator, stream-ordered behind the kernels
     return o, lse
 
@@ -845,9 +872,10 @@ def quantize_attention_forward(q, k, v, q_meta, k_meta, out=None) -> AttentionFw
     return out
 
 
-def attention_forward_operands(ops, q_meta, k_meta, softmax_scale=None, broadcast_q=False, out=None):
+def attention_forward_operands(ops, q_meta, k_meta, softmax_scale=None, broadcast_q=False, out=None, causal=False):
     """:func:`attention_forward` on execution-layout operands (from :func:`quantize_attention_forward`
-    with the same q_meta and k_meta): same outputs, options and behaviour. Returns (out (To, H, 128)
+    with the same q_meta and k_meta): same outputs, options (causal included) and behaviour. The
+    operands do not depend on the mask: one set serves any causal=. Returns (out (To, H, 128)
     bfloat16, lse (H, To) float32); out=(out, lse) writes into given tensors. numpy operands run the
     CPU reference (exact attention of the dequantized operands' values); CUDA torch tensors the sm_90a
     kernel without its prepare pass, on the current stream (workspace from torch's allocator, no
@@ -855,16 +883,18 @@ def attention_forward_operands(ops, q_meta, k_meta, softmax_scale=None, broadcas
     """
     _check_meta(q_meta, "q_meta")
     _check_meta(k_meta, "k_meta")
+    causal = _causal_code(causal)
     arrays = _operand_arrays(ops, "ops")
     qp = arrays[0]
     broadcast_q = bool(broadcast_q)
     # Head count as the launcher reads it off ops.q; 1 when malformed (then ops.q is rejected).
     heads = (int(qp.shape[0]) or 1) if qp.ndim == 3 else 1
-    o, lse, workspace, ws_ptr, ws_bytes = _forward_outputs(qp, heads, q_meta, k_meta, broadcast_q, out, operands=True)
+    o, lse, workspace, ws_ptr, ws_bytes = _forward_outputs(qp, heads, q_meta, k_meta, broadcast_q, out, operands=True,
+                                                           causal=causal)
     scale = float("nan") if softmax_scale is None else float(softmax_scale)
     _C.attention_forward_operands(q_meta._cpp_for(qp), k_meta._cpp_for(qp), _operand_views(arrays), scale,
                                   broadcast_q, _view(o, "out", True), _view(lse, "lse", True), ws_ptr, ws_bytes,
-                                  _stream(qp))
+                                  _stream(qp), causal)
     del workspace  # freed to torch's caching allocator, stream-ordered behind the kernels
     return o, lse
 
@@ -875,13 +905,16 @@ _P_SCALE = {"constant": 0, "dynamic": 1}
 
 def attention_backward(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, softmax_scale=None,
                        broadcast_q=False, dq_accum="fp32", dq_fp16_scale_log2=12, p_scale="constant",
-                       output_mxfp8_dkv=False, exact_mx=False, grads=None):
-    """MXFP8 attention backward on packed jagged sequences, head dim 128, non-causal.
+                       output_mxfp8_dkv=False, exact_mx=False, grads=None, causal=False):
+    """MXFP8 attention backward on packed jagged sequences, head dim 128, with or without a causal
+    mask.
 
     q, k: :class:`MxTensor` along the head dim (as for :func:`attention_forward`); q_seq, k_seq: the
     same tensors quantized along tokens ("seq"); v along the head dim. out (To, H, 128) bfloat16 and
-    lse (H, To) float32 as the forward returned them, dout (To, H, 128) bfloat16. softmax_scale and
-    broadcast_q must match the forward's. Returns (dq, dk, dv), bfloat16: dq (Tq, H, 128), dk and dv
+    lse (H, To) float32 as the forward returned them, dout (To, H, 128) bfloat16. softmax_scale,
+    broadcast_q and causal (False, True / "top_left" or "bottom_right", as for the forward) must
+    match the forward's; rows that attend no key get dq = 0 and keys no row attends dk = dv = 0.
+    Returns (dq, dk, dv), bfloat16: dq (Tq, H, 128), dk and dv
     (Tk, H, 128); with broadcast_q, dq is summed over the batch. With output_mxfp8_dkv=True, dk and dv
     are float8_e4m3fn payloads quantized in 32x32 blocks and two more arrays come back, dk_scales and
     dv_scales (Tk, H, 4) uint8 E8M0, each token row's block scale. grads=(dq, dk, dv[, dk_scales,
@@ -895,6 +928,7 @@ def attention_backward(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, so
     """
     _check_meta(q_meta, "q_meta")
     _check_meta(k_meta, "k_meta")
+    causal = _causal_code(causal)
     names = ("q", "q_seq", "k", "k_seq", "v")
     operands = (q, q_seq, k, k_seq, v)
     arrays = [_mx_arrays(t, n) for t, n in zip(operands, names)]
@@ -908,7 +942,7 @@ def attention_backward(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, so
     dq, dk, dv = outs[:3]
     workspace = ws_ptr = ws_bytes = 0
     if _is_cuda(qp) and not exact_mx:
-        n = _C.attention_backward_workspace_size(q_meta._host, k_meta._host, heads, bool(broadcast_q), mx_out)
+        n = _C.attention_backward_workspace_size(q_meta._host, k_meta._host, heads, bool(broadcast_q), mx_out, causal)
         workspace, ws_ptr, ws_bytes = _torch_workspace(n, qp.device)
     scale = float("nan") if softmax_scale is None else float(softmax_scale)
     _C.attention_backward(q_meta._cpp_for(qp), k_meta._cpp_for(qp),
@@ -916,7 +950,7 @@ def attention_backward(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, so
                           _view(o, "out"), _view(g, "dout"), _view(l, "lse"), scale, bool(broadcast_q),
                           _code(_DQ_ACCUM, dq_accum), int(dq_fp16_scale_log2), _code(_P_SCALE, p_scale),
                           bool(output_mxfp8_dkv), bool(exact_mx), _view(dq, "dq", True), _view(dk, "dk", True),
-                          _view(dv, "dv", True), *scale_views, ws_ptr, ws_bytes, _stream(qp))
+                          _view(dv, "dv", True), *scale_views, ws_ptr, ws_bytes, _stream(qp), causal)
     del workspace  # freed to torch's caching allocator, stream-ordered behind the kernels
     return tuple(outs)
 
@@ -1063,14 +1097,16 @@ def quantize_attention_training(q, k, v, q_meta, k_meta, out=None):
 
 def attention_backward_operands(ops, out, dout, lse, q_meta, k_meta, softmax_scale=None, broadcast_q=False,
                                 dq_accum="fp32", dq_fp16_scale_log2=12, p_scale="constant", output_mxfp8_dkv=False,
-                                grads=None):
+                                grads=None, causal=False):
     """:func:`attention_backward` on execution-layout operands (from :func:`quantize_attention_backward`
-    with the same q_meta and k_meta): same outputs, options (exact_mx aside) and behaviour. numpy
+    with the same q_meta and k_meta): same outputs, options (exact_mx aside; causal must be the
+    forward's) and behaviour. numpy
     operands run the exact-MX CPU reference on the operands' values; CUDA torch tensors the fast
     sm_90a kernels without their prepare passes, on the current stream.
     """
     _check_meta(q_meta, "q_meta")
     _check_meta(k_meta, "k_meta")
+    causal = _causal_code(causal)
     arrays = _operand_arrays(ops, "ops", AttentionBwdOperands)
     qp = arrays[0]
     heads = (int(qp.shape[0]) or 1) if qp.ndim == 3 else 1
@@ -1080,7 +1116,8 @@ def attention_backward_operands(ops, out, dout, lse, q_meta, k_meta, softmax_sca
     dq, dk, dv = outs[:3]
     workspace = ws_ptr = ws_bytes = 0
     if _is_cuda(qp):
-        n = _C.attention_backward_operands_workspace_size(q_meta._host, k_meta._host, heads, bool(broadcast_q), mx_out)
+        n = _C.attention_backward_operands_workspace_size(q_meta._host, k_meta._host, heads, bool(broadcast_q), mx_out,
+                                                          causal)
         workspace, ws_ptr, ws_bytes = _torch_workspace(n, qp.device)
     scale = float("nan") if softmax_scale is None else float(softmax_scale)
     _C.attention_backward_operands(q_meta._cpp_for(qp), k_meta._cpp_for(qp),
@@ -1088,7 +1125,7 @@ def attention_backward_operands(ops, out, dout, lse, q_meta, k_meta, softmax_sca
                                    _view(o, "out"), _view(g, "dout"), _view(l, "lse"), scale, bool(broadcast_q),
                                    _code(_DQ_ACCUM, dq_accum), int(dq_fp16_scale_log2), _code(_P_SCALE, p_scale),
                                    mx_out, _view(dq, "dq", True), _view(dk, "dk", True), _view(dv, "dv", True),
-                                   *scale_views, ws_ptr, ws_bytes, _stream(qp))
+                                   *scale_views, ws_ptr, ws_bytes, _stream(qp), causal)
     del workspace  # freed to torch's caching allocator, stream-ordered behind the kernels
     return tuple(outs)
 

@@ -3,6 +3,7 @@
     from mxflash.autograd import mx_attention
     out = mx_attention(q, k, v, q_meta, k_meta)          # q (Tq, H, 128), k and v (Tk, H, 128)
     out.float().sum().backward()                          # q.grad, k.grad, v.grad
+    out = mx_attention(q, k, v, q_meta, k_meta, causal=True)   # causal, as torch's is_causal=True
 
 q, k, v are packed jagged torch tensors (bfloat16, float16, float32 or float64, CPU or CUDA)
 described by mxflash.JaggedMeta objects; they are quantized to MXFP8 inside, so callers hand over
@@ -15,7 +16,8 @@ the head dim, RCEIL; Q' and K' are the forward's): each input is read once per t
 the autograd graph keeps those FP8 operands (about 5 bytes per element of Q and K/V), out and the
 LSE, not q, k, v, all through save_for_backward (so activation checkpointing drops and recomputes
 them like any layer's activations). The backward then runs mxflash.attention_backward_operands on
-them (no prepare passes).
+them (no prepare passes). causal= (False, True / "top_left", "bottom_right": see mx_attention) is
+the forward's mask, and the backward runs with the same one.
 The forward and the backward run the sm_90a kernels on CUDA tensors (the backward is deterministic:
 no atomics) and the exact-MX CPU references on CPU tensors. Gradients come back in the inputs'
 dtype. Under torch.compile, mx_attention is a graph break (it runs eagerly between the compiled
@@ -54,7 +56,7 @@ def _make_function():
 
     class MxAttentionFunction(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, q, k, v, q_meta, k_meta, softmax_scale, broadcast_q, training):
+        def forward(ctx, q, k, v, q_meta, k_meta, softmax_scale, broadcast_q, causal, training):
             xs = _quantizable_all(q, k, v)
             if training:
                 # One read of q, k, v for both passes: the backward's operands are written now and
@@ -64,7 +66,7 @@ def _make_function():
                 ops, bwd_ops = mxflash.quantize_attention_forward(*xs, q_meta, k_meta), None
             del xs
             out, lse = mxflash.attention_forward_operands(ops, q_meta, k_meta, softmax_scale=softmax_scale,
-                                                          broadcast_q=broadcast_q)
+                                                          broadcast_q=broadcast_q, causal=causal)
             del ops  # V' is the forward's alone; Q' and K' live on in the backward's operands
             # Everything the backward reads goes through save_for_backward (intermediates included:
             # no double backward), so that saved-tensor hooks see it: activation checkpointing
@@ -72,7 +74,7 @@ def _make_function():
             # recomputes them, as it does for any layer's activations.
             ctx.save_for_backward(out, lse, *(bwd_ops if bwd_ops is not None else ()))
             ctx.q_meta, ctx.k_meta = q_meta, k_meta
-            ctx.softmax_scale, ctx.broadcast_q = softmax_scale, broadcast_q
+            ctx.softmax_scale, ctx.broadcast_q, ctx.causal = softmax_scale, broadcast_q, causal
             ctx.dtypes = (q.dtype, k.dtype, v.dtype)
             if q.dtype == k.dtype == v.dtype == torch.float16:
                 # bf16 -> fp16 keeps every bit for |out| in [2^-14, 65504] (|out| <= max |v|): fp16
@@ -88,9 +90,9 @@ def _make_function():
             del arrays
             dq, dk, dv = mxflash.attention_backward_operands(ops, out, dout.to(torch.bfloat16).contiguous(), lse,
                                                              ctx.q_meta, ctx.k_meta, softmax_scale=ctx.softmax_scale,
-                                                             broadcast_q=ctx.broadcast_q)
+                                                             broadcast_q=ctx.broadcast_q, causal=ctx.causal)
             dt = ctx.dtypes
-            return dq.to(dt[0]), dk.to(dt[1]), dv.to(dt[2]), None, None, None, None, None
+            return dq.to(dt[0]), dk.to(dt[1]), dv.to(dt[2]), None, None, None, None, None, None
 
     return MxAttentionFunction
 
@@ -98,21 +100,27 @@ def _make_function():
 _function = None
 
 
-def mx_attention(q, k, v, q_meta, k_meta, softmax_scale=None, broadcast_q=False):
+def mx_attention(q, k, v, q_meta, k_meta, softmax_scale=None, broadcast_q=False, causal=False):
     """out = MXFP8 attention of q, k, v (see the module docstring); differentiable in q, k and v.
 
     Returns out (To, H, 128) bfloat16, or float16 when q, k and v are all float16 (To = Tq, or
     B * Lq with broadcast_q). softmax_scale: None for
     1/sqrt(128). broadcast_q: q_meta holds one Q sequence shared by the B K/V sequences; q.grad is the
     sum over the batch.
+    causal: False (default: non-causal, every key), True or "top_left" (row i of each Q sequence
+    attends keys j <= i of its K/V sequence: torch.nn.functional.scaled_dot_product_attention's
+    is_causal=True) or "bottom_right" (keys j <= i + Lk - Lq: FlashAttention's causal; rows
+    i < Lq - Lk attend no key and give out 0 and zero gradients); anything else raises ValueError.
+    The backward uses the forward's mask.
     """
     _check_inputs(q, k, v, q_meta, k_meta)
+    mxflash._causal_code(causal)  # rejects a bad value by name before any work
     global _function
     if _function is None:
         _function = _make_function()
     torch = _torch()
     training = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-    return _function.apply(q, k, v, q_meta, k_meta, softmax_scale, bool(broadcast_q), training)
+    return _function.apply(q, k, v, q_meta, k_meta, softmax_scale, bool(broadcast_q), causal, training)
 
 
 def _opaque_to_torch_compile(fn):

@@ -14,6 +14,9 @@ packed (T, model_dim)) are attended by one shared set of learned seed queries:
     o_b = softmax(q k_b^T / sqrt(128)) v_b               for every sequence b: (B * num_queries, H, 128)
     y = o @ wo.T                                         (B, num_queries, C)
 
+The attention is non-causal: every seed query attends every token of its sequence (the seeds are
+not positions in the history, so no causal mask applies; the layer takes no causal option, while
+the lower-level mxflash.attention_* functions and mxflash.autograd.mx_attention do).
 Sequences of length 0 give o = 0 (and y = 0). Parameters: seeds (num_queries, C), norm_weight (C),
 wq, wk, wv (H * 128, C), wo (C, H * 128); float32 (master weights) or bfloat16.
 
@@ -197,7 +200,7 @@ def _make_functions():
             else:
                 kb, vb = _widen(k_p, k_s, meta, heads), _widen(v_p, v_s, meta, heads)
                 ops, bwd_ops = mxflash.quantize_attention_forward(qb, kb, vb, q_meta, meta), None
-            out, lse = mxflash.attention_forward_operands(ops, q_meta, meta, broadcast_q=True)
+            out, lse = mxflash.attention_forward_operands(ops, q_meta, meta, broadcast_q=True, causal=False)
             del ops
             if training:
                 ctx.save_for_backward(out, lse, *bwd_ops)
@@ -214,7 +217,7 @@ def _make_functions():
             dkv = torch.empty((2, t, ctx.heads, 128), dtype=torch.bfloat16, device=dout.device)
             dq = torch.empty((ctx.q_meta.total_tokens, ctx.heads, 128), dtype=torch.bfloat16, device=dout.device)
             mxflash.attention_backward_operands(ops, out, dout.to(torch.bfloat16).contiguous(), lse, ctx.q_meta,
-                                                ctx.meta, broadcast_q=True, grads=(dq, dkv[0], dkv[1]))
+                                                ctx.meta, broadcast_q=True, causal=False, grads=(dq, dkv[0], dkv[1]))
             return (dq.to(ctx.q_dtype), dkv.view(2, t, ctx.heads * 128), None, None, None, None, None, None, None,
                     None)
 

@@ -171,9 +171,10 @@ AttentionBwdOperands to_bwd_ops(const BwdOps& o, const std::string& set = "ops")
 }
 
 AttentionBackwardOptions backward_options(double softmax_scale, bool broadcast_q, int dq_accum, int dq_fp16_scale_log2,
-                                          int p_scale, bool output_mxfp8_dkv, bool exact_mx) {
+                                          int p_scale, bool output_mxfp8_dkv, bool exact_mx, int causal) {
   AttentionBackwardOptions opt;
   opt.softmax_scale = float(softmax_scale);
+  opt.causal = CausalMask(causal);
   opt.broadcast_q = broadcast_q;
   opt.dq_accum = DqAccum(dq_accum);
   opt.dq_fp16_scale_log2 = dq_fp16_scale_log2;
@@ -183,9 +184,12 @@ AttentionBackwardOptions backward_options(double softmax_scale, bool broadcast_q
   return opt;
 }
 
-AttentionOptions attention_options(double softmax_scale, bool broadcast_q) {
+// `causal`: a CausalMask code (0 none, 1 top_left, 2 bottom_right; CAUSAL_MASKS), passed through
+// unchecked as the other enum codes are (the package validates the Python spelling first).
+AttentionOptions attention_options(double softmax_scale, bool broadcast_q, int causal) {
   AttentionOptions opt;
   opt.softmax_scale = float(softmax_scale);  // NaN: the library default 1/sqrt(128)
+  opt.causal = CausalMask(causal);
   opt.broadcast_q = broadcast_q;
   return opt;
 }
@@ -261,6 +265,13 @@ NB_MODULE(_mxflash, m) {
   }
   m.attr("SCALE_LAYOUTS") = enum_names<ScaleLayout>(2);
   m.attr("PAYLOAD_LAYOUTS") = enum_names<PayloadLayout>(2);
+  {
+    nb::dict masks;  // AttentionOptions::causal, AttentionBackwardOptions::causal
+    masks["none"] = int(CausalMask::kNone);
+    masks["top_left"] = int(CausalMask::kTopLeft);
+    masks["bottom_right"] = int(CausalMask::kBottomRight);
+    m.attr("CAUSAL_MASKS") = masks;
+  }
   m.attr("BLOCK_SIZE") = kBlockSize;
   m.attr("HEAD_DIM") = kHeadDim;
   m.attr("SEQ_PAD") = kSeqPad;
@@ -461,34 +472,37 @@ NB_MODULE(_mxflash, m) {
       nb::call_guard<nb::gil_scoped_release>());
 
   // ------------------------------------------------------------------ attention
+  // Every attention entry point (and workspace size) takes the causal mask as a trailing code,
+  // `causal` (CAUSAL_MASKS; default 0, none), after the arguments it had before the option existed.
   // Bytes of device workspace attention_forward needs on CUDA tensors (0 in a build without CUDA,
   // and for metadata the launcher would reject, which it reports before looking at the workspace).
   m.def(
       "attention_forward_workspace_size",
-      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, bool broadcast_q) -> size_t {
-        return attention_forward_workspace_size(q_meta, k_meta, heads, attention_options(NAN, broadcast_q));
+      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, bool broadcast_q, int causal) -> size_t {
+        return attention_forward_workspace_size(q_meta, k_meta, heads, attention_options(NAN, broadcast_q, causal));
       },
-      "q_meta"_a, "k_meta"_a, "heads"_a, "broadcast_q"_a);
+      "q_meta"_a, "k_meta"_a, "heads"_a, "broadcast_q"_a, "causal"_a = 0);
   m.def(
       "attention_forward_operands_workspace_size",
-      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, bool broadcast_q) -> size_t {
-        return attention_forward_operands_workspace_size(q_meta, k_meta, heads, attention_options(NAN, broadcast_q));
+      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, bool broadcast_q, int causal) -> size_t {
+        return attention_forward_operands_workspace_size(q_meta, k_meta, heads,
+                                                         attention_options(NAN, broadcast_q, causal));
       },
-      "q_meta"_a, "k_meta"_a, "heads"_a, "broadcast_q"_a);
+      "q_meta"_a, "k_meta"_a, "heads"_a, "broadcast_q"_a, "causal"_a = 0);
   m.def(
       "attention_forward",
       [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, const Mx& q, const Mx& k, const Mx& v,
          double softmax_scale, bool broadcast_q, const View& out, const View& lse, uintptr_t workspace,
-         size_t workspace_bytes, uintptr_t stream) {
+         size_t workspace_bytes, uintptr_t stream, int causal) {
         const MxTensor tq = to_mx(q, "q"), tk = to_mx(k, "k"), tv = to_mx(v, "v");
         const TensorView to = to_view(out, "out"), tl = to_view(lse, "lse");
         DeviceGuard guard(tq.payload);
-        throw_if_error(attention_forward(tq, tk, tv, q_meta, k_meta, attention_options(softmax_scale, broadcast_q),
-                                         to, tl, reinterpret_cast<void*>(workspace), workspace_bytes,
-                                         as_stream(stream)));
+        throw_if_error(attention_forward(tq, tk, tv, q_meta, k_meta,
+                                         attention_options(softmax_scale, broadcast_q, causal), to, tl,
+                                         reinterpret_cast<void*>(workspace), workspace_bytes, as_stream(stream)));
       },
       "q_meta"_a, "k_meta"_a, "q"_a, "k"_a, "v"_a, "softmax_scale"_a, "broadcast_q"_a, "out"_a, "lse"_a,
-      "workspace"_a, "workspace_bytes"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>());
+      "workspace"_a, "workspace_bytes"_a, "stream"_a, "causal"_a = 0, nb::call_guard<nb::gil_scoped_release>());
 
   // Forward operands in the execution layout (written by quantize_attention_forward, read by the
   // forward without its prepare pass). Shapes as lists in the order q, q_scale, k, k_scale, v, v_scale.
@@ -516,25 +530,28 @@ NB_MODULE(_mxflash, m) {
   m.def(
       "attention_forward_operands",
       [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, const Ops& ops, double softmax_scale, bool broadcast_q,
-         const View& out, const View& lse, uintptr_t workspace, size_t workspace_bytes, uintptr_t stream) {
+         const View& out, const View& lse, uintptr_t workspace, size_t workspace_bytes, uintptr_t stream,
+         int causal) {
         const AttentionFwdOperands to = to_ops(ops);
         const TensorView tout = to_view(out, "out"), tl = to_view(lse, "lse");
         DeviceGuard guard(to.q);
-        throw_if_error(attention_forward(to, q_meta, k_meta, attention_options(softmax_scale, broadcast_q), tout, tl,
-                                         reinterpret_cast<void*>(workspace), workspace_bytes, as_stream(stream)));
+        throw_if_error(attention_forward(to, q_meta, k_meta, attention_options(softmax_scale, broadcast_q, causal),
+                                         tout, tl, reinterpret_cast<void*>(workspace), workspace_bytes,
+                                         as_stream(stream)));
       },
       "q_meta"_a, "k_meta"_a, "ops"_a, "softmax_scale"_a, "broadcast_q"_a, "out"_a, "lse"_a, "workspace"_a,
-      "workspace_bytes"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>());
+      "workspace_bytes"_a, "stream"_a, "causal"_a = 0, nb::call_guard<nb::gil_scoped_release>());
 
   // Bytes of device workspace the fast CUDA backward needs (0 as for the forward).
   m.def(
       "attention_backward_workspace_size",
-      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, bool broadcast_q,
-         bool output_mxfp8_dkv) -> size_t {
-        const AttentionBackwardOptions opt = backward_options(NAN, broadcast_q, 0, 12, 0, output_mxfp8_dkv, false);
+      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, bool broadcast_q, bool output_mxfp8_dkv,
+         int causal) -> size_t {
+        const AttentionBackwardOptions opt =
+            backward_options(NAN, broadcast_q, 0, 12, 0, output_mxfp8_dkv, false, causal);
         return attention_backward_workspace_size(q_meta, k_meta, heads, opt);
       },
-      "q_meta"_a, "k_meta"_a, "heads"_a, "broadcast_q"_a, "output_mxfp8_dkv"_a);
+      "q_meta"_a, "k_meta"_a, "heads"_a, "broadcast_q"_a, "output_mxfp8_dkv"_a, "causal"_a = 0);
   // Backward: the kernel options arrive as (dq_accum, dq_fp16_scale_log2, p_scale, output_mxfp8_dkv)
   // codes; the launcher refuses out-of-range and not-yet-implemented values by name.
   m.def(
@@ -543,11 +560,12 @@ NB_MODULE(_mxflash, m) {
          const Mx& k_seq, const Mx& v, const View& out, const View& dout, const View& lse, double softmax_scale,
          bool broadcast_q, int dq_accum, int dq_fp16_scale_log2, int p_scale, bool output_mxfp8_dkv, bool exact_mx,
          const View& dq, const View& dk, const View& dv, const std::optional<View>& dk_scales,
-         const std::optional<View>& dv_scales, uintptr_t workspace, size_t workspace_bytes, uintptr_t stream) {
+         const std::optional<View>& dv_scales, uintptr_t workspace, size_t workspace_bytes, uintptr_t stream,
+         int causal) {
         const MxTensor tq = to_mx(q, "q"), tqs = to_mx(q_seq, "q_seq"), tk = to_mx(k, "k"),
                        tks = to_mx(k_seq, "k_seq"), tv = to_mx(v, "v");
         const AttentionBackwardOptions opt = backward_options(softmax_scale, broadcast_q, dq_accum, dq_fp16_scale_log2,
-                                                              p_scale, output_mxfp8_dkv, exact_mx);
+                                                              p_scale, output_mxfp8_dkv, exact_mx, causal);
         DeviceGuard guard(tq.payload);
         throw_if_error(attention_backward(tq, tqs, tk, tks, tv, to_view(out, "out"), to_view(dout, "dout"),
                                           to_view(lse, "lse"), q_meta, k_meta, opt, to_view(dq, "dq"),
@@ -559,8 +577,7 @@ NB_MODULE(_mxflash, m) {
       "q_meta"_a, "k_meta"_a, "q"_a, "q_seq"_a, "k"_a, "k_seq"_a, "v"_a, "out"_a, "dout"_a, "lse"_a,
       "softmax_scale"_a, "broadcast_q"_a, "dq_accum"_a, "dq_fp16_scale_log2"_a, "p_scale"_a, "output_mxfp8_dkv"_a,
       "exact_mx"_a, "dq"_a, "dk"_a, "dv"_a, "dk_scales"_a.none(), "dv_scales"_a.none(), "workspace"_a,
-      "workspace_bytes"_a, "stream"_a,
-      nb::call_guard<nb::gil_scoped_release>());
+      "workspace_bytes"_a, "stream"_a, "causal"_a = 0, nb::call_guard<nb::gil_scoped_release>());
 
   // Backward operands in the execution layout (written by quantize_attention_backward, read by the
   // backward without its prepare passes). Shapes in the order q, q_scale, k, k_scale, v, v_scale, qt,
@@ -617,22 +634,24 @@ NB_MODULE(_mxflash, m) {
       nb::call_guard<nb::gil_scoped_release>());
   m.def(
       "attention_backward_operands_workspace_size",
-      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, bool broadcast_q,
-         bool output_mxfp8_dkv) -> size_t {
-        const AttentionBackwardOptions opt = backward_options(NAN, broadcast_q, 0, 12, 0, output_mxfp8_dkv, false);
+      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, bool broadcast_q, bool output_mxfp8_dkv,
+         int causal) -> size_t {
+        const AttentionBackwardOptions opt =
+            backward_options(NAN, broadcast_q, 0, 12, 0, output_mxfp8_dkv, false, causal);
         return attention_backward_operands_workspace_size(q_meta, k_meta, heads, opt);
       },
-      "q_meta"_a, "k_meta"_a, "heads"_a, "broadcast_q"_a, "output_mxfp8_dkv"_a);
+      "q_meta"_a, "k_meta"_a, "heads"_a, "broadcast_q"_a, "output_mxfp8_dkv"_a, "causal"_a = 0);
   // attention_backward's overload on execution-layout operands.
   m.def(
       "attention_backward_operands",
       [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, const BwdOps& ops, const View& out, const View& dout,
          const View& lse, double softmax_scale, bool broadcast_q, int dq_accum, int dq_fp16_scale_log2, int p_scale,
          bool output_mxfp8_dkv, const View& dq, const View& dk, const View& dv, const std::optional<View>& dk_scales,
-         const std::optional<View>& dv_scales, uintptr_t workspace, size_t workspace_bytes, uintptr_t stream) {
+         const std::optional<View>& dv_scales, uintptr_t workspace, size_t workspace_bytes, uintptr_t stream,
+         int causal) {
         const AttentionBwdOperands to = to_bwd_ops(ops);
         const AttentionBackwardOptions opt = backward_options(softmax_scale, broadcast_q, dq_accum, dq_fp16_scale_log2,
-                                                              p_scale, output_mxfp8_dkv, false);
+                                                              p_scale, output_mxfp8_dkv, false, causal);
         DeviceGuard guard(to.q);
         throw_if_error(attention_backward(to, to_view(out, "out"), to_view(dout, "dout"), to_view(lse, "lse"), q_meta,
                                           k_meta, opt, to_view(dq, "dq"), to_view(dk, "dk"), to_view(dv, "dv"),
@@ -642,7 +661,8 @@ NB_MODULE(_mxflash, m) {
       },
       "q_meta"_a, "k_meta"_a, "ops"_a, "out"_a, "dout"_a, "lse"_a, "softmax_scale"_a, "broadcast_q"_a, "dq_accum"_a,
       "dq_fp16_scale_log2"_a, "p_scale"_a, "output_mxfp8_dkv"_a, "dq"_a, "dk"_a, "dv"_a, "dk_scales"_a.none(),
-      "dv_scales"_a.none(), "workspace"_a, "workspace_bytes"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>());
+      "dv_scales"_a.none(), "workspace"_a, "workspace_bytes"_a, "stream"_a, "causal"_a = 0,
+      nb::call_guard<nb::gil_scoped_release>());
 
   // ------------------------------------------------------------------ scalar codecs, vectorized
   m.def(

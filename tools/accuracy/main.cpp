@@ -6,6 +6,8 @@
 // bf16). With --gpu-exec the gpu column takes its operands in the execution layouts instead
 // (quantize_attention_forward / quantize_attention_backward on the GPU, then attention_forward /
 // attention_backward on the operands: what mxflash.autograd.mx_attention runs).
+// --causal [top_left|bottom_right] (parsed by the suite, src/reference/accuracy_suite.cpp) runs every
+// method, the FP64 reference and the gpu column with that mask: the gpu hooks take it from the inputs.
 #include <algorithm>
 #include <iostream>
 #include <string>
@@ -69,6 +71,7 @@ Status run_forward(const accuracy::Inputs& in, const JaggedMeta& qm, const Jagge
   AttentionOptions opt;
   opt.broadcast_q = in.broadcast_q;
   opt.softmax_scale = float(in.softmax_scale);
+  opt.causal = in.causal;
   MXFLASH_RETURN_IF_ERROR(fwd(opt, make_view(o.p, DType::kBFloat16, Device::kCUDA, {To, H, kHeadDim}),
                               make_view(l.p, DType::kFloat32, Device::kCUDA, {H, To})));
   MXFLASH_RETURN_IF_ERROR(check(cudaDeviceSynchronize(), "attention_forward"));
@@ -163,6 +166,7 @@ Status run_backward(const accuracy::Inputs& in, const JaggedMeta& qm, const Jagg
   AttentionBackwardOptions opt;
   opt.broadcast_q = in.broadcast_q;
   opt.softmax_scale = float(in.softmax_scale);
+  opt.causal = in.causal;  // the forward's
   auto bf16 = [&](void* p, int64_t T) { return make_view(p, DType::kBFloat16, Device::kCUDA, {T, H, kHeadDim}); };
   MXFLASH_RETURN_IF_ERROR(launch(opt, bf16(o.p, To), bf16(g.p, To), make_view(l.p, DType::kFloat32, Device::kCUDA, {H, To}),
                                  bf16(gq.p, Tq), bf16(gk.p, Tk), bf16(gv.p, Tk)));

@@ -109,7 +109,9 @@ Status fill_normal(void* dst, Elem e, float scale, const SeqLayout& l, uint64_t 
 Status amax_normal(const SeqLayout& l, uint64_t seed, uint64_t tensor, float* d_amax, cudaStream_t s);
 // Accumulates, over the real rows, sum(a*b), sum(a*a), sum(b*b), sum((a-b)^2) into d_acc[4] (double),
 // where a = scale_a * A, b = scale_b * B decoded from their element types and layouts.
+// d_skip_rows (device, one per sequence, or null): leading rows of each sequence left out (query
+// rows that attend no key under a causal mask, whose output a peer may leave undefined).
 Status compare(const void* a, Elem ea, float scale_a, const SeqLayout& la, const void* b, Elem eb, float scale_b,
-               const SeqLayout& lb, double* d_acc, cudaStream_t s);
+               const SeqLayout& lb, double* d_acc, cudaStream_t s, const int32_t* d_skip_rows = nullptr);
 
 }  // namespace mxflash::bench

@@ -11,6 +11,7 @@
 
 #include "bench_cuda.h"
 #include "bench_report.h"
+#include "mxflash/attention.h"
 #include "mxflash/status.h"
 
 namespace mxflash::bench {
@@ -25,6 +26,9 @@ struct AttnProblem {
   int heads = 0;
   int head_dim = 128;
   bool broadcast_q = false;
+  // Row i of a Q sequence (with broadcast_q, of each copy) attends keys j < causal_keys(causal, i,
+  // Lq_b, Lk_b); every impl applies the mask or reports itself unsupported (never runs unmasked).
+  CausalMask causal = CausalMask::kNone;
   std::vector<int64_t> lq, lk;
   uint64_t seed = 0;
   float softmax_scale = 0.f;  // 1/sqrt(head_dim)

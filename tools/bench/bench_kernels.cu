@@ -64,13 +64,15 @@ __global__ void amax_kernel(SeqLayout l, uint64_t seed, uint64_t tensor, float* 
 }
 
 __global__ void compare_kernel(const void* a, Elem ea, float sa, SeqLayout la, const void* bp, Elem eb, float sb,
-                               SeqLayout lb, double* acc) {
+                               SeqLayout lb, const int32_t* skip, double* acc) {
   const int b = blockIdx.y;
   const int64_t n = int64_t(min(la.len[b], lb.len[b])) * la.row_elems;
+  const int64_t first = skip ? int64_t(skip[b]) * la.row_elems : 0;
   const int64_t base_a = la.dst_row[b] * la.row_elems;
   const int64_t base_b = lb.dst_row[b] * lb.row_elems;
   double d[4] = {0, 0, 0, 0};
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = first + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
     const double x = double(load_elem(a, ea, base_a + i) * sa);
     const double y = double(load_elem(bp, eb, base_b + i) * sb);
     d[0] += x * y;
@@ -135,11 +137,12 @@ Status amax_normal(const SeqLayout& l, uint64_t seed, uint64_t tensor, float* d_
 }
 
 Status compare(const void* a, Elem ea, float scale_a, const SeqLayout& la, const void* b, Elem eb, float scale_b,
-               const SeqLayout& lb, double* d_acc, cudaStream_t s) {
+               const SeqLayout& lb, double* d_acc, cudaStream_t s, const int32_t* d_skip_rows) {
   if (la.batch != lb.batch || la.row_elems != lb.row_elems)
     return Status::Invalid("compare: the two layouts describe different tensors");
   BENCH_CUDA(cudaMemsetAsync(d_acc, 0, 4 * sizeof(double), s));
-  compare_kernel<<<grid_for(la, la.max_len), kThreads, 0, s>>>(a, ea, scale_a, la, b, eb, scale_b, lb, d_acc);
+  compare_kernel<<<grid_for(la, la.max_len), kThreads, 0, s>>>(a, ea, scale_a, la, b, eb, scale_b, lb, d_skip_rows,
+                                                               d_acc);
   return cuda_status(cudaGetLastError(), "compare_kernel launch");
 }
 

@@ -46,8 +46,22 @@ std::string gb(double bytes) {
   return b;
 }
 
-// --check: every impl against the first one prepared (cuDNN BF16 when present), outside timing.
-bool run_check(std::vector<Prepared>& impls, const std::vector<Direction>& dirs, cudaStream_t s,
+// Leading query rows of each sequence that attend no key (out 0 and dQ 0 in ours; a peer may leave
+// them undefined): all Lq rows when Lk = 0, and under bottom_right the rows i < Lq - Lk.
+std::vector<int32_t> rows_without_keys(const AttnProblem& p) {
+  std::vector<int32_t> skip(p.lq.size(), 0);
+  for (size_t b = 0; b < p.lq.size() && b < p.lk.size(); ++b) {
+    int64_t i = 0;
+    while (i < p.lq[b] && causal_keys(p.causal, i, p.lq[b], p.lk[b]) == 0) ++i;  // a prefix of the rows
+    skip[b] = int32_t(i);
+  }
+  return skip;
+}
+
+// --check: every impl against the first one prepared (cuDNN BF16 when present), outside timing, with
+// the problem's causal mask in every impl. O and dQ are compared on the query rows that attend a key.
+bool run_check(const AttnProblem& problem, std::vector<Prepared>& impls, const std::vector<Direction>& dirs,
+               cudaStream_t s,
                std::map<std::pair<std::string, std::string>, std::vector<std::pair<std::string, double>>>* out) {
   Prepared* ref = nullptr;
   for (Prepared& p : impls)
@@ -57,8 +71,8 @@ bool run_check(std::vector<Prepared>& impls, const std::vector<Direction>& dirs,
     }
   if (!ref) return true;
   bool pass = true;
-  DeviceBuffer acc;
-  if (!acc.alloc(4 * sizeof(double)).ok()) return false;
+  DeviceBuffer acc, skip;
+  if (!acc.alloc(4 * sizeof(double)).ok() || !skip.upload(rows_without_keys(problem)).ok()) return false;
   for (Direction d : dirs) {
     const std::vector<std::string> names =
         d == Direction::kFwd ? std::vector<std::string>{"O"} : std::vector<std::string>{"dQ", "dK", "dV"};
@@ -82,8 +96,9 @@ bool run_check(std::vector<Prepared>& impls, const std::vector<Direction>& dirs,
           continue;
         }
         double h[4] = {0, 0, 0, 0};
+        const int32_t* skip_rows = (n == "O" || n == "dQ") ? skip.as<int32_t>() : nullptr;
         if (st.ok()) st = compare(a.data, a.elem, a.scale, *a.layout, b.data, b.elem, b.scale, *b.layout,
-                                  acc.as<double>(), s);
+                                  acc.as<double>(), s, skip_rows);
         if (st.ok()) st = cuda_status(cudaMemcpyAsync(h, acc.get(), sizeof h, cudaMemcpyDeviceToHost, s), "copy");
         if (st.ok()) st = cuda_status(cudaStreamSynchronize(s), "check");
         if (!st.ok()) {
@@ -123,7 +138,24 @@ int run(const Options& opt) {
   rep.check = opt.check;
   rep.cudnn_layout = opt.cudnn_layout;
   rep.notes.push_back({"data", "inputs normal(0,1) from a counter-based hash on the GPU (seeded), never zeros"});
-  rep.notes.push_back({"softmax", "non-causal, softmax scale 1/sqrt(128), head dim 128"});
+  {
+    // The causal masks of the cases (--causal applies one to all of them).
+    std::vector<std::string> masks;
+    for (const CaseSpec& c : opt.cases)
+      if (std::find(masks.begin(), masks.end(), causal_name(c.causal)) == masks.end())
+        masks.push_back(causal_name(c.causal));
+    std::string mask = masks.empty() || (masks.size() == 1 && masks[0] == std::string("none"))
+                           ? "non-causal"
+                           : "causal mask ";
+    if (mask != "non-causal")
+      for (size_t i = 0; i < masks.size(); ++i) mask += (i ? ", " : "") + masks[i];
+    rep.notes.push_back({"softmax", mask + ", softmax scale 1/sqrt(128), head dim 128"});
+    if (mask != "non-causal")
+      rep.notes.push_back({"causal", "row i of a Q sequence of Lq rows attends keys j < n(i) of its K/V sequence of Lk "
+                                     "keys: top_left n(i) = min(i + 1, Lk), bottom_right n(i) = clamp(i + 1 + Lk - Lq, "
+                                     "0, Lk) (mxflash::causal_keys); FLOPs count sum_i n(i) pairs, not Lq*Lk; every "
+                                     "impl applies the mask or is reported unsupported"});
+  }
   const EnvInfo& e = rep.env;
   std::fprintf(stderr, "[mxflash-bench] %s (sm_%d%d, %d SMs, L2 %.1f MB, %.1f GB), CUDA runtime %d, driver %d, "
                        "cuDNN %lld (built with %lld, frontend %s)\n",
@@ -156,6 +188,7 @@ int run(const Options& opt) {
     p.heads = int(spec.heads);
     p.head_dim = int(spec.head_dim);
     p.broadcast_q = spec.broadcast_q;
+    p.causal = spec.causal;
     p.lq = l.lq;
     p.lk = l.lk;
     p.seed = spec.seed;
@@ -171,18 +204,20 @@ int run(const Options& opt) {
     cr.heads = p.heads;
     cr.head_dim = p.head_dim;
     cr.broadcast_q = p.broadcast_q;
+    cr.causal = causal_name(spec.causal);
     cr.lq_spec = spec.lq.to_string();
     cr.lk_spec = spec.lk.to_string();
     cr.seed = spec.seed;
     cr.lq = l.lq;
     cr.lk = l.lk;
-    cr.flops_fwd = attention_flops(l, p.heads, p.head_dim, false);
-    cr.flops_bwd = attention_flops(l, p.heads, p.head_dim, true);
-    std::fprintf(stderr, "[mxflash-bench] case %s: B=%d H=%d Lq=%s%s Lk=%s (total K tokens %lld, max %lld), "
+    cr.flops_fwd = attention_flops(l, p.heads, p.head_dim, false, p.causal);
+    cr.flops_bwd = attention_flops(l, p.heads, p.head_dim, true, p.causal);
+    std::fprintf(stderr, "[mxflash-bench] case %s: B=%d H=%d Lq=%s%s Lk=%s (total K tokens %lld, max %lld)%s%s, "
                          "fwd %.3f TFLOP, bwd %.3f TFLOP per launch\n",
                  p.name.c_str(), p.batch, p.heads, cr.lq_spec.c_str(), p.broadcast_q ? " (broadcast)" : "",
-                 cr.lk_spec.c_str(), (long long)p.total_k(), (long long)p.max_lk(), cr.flops_fwd / 1e12,
-                 cr.flops_bwd / 1e12);
+                 cr.lk_spec.c_str(), (long long)p.total_k(), (long long)p.max_lk(),
+                 p.causal == CausalMask::kNone ? "" : ", causal ", p.causal == CausalMask::kNone ? "" : cr.causal.c_str(),
+                 cr.flops_fwd / 1e12, cr.flops_bwd / 1e12);
 
     std::vector<Prepared> impls;
     for (const std::string& name : opt.impls) {
@@ -217,7 +252,7 @@ int run(const Options& opt) {
     }
 
     std::map<std::pair<std::string, std::string>, std::vector<std::pair<std::string, double>>> checks;
-    if (opt.check) check_pass &= run_check(impls, dirs, stream, &checks);
+    if (opt.check) check_pass &= run_check(p, impls, dirs, stream, &checks);
 
     for (Direction d : dirs) {
       for (Prepared& pr : impls) {
@@ -300,6 +335,10 @@ int run(const Options& opt) {
   for (const CaseSpec& c : opt.cases) any_broadcast |= c.broadcast_q;
   if (any_broadcast)
     std::printf("broadcast-Q cases: cuDNN runs Q materialized B times (it has no broadcast); FLOPs count Lq*sum(Lk)\n");
+  for (const auto& [k, v] : rep.notes)
+    if (k == "softmax" && v.rfind("causal", 0) == 0)
+      std::printf("%s; FLOPs count the unmasked (row, key) pairs only: top_left row i attends keys j <= i, "
+                  "bottom_right j <= i + Lk - Lq\n", v.c_str());
   if (!opt.cases.empty())
     std::printf("note = cuDNN tensor layout (dense BSHD | ragged THD + padding mask | padded BSHD + padding mask); "
                 "cuDNN FP8 on sm_90 writes FP8 O/dQ/dK/dV\n");

@@ -247,8 +247,27 @@ int64_t sum_lq_lk(const CaseLengths& l) {
   return s;
 }
 
-double attention_flops(const CaseLengths& l, int64_t heads, int64_t head_dim, bool backward) {
-  return (backward ? 10.0 : 4.0) * double(heads) * double(head_dim) * double(sum_lq_lk(l));
+int64_t attended_pairs(const CaseLengths& l, CausalMask mask) {
+  int64_t s = 0;
+  for (size_t b = 0; b < l.lq.size() && b < l.lk.size(); ++b) {
+    const int64_t lq = l.lq[b], lk = l.lk[b];
+    if (mask == CausalMask::kNone) {
+      s += lq * lk;
+      continue;
+    }
+    // causal_keys(mask, i, lq, lk) = clamp(i + a, 0, lk) for i = 0 .. lq - 1, a = 1 (+ lk - lq for
+    // bottom_right): the sum of x clamped to [0, lk] over x in [a, a + lq - 1].
+    const int64_t lo = 1 + (mask == CausalMask::kBottomRight ? lk - lq : 0), hi = lo + lq - 1;
+    const int64_t l1 = std::max<int64_t>(lo, 0), h1 = std::min(hi, lk);  // 0 <= x <= lk: x
+    if (l1 <= h1) s += (l1 + h1) * (h1 - l1 + 1) / 2;
+    const int64_t l2 = std::max(lo, lk + 1);  // x > lk: lk
+    if (l2 <= hi) s += lk * (hi - l2 + 1);
+  }
+  return s;
+}
+
+double attention_flops(const CaseLengths& l, int64_t heads, int64_t head_dim, bool backward, CausalMask mask) {
+  return (backward ? 10.0 : 4.0) * double(heads) * double(head_dim) * double(attended_pairs(l, mask));
 }
 
 // ---------------------------------------------------------------- presets
@@ -318,6 +337,10 @@ Workloads and shapes
   --lk SPEC            K/V lengths: N | a,b,c | jagged:FILL:MAX | same (default: same as Q)
   --broadcast-q        one shared Q sequence (uniform Lq) attends to each of the B K/V sequences
   --no-broadcast-q
+  --causal [ALIGN]     causal mask for every impl: top_left (the default ALIGN: row i attends keys
+                       j <= i, torch's is_causal), bottom_right (j <= i + Lk - Lq, FlashAttention's)
+                       or none; FLOPs count the unmasked (row, key) pairs only. A cuDNN peer that
+                       cannot apply the mask to a case is reported unsupported, not run unmasked
   --seed N             seed of jagged lengths and input data (default 1234)
 Implementations
   --impl LIST          cudnn-bf16, cudnn-fp8, mxfp8, mxfp8-exec (default: all)
@@ -327,7 +350,8 @@ Protocol
   --warmup-s X         warm-up time per measurement (default 1)
   --window-s X         measurement window of CUDA-event samples (default 5)
   --launches N         launches per sample (default 5)
-  --check              compare cuDNN BF16 and FP8 outputs (cosine > 0.99), outside timing
+  --check              compare every impl's outputs with cuDNN BF16 (cosine > 0.99), outside timing,
+                       under the case's causal mask (O, dQ on the rows that attend a key)
   --device N           CUDA device (default 0)
 Quantize workload (ours, through include/mxflash/quantize.h)
   --quant-gib X        BF16 input size in GiB (default 1)
@@ -379,6 +403,7 @@ ParseResult parse_args(int argc, const char* const* argv, Options* opt) {
   std::optional<int64_t> batch, heads, seed;
   std::optional<LengthSpec> lq, lk;
   std::optional<bool> broadcast;
+  std::optional<CausalMask> causal;
   std::vector<std::string> workloads = {"fwd", "bwd"};
 
   const std::vector<std::string> value_flags = {
@@ -397,6 +422,18 @@ ParseResult parse_args(int argc, const char* const* argv, Options* opt) {
       val = arg.substr(eq + 1);
       arg = arg.substr(0, eq);
       has_val = true;
+    }
+    if (arg == "--causal") {  // an optional value: --causal (top_left), --causal=ALIGN or --causal ALIGN
+      // (the binary takes no positional arguments, so a next word not starting with '-' is the value)
+      if (!has_val && i + 1 < argc && argv[i + 1] && argv[i + 1][0] != '-') {
+        val = argv[++i];
+        has_val = true;
+      }
+      CausalMask m = CausalMask::kTopLeft;
+      if (has_val && !parse_causal(val, &m))
+        return fail(arg + ": expected top_left, bottom_right or none, got '" + val + "'");
+      causal = m;
+      continue;
     }
     if (contains(bool_flags, arg)) {
       if (has_val) return fail(arg + ": takes no value");
@@ -491,6 +528,7 @@ ParseResult parse_args(int argc, const char* const* argv, Options* opt) {
   opt->run_quantize = contains(workloads, "quantize");
   const bool attention = opt->run_fwd || opt->run_bwd;
   const bool shape_flags = batch || heads || lq || lk || broadcast;
+  const bool masked = causal && *causal != CausalMask::kNone;  // changes a preset's problem
 
   if (attention) {
     if (presets.empty() && !shape_flags) presets = {"all"};
@@ -503,20 +541,21 @@ ParseResult parse_args(int argc, const char* const* argv, Options* opt) {
       opt->cases.push_back(c);
     }
     for (CaseSpec& c : opt->cases) {
-      const bool changed = !presets.empty() && (shape_flags || seed);
+      const bool changed = !presets.empty() && (shape_flags || seed || masked);
       if (batch) c.batch = *batch;
       if (heads) c.heads = *heads;
       if (lq) c.lq = *lq;
       if (lk) c.lk = *lk;
       if (broadcast) c.broadcast_q = *broadcast;
+      if (causal) c.causal = *causal;
       if (seed) c.seed = uint64_t(*seed);
       if (changed) c.name += "*";
       CaseLengths l;
       std::string err;
       if (!realize_lengths(c, &l, &err)) return fail(err + " (case " + c.name + ")");
     }
-  } else if (!presets.empty() || shape_flags) {
-    return fail("--preset/--batch/--heads/--lq/--lk: attention shapes need --workload fwd, bwd or both");
+  } else if (!presets.empty() || shape_flags || causal) {
+    return fail("--preset/--batch/--heads/--lq/--lk/--causal: attention shapes need --workload fwd, bwd or both");
   }
   if (seed) opt->quant_seed = uint64_t(*seed);
   return r;

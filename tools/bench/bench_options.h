@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "mxflash/attention.h"  // CausalMask, causal_keys: the library's mask rule, for FLOPs and impls
+
 namespace mxflash::bench {
 
 inline constexpr int64_t kHeadDim = 128;  // the only head dim of the peers and of the library so far
@@ -36,8 +38,13 @@ struct CaseSpec {
   int64_t head_dim = kHeadDim;
   LengthSpec lq, lk;
   bool broadcast_q = false;  // one shared Q sequence of length Lq attends to each of B K/V sequences
+  // --causal: query row i of a sequence attends keys j < causal_keys(causal, i, Lq, Lk) only
+  // (include/mxflash/attention.h); every impl runs with the mask, FLOPs count the unmasked pairs.
+  CausalMask causal = CausalMask::kNone;
   uint64_t seed = 1234;      // jagged lengths and input data
 };
+
+// The causal mask's names: mxflash::causal_name, mxflash::parse_causal (attention.h).
 
 // Realized lengths: one entry per batch element on each side (with broadcast_q, lq holds B copies
 // of the shared length: that is how FLOPs count and how cuDNN, which has no broadcast, runs it).
@@ -57,8 +64,13 @@ std::vector<int64_t> jagged_lengths(int64_t batch, double fill, int64_t max_len,
 
 // sum_b Lq_b * Lk_b (with broadcast_q: Lq * sum_b Lk_b, the same number).
 int64_t sum_lq_lk(const CaseLengths& l);
-// REFERENCE.md §6: forward 4*H*D*sum(Lq*Lk), backward 10*H*D*sum(Lq*Lk).
-double attention_flops(const CaseLengths& l, int64_t heads, int64_t head_dim, bool backward);
+// The (query row, key) pairs a mask leaves: sum_b sum_{i < Lq_b} causal_keys(mask, i, Lq_b, Lk_b)
+// (closed form per sequence); sum_lq_lk for kNone.
+int64_t attended_pairs(const CaseLengths& l, CausalMask mask);
+// REFERENCE.md §6: forward 4*H*D*P, backward 10*H*D*P, P = attended_pairs(l, mask): sum(Lq*Lk)
+// without a mask, exactly the unmasked pairs with one (no work is counted for masked-out pairs).
+double attention_flops(const CaseLengths& l, int64_t heads, int64_t head_dim, bool backward,
+                       CausalMask mask = CausalMask::kNone);
 
 // Presets: llm, llm-long, cross, jagged; "all" = the four. False for an unknown name.
 bool preset_cases(const std::string& name, std::vector<CaseSpec>* out);

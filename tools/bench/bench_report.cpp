@@ -272,6 +272,7 @@ void write_case(JsonWriter& j, const CaseReport& c) {
   j.kv("heads", c.heads);
   j.kv("head_dim", c.head_dim);
   j.kv("broadcast_q", c.broadcast_q);
+  j.kv("causal", c.causal);
   j.kv("lq_spec", c.lq_spec);
   j.kv("lk_spec", c.lk_spec);
   j.kv("seed", c.seed);
@@ -281,7 +282,10 @@ void write_case(JsonWriter& j, const CaseReport& c) {
   j.key("flops").begin_object();
   j.kv("fwd", c.flops_fwd);
   j.kv("bwd", c.flops_bwd);
-  j.kv("formula", "fwd 4*H*D*sum_b(Lq_b*Lk_b), bwd 10*H*D*sum_b(Lq_b*Lk_b), real lengths");
+  j.kv("formula", c.causal == "none"
+                      ? "fwd 4*H*D*sum_b(Lq_b*Lk_b), bwd 10*H*D*sum_b(Lq_b*Lk_b), real lengths"
+                      : "fwd 4*H*D*P, bwd 10*H*D*P, P = sum_b sum_i n_b(i) the unmasked (row, key) pairs of the " +
+                            c.causal + " causal mask, real lengths");
   j.end_object();
   write_notes(j, "notes", c.notes);
   j.key("results").begin_array();

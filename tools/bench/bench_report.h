@@ -132,6 +132,7 @@ struct CaseReport {
   std::string workload;  // attention | quantize
   int64_t batch = 0, heads = 0, head_dim = 128;
   bool broadcast_q = false;
+  std::string causal = "none";  // none | top_left | bottom_right (attention; FLOPs count unmasked pairs)
   std::string lq_spec, lk_spec;
   uint64_t seed = 0;
   std::vector<int64_t> lq, lk;  // realized lengths (quantize: lk holds the token lengths)

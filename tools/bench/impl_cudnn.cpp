@@ -17,6 +17,14 @@
 //
 // Broadcast Q: cuDNN has no broadcast, so Q is materialized B times (what a user would do); dQ comes
 // out per copy and its sum over the batch (autograd's job for an expanded Q) is not timed.
+//
+// Causal (--causal): cudnn-frontend's diagonal band, right bound 0 (key j <= i + 0 relative to the
+// diagonal), aligned TOP_LEFT (j <= i) or BOTTOM_RIGHT (j <= i + Lk - Lq, per sequence from
+// seq_len_q / seq_len_kv under a padding mask), on every graph (forward and backward, BF16 and FP8).
+// Where the frontend or the engine heuristics refuse the mask for a case (e.g. bottom_right with
+// Lq > Lk on dense tensors, or the FP8 backward's bottom_right before Blackwell) the graph does not
+// build and the impl is reported unsupported with cuDNN's message: a masked case never times an
+// unmasked run.
 #include <cudnn.h>
 #include <cudnn_frontend.h>
 
@@ -56,6 +64,15 @@ const char* layout_name(Layout l) {
     case Layout::kRagged: return "ragged";
   }
   return "?";
+}
+
+// The problem's causal mask on SDPA forward / backward attributes (see the header comment).
+template <typename Attributes>
+void set_causal(Attributes& opt, CausalMask m) {
+  if (m == CausalMask::kNone) return;
+  opt.set_diagonal_alignment(m == CausalMask::kTopLeft ? fe::DiagonalAlignment_t::TOP_LEFT
+                                                       : fe::DiagonalAlignment_t::BOTTOM_RIGHT)
+      .set_diagonal_band_right_bound(0);
 }
 
 Status fe_status(fe::error_t e, const std::string& what) {
@@ -251,6 +268,7 @@ Status CudnnAttention::build_fwd() {
   auto V = data_tensor(*g, "V", kV, false, off);
   fe::graph::SDPA_attributes opt;
   opt.set_name("sdpa_fwd").set_generate_stats(true).set_attn_scale(p_.softmax_scale);
+  set_causal(opt, p_.causal);
   if (layout_ != Layout::kDense) {
     TensorPtr sq, skv;
     add_masks(*g, &sq, &skv);
@@ -305,6 +323,7 @@ Status CudnnAttention::build_bwd() {
   if (!fp8_) {
     fe::graph::SDPA_backward_attributes opt;
     opt.set_name("sdpa_bwd").set_attn_scale(p_.softmax_scale);
+    set_causal(opt, p_.causal);
     if (layout_ != Layout::kDense) opt.set_padding_mask(true).set_seq_len_q(sq).set_seq_len_kv(skv);
     if (layout_ == Layout::kRagged)
       opt.set_max_total_seq_len_q((p_.total_q() + 63) / 64 * 64).set_max_total_seq_len_kv((p_.total_k() + 63) / 64 * 64);
@@ -313,6 +332,7 @@ Status CudnnAttention::build_bwd() {
   } else {
     fe::graph::SDPA_fp8_backward_attributes opt;
     opt.set_name("sdpa_fp8_bwd").set_attn_scale(p_.softmax_scale);
+    set_causal(opt, p_.causal);
     if (layout_ != Layout::kDense) opt.set_padding_mask(true).set_seq_len_q(sq).set_seq_len_kv(skv);
     if (layout_ == Layout::kRagged)
       opt.set_max_total_seq_len_q((p_.total_q() + 63) / 64 * 64).set_max_total_seq_len_kv((p_.total_k() + 63) / 64 * 64);
@@ -563,7 +583,16 @@ Notes CudnnAttention::notes(Direction d) const {
   n.push_back({"layout_detail", lay});
   n.push_back({"io_dtype", fp8_ ? "float8_e4m3fn" : "bfloat16"});
   n.push_back({"softmax_scale", fmt_float(p_.softmax_scale)});
-  n.push_back({"causal", "false"});
+  switch (p_.causal) {
+    case CausalMask::kNone: n.push_back({"causal", "false"}); break;
+    case CausalMask::kTopLeft:
+      n.push_back({"causal", "top_left: diagonal_alignment TOP_LEFT, diagonal_band_right_bound 0 (key j <= i)"});
+      break;
+    case CausalMask::kBottomRight:
+      n.push_back({"causal", "bottom_right: diagonal_alignment BOTTOM_RIGHT, diagonal_band_right_bound 0 (key j <= "
+                             "i + Lk - Lq, per sequence)"});
+      break;
+  }
   if (p_.broadcast_q)
     n.push_back({"broadcast_q", "materialized: the shared Q is repeated B times (cuDNN has no broadcast); dQ is per "
                                 "copy, its batch sum is not timed"});

@@ -44,6 +44,7 @@ class Mxfp8Attention final : public AttnImpl {
     MXFLASH_RETURN_IF_ERROR(k_meta_.upload());
     opt_.broadcast_q = p_.broadcast_q;
     opt_.softmax_scale = p_.softmax_scale;
+    opt_.causal = p_.causal;
     return Status::Ok();
   }
 
@@ -103,6 +104,7 @@ class Mxfp8Attention final : public AttnImpl {
     if (p_.need_bwd) {
       AttentionBackwardOptions bo;
       bo.broadcast_q = p_.broadcast_q;
+      bo.causal = p_.causal;
       MXFLASH_RETURN_IF_ERROR(ws_bwd_.alloc(exec_ ? attention_backward_operands_workspace_size(q_meta_, k_meta_, H, bo)
                                                   : attention_backward_workspace_size(q_meta_, k_meta_, H, bo)));
       MXFLASH_RETURN_IF_ERROR(dq_.alloc(size_t(Tq * H * kHeadDim * 2)));
@@ -131,6 +133,7 @@ class Mxfp8Attention final : public AttnImpl {
     AttentionBackwardOptions bo;
     bo.broadcast_q = p_.broadcast_q;
     bo.softmax_scale = p_.softmax_scale;
+    bo.causal = p_.causal;  // the forward's mask
     if (exec_)
       return attention_backward(st.bops.view, bf16(st.out, To), bf16(st.dout, To), lse, q_meta_, k_meta_, bo,
                                 bf16(dq_, Tq), bf16(dk_, Tk), bf16(dv_, Tk), {}, {}, ws_bwd_.get(), ws_bwd_.bytes(), s);
@@ -179,6 +182,10 @@ class Mxfp8Attention final : public AttnImpl {
                                      : "dK/dV kernel + dQ kernel (S, dP recomputed in each), no atomics; preprocess "
                                        "of dO and the operands included in the timing"});
     if (p_.broadcast_q) n.push_back({"broadcast_q", "one shared Q sequence read in place (no copies)"});
+    n.push_back({"causal", p_.causal == CausalMask::kNone
+                               ? std::string("false")
+                               : std::string(p_.causal == CausalMask::kTopLeft ? "top_left" : "bottom_right") +
+                                     " (AttentionOptions::causal / AttentionBackwardOptions::causal)"});
     return n;
   }
 
