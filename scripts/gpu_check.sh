@@ -10,7 +10,9 @@
 # Sections can be chosen: SECTIONS="tests sanitizer python report bench fused gemm accuracy peers"
 # (default all; "fused": scripts/rmsnorm_bench.py, the fused RMSNorm+Quantize against torch's RMSNorm;
 # "gemm": scripts/gemm_bench.py, the fused GEMM+Quantize against cuBLAS's FP8 and BF16 GEMMs;
-# "module": scripts/module_bench.py, the jagged cross-attention module against its BF16 twin).
+# "module": scripts/module_bench.py, the jagged cross-attention module against its BF16 twin;
+# "causal": the causal mask's benchmark on llm and llm-long against cuDNN's causal SDPA, and its
+# accuracy against FP64 under both alignments).
 # All of it takes longer than one 10-minute device command; split it, e.g.
 #   SECTIONS="tests sanitizer python report" scripts/gpu_check.sh      (~4 min)
 #   SECTIONS="bench accuracy peers" BENCH_ARGS="--warmup-s 0.5 --window-s 2" scripts/gpu_check.sh
@@ -20,7 +22,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-logs}
 mkdir -p "$OUT"
 BIN=${BIN:-.gpu-bin}
-SECTIONS=${SECTIONS:-"tests sanitizer python report bench fused gemm module accuracy peers"}
+SECTIONS=${SECTIONS:-"tests sanitizer python report bench causal fused gemm module accuracy peers"}
 # "ab" (not in the default list): the forward and backward variants staged in $BIN/exp
 # (EXPERIMENTS=1 scripts/stage_gpu_bin.sh): their GPU tests and speed; and both work-list orders.
 # "accuracy_full" (not in the default list): issue 4's whole forward accuracy matrix (minutes).
@@ -137,6 +139,29 @@ py_bench() {
     status=1; note "PYTHON BUILD FAILED"; tail -20 "$OUT/build_py.log"
   fi
 }
+if want causal; then
+  if [ -x "$BIN/mxflash-bench" ]; then
+    note "mxflash-bench attention, causal mask (top_left) on llm and llm-long, --check"
+    # shellcheck disable=SC2086
+    "$BIN/mxflash-bench" --preset llm,llm-long --workload fwd,bwd --impl mxfp8-exec,cudnn-fp8,cudnn-bf16 --causal \
+      --check ${BENCH_ARGS:-} --json "$OUT/bench_causal.json" > "$OUT/bench_causal.log" 2>"$OUT/bench_causal.err" \
+      || { status=1; note "BENCH CAUSAL FAILED"; }
+    cat "$OUT/bench_causal.log"
+  fi
+  if [ -x "$BIN/mxflash-accuracy" ]; then
+    # Non-zero exit: some tensor under a floor or the gpu column too far from exact MX (both judged).
+    for mask in top_left bottom_right; do
+      note "mxflash-accuracy --causal $mask (lengths 127, 257, 1000, cross Lq=300)"
+      "$BIN/mxflash-accuracy" --causal "$mask" --dist normal,peaked,k_outlier --lengths 127,257,1000 --heads 3 \
+        --gpu-exec --gpu-within-db 0.3 --gpu-bwd-within-db 0.5 --json "$OUT/accuracy_causal_$mask.json" \
+        > "$OUT/accuracy_causal_$mask.log" 2>&1 || { status=1; note "ACCURACY CAUSAL $mask FAILED"; }
+      "$BIN/mxflash-accuracy" --causal "$mask" --dist normal --lengths 1000 --lq 300 --heads 3 --gpu-exec \
+        --gpu-within-db 0.3 --gpu-bwd-within-db 0.5 --json "$OUT/accuracy_causal_cross_$mask.json" \
+        > "$OUT/accuracy_causal_cross_$mask.log" 2>&1 || { status=1; note "ACCURACY CAUSAL CROSS $mask FAILED"; }
+      grep -E "^[a-z_]+:|  O |  dQ|  dK|  dV|summary" "$OUT/accuracy_causal_$mask.log" "$OUT/accuracy_causal_cross_$mask.log"
+    done
+  fi
+fi
 if want fused; then
   note "RMSNorm+Quantize against torch's RMSNorm (scripts/rmsnorm_bench.py)"
   py_bench fused rmsnorm_bench.py FUSED
