@@ -60,23 +60,20 @@ void run_case(const BwdCase& s, uint32_t seed) {
   const size_t esz = s.bf16 ? 2 : 4;
   std::vector<uint8_t> cdx(size_t(s.T * s.C) * esz), cdw(size_t(s.C) * 4);
   const bool dw = s.has_w && s.want_dw;
-  const Status cst = rmsnorm_backward(
-      make_view(xb.data(), xt, Device::kCPU, {s.T, s.C}),
-      s.has_w ? make_view(wb.data(), wt, Device::kCPU, {s.C}) : TensorView{},
-      make_view(rb.data(), DType::kFloat32, Device::kCPU, {s.T}), make_view(dyb.data(), xt, Device::kCPU, {s.T, s.C}),
-      make_view(cdx.data(), xt, Device::kCPU, {s.T, s.C}),
-      dw ? make_view(cdw.data(), DType::kFloat32, Device::kCPU, {s.C}) : TensorView{});
+  // The same call on `dev` over its buffers.
+  auto backward = [&](Device dev, void* x, void* w, void* r, void* dy, void* dx, void* dweight) {
+    return rmsnorm_backward(make_view(x, xt, dev, {s.T, s.C}), s.has_w ? make_view(w, wt, dev, {s.C}) : TensorView{},
+                            make_view(r, DType::kFloat32, dev, {s.T}), make_view(dy, xt, dev, {s.T, s.C}),
+                            make_view(dx, xt, dev, {s.T, s.C}),
+                            dw ? make_view(dweight, DType::kFloat32, dev, {s.C}) : TensorView{});
+  };
+  const Status cst = backward(Device::kCPU, xb.data(), wb.data(), rb.data(), dyb.data(), cdx.data(), cdw.data());
   ASSERT_TRUE(cst.ok()) << what << ": " << cst.message();
 
   DeviceBuffer gx(xb), gdy(dyb), gw(wb), gr(rb), gdx(cdx.size() + 64), gdw(cdw.size());
   gdx.fill(gputest::kDevicePoison);
   gdw.fill(gputest::kDevicePoison);
-  const Status gst = rmsnorm_backward(
-      make_view(gx.get(), xt, Device::kCUDA, {s.T, s.C}),
-      s.has_w ? make_view(gw.get(), wt, Device::kCUDA, {s.C}) : TensorView{},
-      make_view(gr.get(), DType::kFloat32, Device::kCUDA, {s.T}), make_view(gdy.get(), xt, Device::kCUDA, {s.T, s.C}),
-      make_view(gdx.get(), xt, Device::kCUDA, {s.T, s.C}),
-      dw ? make_view(gdw.get(), DType::kFloat32, Device::kCUDA, {s.C}) : TensorView{});
+  const Status gst = backward(Device::kCUDA, gx.get(), gw.get(), gr.get(), gdy.get(), gdx.get(), gdw.get());
   ASSERT_TRUE(gst.ok()) << what << ": " << gst.message();
   ASSERT_TRUE(device_ok()) << what;
   std::vector<uint8_t> got = gdx.download();

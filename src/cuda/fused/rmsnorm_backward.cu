@@ -310,20 +310,26 @@ void launch_fused(const BwdParams& p, int64_t group_rows, int64_t groups, float*
     rmsnorm_backward_fused_kernel<W, 0><<<grid, kFusedWarps * 32, 0, s>>>(p, group_rows, groups, partial);
 }
 
+// f(WeightType<W>{}) for the weight's element type W: void (no weight), uint16_t (bf16) or float.
+template <typename W>
+struct WeightType {
+  using type = W;
+};
+template <typename F>
+Status with_weight_type(const BwdParams& p, bool weight_bf16, F&& f) {
+  if (p.weight == nullptr) return f(WeightType<void>{});
+  return weight_bf16 ? f(WeightType<uint16_t>{}) : f(WeightType<float>{});
+}
+
 template <typename T>
 Status launch_typed(const BwdParams& p, bool weight_bf16, float* dweight, cudaStream_t s) {
   // bf16 rows with dweight wanted and at most kFusedMaxPerLane chunks a lane (C <= 768 at 32 lanes,
   // C = 384 at 16): one fused pass writes dx and the group sums; else the rows kernel, then the group
   // kernel reads x and dy again.
   const bool fused = sizeof(T) == 2 && dweight != nullptr && p.rows > 0 && p.per_lane <= kFusedMaxPerLane;
-  if (p.rows > 0 && !fused) {
-    if (p.weight == nullptr)
-      MXFLASH_RETURN_IF_ERROR((launch_rows<T, void>(p, s)));
-    else if (weight_bf16)
-      MXFLASH_RETURN_IF_ERROR((launch_rows<T, uint16_t>(p, s)));
-    else
-      MXFLASH_RETURN_IF_ERROR((launch_rows<T, float>(p, s)));
-  }
+  if (p.rows > 0 && !fused)
+    MXFLASH_RETURN_IF_ERROR(with_weight_type(
+        p, weight_bf16, [&](auto w) { return launch_rows<T, typename decltype(w)::type>(p, s); }));
   if (dweight == nullptr) return Status::Ok();
   if (p.rows == 0)
     return cuda_error(cudaMemsetAsync(dweight, 0, size_t(p.cols) * sizeof(float), s), "cudaMemsetAsync (dweight)");
@@ -337,13 +343,10 @@ Status launch_typed(const BwdParams& p, bool weight_bf16, float* dweight, cudaSt
   const unsigned col_blocks = unsigned((p.cols + kColThreads - 1) / kColThreads);
   const Status st = [&] {
     if (fused) {
-      if (p.weight == nullptr)
-        launch_fused<void>(p, group_rows, groups, partial, s);
-      else if (weight_bf16)
-        launch_fused<uint16_t>(p, group_rows, groups, partial, s);
-      else
-        launch_fused<float>(p, group_rows, groups, partial, s);
-      MXFLASH_RETURN_IF_ERROR(check_launch("rmsnorm_backward_fused_kernel"));
+      MXFLASH_RETURN_IF_ERROR(with_weight_type(p, weight_bf16, [&](auto w) {
+        launch_fused<typename decltype(w)::type>(p, group_rows, groups, partial, s);
+        return check_launch("rmsnorm_backward_fused_kernel");
+      }));
     } else {
       const dim3 g1{unsigned(groups), unsigned((p.cols / 2 + kColThreads - 1) / kColThreads)};
       rmsnorm_backward_group_kernel<T><<<g1, kColThreads, 0, s>>>(p, group_rows, partial);
