@@ -183,16 +183,23 @@ __device__ __forceinline__ void issue_pv(float (&ot)[64], const uint32_t (&pa)[1
 template <bool kTree, bool kCausal = false>
 struct TileSoftmax {
   float row_mult[2];      // Q row scale * softmax_scale * log2 e
-  int Lk;                 // keys from the first K/V tile on (kCausal: those of the warpgroup's first row)
+  int Lk;                 // keys from the first K/V tile on
   int quad;
-  int lim[2];             // kCausal: this thread's rows' keys (causal_keys), from the first tile on
+  // kCausal: the warpgroup's first row's keys before the clamp to Lk (causal_keys without it), from
+  // the first tile on; a row's limit is derived from it where the mask runs (no register of its
+  // own through the loop: the two-consumer kernel's 240 spilled with two).
+  int diag;
+  __device__ __forceinline__ int row_keys(int r) const {
+    const int t = int(threadIdx.x % 128u);
+    return min(Lk, diag + t / 32 * 16 + t % 32 / 4 + 8 * r);
+  }
 
   // Row state between the two phases of one tile.
   struct Rows {
     float mult[2], m_new[2];
   };
 
-  __device__ __forceinline__ bool masked_tile(int j) const { return Lk - j * kTile < kTile; }
+  __device__ __forceinline__ bool masked_tile(int j) const { return (kCausal ? min(Lk, diag) : Lk) - j * kTile < kTile; }
 
   // ks: the K tile's scale (from its stage in shared memory, read by the caller).
   __device__ __forceinline__ void run(float (&sc)[64], int j, float ks, float (&m)[2], float (&l)[2],
@@ -210,7 +217,7 @@ struct TileSoftmax {
   __device__ __forceinline__ float value(const float (&sc)[N], int j, int i) const {
     if (!kMasked) return sc[i];
     const int col = 8 * (i / 4) + 2 * quad + (i % 2);
-    const int keys = kCausal ? lim[(i % 4) / 2] : Lk;
+    const int keys = kCausal ? row_keys((i % 4) / 2) : Lk;
     return col >= keys - j * kTile ? -INFINITY : sc[i];  // keys past the sequence's end (or the row's diagonal)
   }
 
@@ -321,11 +328,9 @@ struct TileSoftmax {
 template <bool kTree, bool kCausal>
 __device__ __forceinline__ TileSoftmax<kTree, kCausal> make_softmax(const FwdParams& p, const float (&row_mult)[2],
                                                                    int Lq, int Lk, int row0, int first,
-                                                                   const int (&rows)[2], int quad) {
+                                                                   [[maybe_unused]] const int (&rows)[2], int quad) {
   if constexpr (kCausal) {
-    const int off = p.causal_br ? Lk - Lq : 0;
-    auto keys = [&](int i) { return min(Lk, max(i + 1 + off, 0)); };
-    return {{row_mult[0], row_mult[1]}, keys(row0 + first), quad, {keys(row0 + rows[0]), keys(row0 + rows[1])}};
+    return {{row_mult[0], row_mult[1]}, Lk, quad, row0 + first + 1 + (p.causal_br ? Lk - Lq : 0)};
   } else {
     return {{row_mult[0], row_mult[1]}, Lk, quad};
   }
@@ -1763,11 +1768,12 @@ struct ExecPlan {
 constexpr size_t kSplitSlotBytes =
     attn::kConsumers3 * (16 * attn::kWarpgroupThreads + attn::kRowsPerConsumer) * sizeof(float4);
 
-// The causal mask (kVariantCausal) runs on the persistent three-consumer kernel only
-// (MXFLASH_FWD_PERSISTENT=0 and MXFLASH_FWD_CONSUMERS are not taken; PERSISTENT=n >= 2 is), without
-// a split tail: its items are of unequal work, and the persistent CTAs' first-not-taken order
-// balances them as it does jagged batches. (The two-consumer kernel's loop, at 240 registers, spilled
-// 4 words with the mask's row limits.)
+// The causal mask (kVariantCausal) runs on the persistent kernels only (MXFLASH_FWD_PERSISTENT=0 is
+// not taken; n >= 2 is), two or three consumers by the same rule, without a split tail: its items
+// are of unequal work, and the persistent CTAs' first-not-taken order balances them as it does
+// jagged batches. H200, 2026-12-01, causal forward, same binary, two rounds, TFLOP/s three / two
+// consumers: L=2048 B=8 H=16 671-672 / 632, L=8192 B=2 834 / 760-765, L=1024 B=32 561-562 /
+// 523-525, L=512 B=64 434 / 384, L=256 B=128 252 / 267: the rule's choice wins on each.
 ExecPlan exec_plan(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k, int batch, int64_t heads,
                    bool broadcast_q, CausalMask causal = CausalMask::kNone) {
   int sms = 0;
@@ -1776,7 +1782,7 @@ ExecPlan exec_plan(const std::vector<int32_t>& cu_q, const std::vector<int32_t>&
     sms = 0;
   }
   ExecPlan e;
-  e.three = causal != CausalMask::kNone || three_consumers(cu_q, batch, heads, broadcast_q, sms);
+  e.three = three_consumers(cu_q, batch, heads, broadcast_q, sms);
   for (int b = 0; b < batch; ++b) e.longest_lk = std::max<int64_t>(e.longest_lk, cu_k[size_t(b) + 1] - cu_k[size_t(b)]);
   const bool short_keys = (e.longest_lk + attn::kTile - 1) / attn::kTile <= kPersistentMaxTiles;
   e.persistent = sms > 0 ? persistent_ctas(sms, short_keys) : 0;
@@ -1927,8 +1933,10 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
       kernel3p = staged ? attn::attention_fwd_kernel3p<kV3 | kC, true> : attn::attention_fwd_kernel3p<kV3 | kC, false>;
     else
       kernel3p = staged ? attn::attention_fwd_kernel3p<kM3 | kC, true> : attn::attention_fwd_kernel3p<kM3 | kC, false>;
-    if (!three || persistent <= 0 || plan.slots() > 0)
-      return Status::Internal("attention_forward: a causal plan not on the persistent three-consumer kernel");
+    kernel2p = ops.v_per_tile ? attn::attention_fwd_kernel2p<kDefaultVariantVTile | kC>
+                              : attn::attention_fwd_kernel2p<kDefaultVariant | kC>;
+    if (persistent <= 0 || plan.slots() > 0)
+      return Status::Internal("attention_forward: a causal plan without persistent CTAs or with a split tail");
   }
   fp.num_items = int(plan.items);
   // The main kernel's launch and set-up under the upload (wait_for_work_list).
