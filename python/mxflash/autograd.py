@@ -112,9 +112,17 @@ def mx_attention(q, k, v, q_meta, k_meta, softmax_scale=None, broadcast_q=False,
     is_causal=True) or "bottom_right" (keys j <= i + Lk - Lq: FlashAttention's causal; rows
     i < Lq - Lk attend no key and give out 0 and zero gradients); anything else raises ValueError.
     The backward uses the forward's mask.
+    Grouped-query attention: k and v may have Hkv heads where Hkv divides q's H; q head h then attends
+    k/v head h // (H / Hkv) (torch's enable_gqa=True, FlashAttention's). The kernels take as many K/V
+    heads as Q heads, so k and v are repeated per group here (torch.repeat_interleave, whose backward
+    sums each group's dk, dv): the result is exact, but the K/V operands cost H / Hkv times their
+    memory and quantization time.
     """
     _check_inputs(q, k, v, q_meta, k_meta)
     mxflash._causal_code(causal)  # rejects a bad value by name before any work
+    if k.shape[1] != q.shape[1]:
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     global _function
     if _function is None:
         _function = _make_function()
@@ -154,7 +162,10 @@ def _check_inputs(q, k, v, q_meta, k_meta):
             raise ValueError(f"{name}: must be (tokens, heads, 128), got shape {tuple(x.shape)}")
         if x.shape[0] != meta.total_tokens:
             raise ValueError(f"{name}: has {x.shape[0]} tokens but {meta_name} holds {meta.total_tokens}")
-        if x.shape[1] != q.shape[1]:
-            raise ValueError(f"{name}: has {x.shape[1]} heads, q has {q.shape[1]}")
+        if name == "v" and x.shape[1] != k.shape[1]:
+            raise ValueError(f"v: has {x.shape[1]} heads, k has {k.shape[1]}")
+        if x.shape[1] < 1 or q.shape[1] % x.shape[1] != 0:
+            raise ValueError(f"{name}: has {x.shape[1]} heads, which must divide q's {q.shape[1]} "
+                             "(the same count, or a grouped-query share of it)")
         if x.device != q.device:
             raise ValueError(f"{name}: is on {x.device}, q on {q.device}")

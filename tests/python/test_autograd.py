@@ -335,7 +335,8 @@ def test_forward_is_the_operands_forward_and_mixed_dtypes_go_through_float32():
 
 @pytest.mark.parametrize("case, match", [
     ("hdim64", r"^q: must be \(tokens, heads, 128\), got shape \(127, 2, 64\)"),
-    ("k_heads", r"^k: has 3 heads, q has 2"),
+    ("k_heads", r"^k: has 3 heads, which must divide q's 2 \(the same count, or a grouped-query share of it\)$"),
+    ("v_heads", r"^v: has 1 heads, k has 2$"),
     ("q_tokens", r"^q: has 128 tokens but q_meta holds 127"),
     ("v_tokens", r"^v: has 164 tokens but k_meta holds 163"),
     ("int_q", r"^q: dtype must be bfloat16, float16, float32 or float64, got torch.int32"),
@@ -354,6 +355,8 @@ def test_bad_inputs_name_the_argument(case, match):
         q = torch.randn(tq, H, 64)
     elif case == "k_heads":
         k = torch.randn(tk, 3, 128)
+    elif case == "v_heads":
+        v = torch.randn(tk, 1, 128)
     elif case == "q_tokens":
         q = torch.randn(tq + 1, H, 128)
     elif case == "v_tokens":
@@ -364,3 +367,52 @@ def test_bad_inputs_name_the_argument(case, match):
         km = K_LENGTHS
     with pytest.raises((ValueError, TypeError), match=match):
         mx_attention(q, k, v, qm, km)
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1], ids=["gqa", "mqa"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_grouped_query_attention(kv_heads, causal):
+    """k and v with fewer heads than q (a divisor of them): q head h attends k/v head h // group.
+    The same out and dq as the call on k, v repeated per group, bit for bit, and dk, dv that group's
+    gradients summed; against float64 torch attention on the repeated heads (the causal case: each
+    row's first keys, Lq = Lk), SQNR above 20 dB."""
+    import torch
+    from mxflash.autograd import mx_attention
+
+    hq, lengths = 4, [40, 17, 70]
+    group = hq // kv_heads
+    qm = km = mxflash.JaggedMeta.from_lengths(lengths)
+    g = torch.Generator().manual_seed(23)
+    t = sum(lengths)
+    q = torch.randn(t, hq, 128, generator=g).requires_grad_()
+    k = torch.randn(t, kv_heads, 128, generator=g).requires_grad_()
+    v = torch.randn(t, kv_heads, 128, generator=g).requires_grad_()
+    dout = torch.randn(t, hq, 128, generator=g)
+    out = mx_attention(q, k, v, qm, km, causal=causal)
+    (out.float() * dout).sum().backward()
+
+    q2 = q.detach().clone().requires_grad_()
+    k2 = k.detach().repeat_interleave(group, dim=1).requires_grad_()
+    v2 = v.detach().repeat_interleave(group, dim=1).requires_grad_()
+    out2 = mx_attention(q2, k2, v2, qm, km, causal=causal)
+    (out2.float() * dout).sum().backward()
+    assert torch.equal(out.view(torch.int16), out2.view(torch.int16))
+    assert torch.equal(q.grad, q2.grad)
+    for got, full in ((k.grad, k2.grad), (v.grad, v2.grad)):
+        want = full.view(t, kv_heads, group, 128).sum(dim=2)
+        assert torch.allclose(got, want, rtol=1e-6, atol=1e-6)
+
+    rq = q.detach().double()
+    rk = k.detach().double().repeat_interleave(group, dim=1)
+    rv = v.detach().double().repeat_interleave(group, dim=1)
+    if causal:
+        outs, t0 = [], 0
+        for n in lengths:
+            s = torch.einsum("ihd,jhd->hij", rq[t0:t0 + n], rk[t0:t0 + n]) / math.sqrt(128)
+            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+            outs.append(torch.einsum("hij,jhd->ihd", torch.softmax(s, -1), rv[t0:t0 + n]))
+            t0 += n
+        ref = torch.cat(outs)
+    else:
+        ref = reference(rq, rk, rv, lengths, lengths)
+    assert sqnr_db(ref.numpy(), out.detach().float().numpy()) > 20
