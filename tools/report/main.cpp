@@ -1,9 +1,10 @@
 // mxflash-report: the project's main job, readable by a person.
 // Part 1, quantization: without a GPU the CPU reference on a small jagged workload; with a Hopper GPU
 // also the CUDA path on the same inputs, checked GPU == CPU byte for byte.
-// Part 2, attention: a small jagged cross-attention batch, forward (and backward on the CPU) on MX
-// operands, SQNR against an FP64 attention computed here on the unquantized inputs; with a GPU the
-// fast forward kernel must stay within 0.3 dB of the exact-MX CPU path. Exit 1 on any failure.
+// Part 2, attention: a small jagged cross-attention batch, forward and backward on MX operands,
+// without a mask and under both causal masks, SQNR against an FP64 attention computed here on the
+// unquantized inputs; with a GPU the fast kernels must stay within 0.3 dB (forward) and 0.5 dB
+// (backward) of the exact-MX CPU path. Exit 1 on any failure.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -157,12 +158,14 @@ Status run_gpu(const std::vector<uint16_t>& x, const JaggedMeta& meta, int64_t H
 using Vec = std::vector<double>;
 
 // FP64 attention forward and backward on packed (T, H, 128) inputs, Q sequence b against K/V
-// sequence b, scale 1/sqrt(128): out (Tq, H, 128), and with dout the gradients dq, dk, dv.
+// sequence b, scale 1/sqrt(128), row i facing the first causal_keys(causal, i, Lq, Lk) keys: out
+// (Tq, H, 128), and with dout the gradients dq, dk, dv.
 struct Fp64Attention {
   Vec out, dq, dk, dv;
 };
 Fp64Attention attention_fp64(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
-                             const std::vector<float>& dout, const JaggedMeta& qm, const JaggedMeta& km, int64_t H) {
+                             const std::vector<float>& dout, const JaggedMeta& qm, const JaggedMeta& km, int64_t H,
+                             CausalMask causal) {
   const double scale = 1.0 / std::sqrt(double(kHeadDim));
   Fp64Attention r;
   r.out.assign(q.size(), 0.0);
@@ -173,11 +176,13 @@ Fp64Attention attention_fp64(const std::vector<float>& q, const std::vector<floa
   for (int b = 0; b < qm.batch(); ++b)
     for (int64_t h = 0; h < H; ++h) {
       const int64_t q0 = qm.cu_seqlens()[b], lq = qm.cu_seqlens()[b + 1] - q0;
-      const int64_t k0 = km.cu_seqlens()[b], lk = km.cu_seqlens()[b + 1] - k0;
-      if (lk == 0) continue;
-      Vec p(static_cast<size_t>(lk)), dp(static_cast<size_t>(lk));
+      const int64_t k0 = km.cu_seqlens()[b], lk_all = km.cu_seqlens()[b + 1] - k0;
+      if (lk_all == 0) continue;
+      Vec p(static_cast<size_t>(lk_all)), dp(static_cast<size_t>(lk_all));
       for (int64_t i = 0; i < lq; ++i) {
         const size_t qi = at(q0 + i, h);
+        const int64_t lk = causal_keys(causal, i, lq, lk_all);
+        if (lk == 0) continue;
         double mx = -INFINITY, l = 0, dsum = 0;
         for (int64_t j = 0; j < lk; ++j) {
           double s = 0;
@@ -244,7 +249,7 @@ struct GpuAttention {
 };
 Status attention_gpu(const HostOperand& q, const HostOperand& k, const HostOperand& v, const HostOperand& q_seq,
                      const HostOperand& k_seq, const HostOperand& v_hdim, const std::vector<uint16_t>& dout_bits,
-                     const JaggedMeta& qm, const JaggedMeta& km, int64_t H, GpuAttention* r) {
+                     const JaggedMeta& qm, const JaggedMeta& km, int64_t H, CausalMask causal, GpuAttention* r) {
   std::vector<void*> owned;
   Status st;
   auto dev_copy = [&](const void* src, size_t n, void** dst) {
@@ -276,10 +281,14 @@ Status attention_gpu(const HostOperand& q, const HostOperand& k, const HostOpera
   dev_copy(nullptr, r->dv.size() * 2, &dv);
   auto bf16 = [&](void* p, int64_t T) { return make_view(p, DType::kBFloat16, Device::kCUDA, {T, H, kHeadDim}); };
   const TensorView lse = make_view(l, DType::kFloat32, Device::kCUDA, {H, To});
-  if (st.ok()) st = attention_forward(gq, gk, gv, qm, km, AttentionOptions{}, bf16(o, To), lse);
+  AttentionOptions fo;
+  fo.causal = causal;
+  AttentionBackwardOptions bo;
+  bo.causal = causal;
+  if (st.ok()) st = attention_forward(gq, gk, gv, qm, km, fo, bf16(o, To), lse);
   if (st.ok())
-    st = attention_backward(gq, gqs, gk, gks, gvh, bf16(o, To), bf16(g, To), lse, qm, km, AttentionBackwardOptions{},
-                            bf16(dq, To), bf16(dk, Tk), bf16(dv, Tk));
+    st = attention_backward(gq, gqs, gk, gks, gvh, bf16(o, To), bf16(g, To), lse, qm, km, bo, bf16(dq, To),
+                            bf16(dk, Tk), bf16(dv, Tk));
   if (st.ok()) st = chk(cudaDeviceSynchronize());
   for (auto [dst, src] : {std::pair{&r->out, o}, {&r->dq, dq}, {&r->dk, dk}, {&r->dv, dv}})
     if (st.ok()) st = chk(cudaMemcpy(dst->data(), src, dst->size() * 2, cudaMemcpyDeviceToHost));
@@ -290,7 +299,7 @@ Status attention_gpu(const HostOperand& q, const HostOperand& k, const HostOpera
 #endif
 
 // Part 2 of the report; returns the number of failed checks.
-int attention_report(bool gpu, uint64_t seed) {
+int attention_report(bool gpu, uint64_t seed, CausalMask causal) {
   const int64_t H = 3;
   JaggedMeta qm, km;
   // Q sequence b against K/V sequence b: short, one key, no keys, a tile edge, cross lengths.
@@ -313,11 +322,15 @@ int attention_report(bool gpu, uint64_t seed) {
     st = host_operand(*x, *m, H, o, r);
     if (!st.ok()) return fail(st, "attention operands");
   }
-  const Fp64Attention ref = attention_fp64(q, k, v, g, qm, km, H);
+  const Fp64Attention ref = attention_fp64(q, k, v, g, qm, km, H, causal);
+  AttentionOptions fo;
+  fo.causal = causal;
+  AttentionBackwardOptions bo;
+  bo.causal = causal;
   const int64_t To = qm.total_tokens(), nq = To * H * kHeadDim, nk = km.total_tokens() * H * kHeadDim;
   std::vector<uint16_t> out(static_cast<size_t>(nq));
   std::vector<float> lse(static_cast<size_t>(H * To));
-  st = attention_forward(mq.t, mk.t, mv.t, qm, km, AttentionOptions{},
+  st = attention_forward(mq.t, mk.t, mv.t, qm, km, fo,
                          make_view(out.data(), DType::kBFloat16, Device::kCPU, {To, H, kHeadDim}),
                          make_view(lse.data(), DType::kFloat32, Device::kCPU, {H, To}));
   if (!st.ok()) return fail(st, "attention forward (CPU)");
@@ -327,14 +340,14 @@ int attention_report(bool gpu, uint64_t seed) {
   st = attention_backward(mq.t, mq_seq.t, mk.t, mk_seq.t, mv_hdim.t,
                           make_view(out.data(), DType::kBFloat16, Device::kCPU, {To, H, kHeadDim}),
                           make_view(bits_g.data(), DType::kBFloat16, Device::kCPU, {To, H, kHeadDim}),
-                          make_view(lse.data(), DType::kFloat32, Device::kCPU, {H, To}), qm, km,
-                          AttentionBackwardOptions{},
+                          make_view(lse.data(), DType::kFloat32, Device::kCPU, {H, To}), qm, km, bo,
                           make_view(dq.data(), DType::kBFloat16, Device::kCPU, {To, H, kHeadDim}),
                           make_view(dk.data(), DType::kBFloat16, Device::kCPU, {km.total_tokens(), H, kHeadDim}),
                           make_view(dv.data(), DType::kBFloat16, Device::kCPU, {km.total_tokens(), H, kHeadDim}));
   if (!st.ok()) return fail(st, "attention backward (CPU)");
   std::printf("\nmxflash-report: MXFP8 attention, Q lengths 17 128 40 129 300 against K/V lengths 1 0 128 1000 257,\n"
-              "  heads %lld, head dim %d; SQNR against FP64 attention on the unquantized inputs\n", (long long)H, kHeadDim);
+              "  heads %lld, head dim %d, causal mask %s; SQNR against FP64 attention on the unquantized inputs\n",
+              (long long)H, kHeadDim, causal_name(causal));
   std::printf("  %-34s %10s\n", "", "SQNR dB");
   const double cpu_db = sqnr_bf16(ref.out, out);
   std::printf("  %-34s %10.2f\n", "O, exact MX (CPU reference)", cpu_db);
@@ -359,7 +372,7 @@ int attention_report(bool gpu, uint64_t seed) {
     GpuAttention r;
     st = qm.upload();
     if (st.ok()) st = km.upload();
-    if (st.ok()) st = attention_gpu(mq, mk, mv, mq_seq, mk_seq, mv_hdim, bits_g, qm, km, H, &r);
+    if (st.ok()) st = attention_gpu(mq, mk, mv, mq_seq, mk_seq, mv_hdim, bits_g, qm, km, H, causal, &r);
     if (!st.ok()) return fail(st, "attention (GPU)") + failed;
     const double gpu_db = sqnr_bf16(ref.out, r.out);
     double lse_err = 0;
@@ -653,7 +666,9 @@ int main(int argc, char** argv) {
   const int rmsnorm_failed =
       rmsnorm_report(x, xf, T, H * kHeadDim, gpu, opt.seed, &y_payload, &y_scales, &y_ref);
   const int gemm_failed = T > 0 ? gemm_report(y_payload, y_scales, y_ref, T, H * kHeadDim, gpu, opt.seed) : 0;
-  const int attention_failed = attention_report(gpu, opt.seed);
+  int attention_failed = 0;
+  for (CausalMask m : {CausalMask::kNone, CausalMask::kTopLeft, CausalMask::kBottomRight})
+    attention_failed += attention_report(gpu, opt.seed, m);
   const bool bad = mismatches || rmsnorm_failed || gemm_failed || attention_failed;
   std::printf("\n%s\n", bad ? "FAILED" : "ok");
   return bad ? 1 : 0;
