@@ -439,7 +439,9 @@ __device__ __forceinline__ Item sequence_item(const BwdParams& p, int b) {
 // bit kCausal, not a diagnostic) and of the persistent dQ kernel, which alone run it (no ring): query
 // i of item w faces its keys j <= i + causal_off (causal_keys).
 inline constexpr int kCausal = 32768;
-__device__ __forceinline__ int causal_off(const BwdParams& p, const Item& w) { return p.causal_br ? w.Lk - w.Lq : 0; }
+__device__ __forceinline__ int causal_off(const BwdParams& p, const Item& w) {
+  return attn::causal_off(p.causal_br, w.Lq, w.Lk);
+}
 // The Q tiles [x, x + y) of dK/dV item w (K tile w.blk): all of them, or (kCausal) those with a query
 // that faces the tile's first key.
 template <bool kCausalMask>
@@ -460,8 +462,7 @@ __device__ __forceinline__ int dq_k_tiles(const BwdParams& p, const Item& w) {
     return (w.Lk + kTile - 1) / kTile;
   } else {
     const int last = min((w.blk + 1) * kTile, w.Lq) - 1;
-    const int keys = min(w.Lk, max(last + 1 + causal_off(p, w), 0));
-    return (keys + kTile - 1) / kTile;
+    return (attn::causal_row_keys(last, causal_off(p, w), w.Lk) + kTile - 1) / kTile;
   }
 }
 
@@ -1320,10 +1321,9 @@ __device__ __forceinline__ void consume_dq(QStage (&st)[kQStages], uint64_t (&fu
   [[maybe_unused]] int lim_first = 0, lim[2] = {0, 0};
   if constexpr (kCausalMask) {
     const int off = causal_off(p, w);
-    auto keys = [&](int i) { return min(w.Lk, max(i + 1 + off, 0)); };
-    lim_first = keys(w.blk * kTile + cw * kHalf);
-    lim[0] = keys(w.blk * kTile + row0);
-    lim[1] = keys(w.blk * kTile + row0 + 8);
+    lim_first = attn::causal_row_keys(w.blk * kTile + cw * kHalf, off, w.Lk);
+    lim[0] = attn::causal_row_keys(w.blk * kTile + row0, off, w.Lk);
+    lim[1] = attn::causal_row_keys(w.blk * kTile + row0 + 8, off, w.Lk);
   }
   float dq[64];
 #pragma unroll

@@ -322,15 +322,14 @@ struct TileSoftmax {
   }
 };
 
-// A consumer warpgroup's softmax for the tile of Q rows from row0 of its sequence on: rows[] the
-// thread's rows within the tile, first the warpgroup's first (kCausal: the key limits, causal_keys;
-// Lk: the keys from the item's first K/V tile on).
+// A consumer warpgroup's softmax for the tile of Q rows from row0 of its sequence on, `first` the
+// warpgroup's first row within the tile (kCausal: the key limits, causal_keys; Lk: the keys from the
+// item's first K/V tile on).
 template <bool kTree, bool kCausal>
 __device__ __forceinline__ TileSoftmax<kTree, kCausal> make_softmax(const FwdParams& p, const float (&row_mult)[2],
-                                                                   int Lq, int Lk, int row0, int first,
-                                                                   [[maybe_unused]] const int (&rows)[2], int quad) {
+                                                                   int Lq, int Lk, int row0, int first, int quad) {
   if constexpr (kCausal) {
-    return {{row_mult[0], row_mult[1]}, Lk, quad, row0 + first + 1 + (p.causal_br ? Lk - Lq : 0)};
+    return {{row_mult[0], row_mult[1]}, Lk, quad, row0 + first + 1 + causal_off(p.causal_br, Lq, Lk)};
   } else {
     return {{row_mult[0], row_mult[1]}, Lk, quad};
   }
@@ -366,8 +365,7 @@ __device__ __forceinline__ WorkItem work_item(const FwdParams& p, unsigned index
   w.Lk = p.cu_k[w.b + 1] - p.cu_k[w.b];
   if constexpr (kCausal) {
     const int last = min((w.m_block + 1) * kQTile, w.Lq) - 1;  // the tile's last row
-    const int keys = min(w.Lk, max(last + 1 + (p.causal_br ? w.Lk - w.Lq : 0), 0));
-    w.n_tiles = (keys + kTile - 1) / kTile;
+    w.n_tiles = (causal_row_keys(last, causal_off(p.causal_br, w.Lq, w.Lk), w.Lk) + kTile - 1) / kTile;
   } else {
     w.n_tiles = (w.Lk + kTile - 1) / kTile;
   }
@@ -641,7 +639,7 @@ __device__ __forceinline__ void consume_item(Storage& s, const uint8_t* q_tile, 
   };
   constexpr bool kCausal = (kVariant & kVariantCausal) != 0;
   const auto sm = make_softmax<(kVariant & kVariantTree) != 0, kCausal>(p, row_mult, Lq, Lk, m_block * kTile,
-                                                                        cw * kRowsPerConsumer, rows, quad);
+                                                                        cw * kRowsPerConsumer, quad);
 
   constexpr int kDiag = variant_diag(kVariant);
   auto wait_full = [&](int j) {
@@ -1185,7 +1183,7 @@ __device__ __forceinline__ void consume_item3(Storage& s, const uint8_t* q_tile,
   constexpr bool kCausal = (kVariant & kVariantCausal) != 0;
   static_assert(!kCausal || !kParts, "the causal mask runs without a split tail");
   const auto sm = make_softmax<(kVariant & kVariantTree) != 0, kCausal>(p, row_mult, Lq, Lk, row0, cw * kRowsPerConsumer,
-                                                                        rows, quad);
+                                                                        quad);
 
   float o[64];
 #pragma unroll
@@ -1215,7 +1213,8 @@ __device__ __forceinline__ void consume_item3(Storage& s, const uint8_t* q_tile,
   // kCausal: the item's last tiles may lie past every row of this warpgroup (its rows are the tile's
   // first 64 or 128): the warpgroup releases them unread (its O, l and m would not change).
   [[maybe_unused]] const int keys_last =
-      kCausal ? min(Lk, max(row0 + cw * kRowsPerConsumer + kRowsPerConsumer + (p.causal_br ? Lk - Lq : 0), 0)) : 0;
+      kCausal ? causal_row_keys(row0 + cw * kRowsPerConsumer + kRowsPerConsumer - 1, causal_off(p.causal_br, Lq, Lk), Lk)
+              : 0;
   for (int j = 0; j < n_tiles; ++j) {
     const int stage = stage_of(it + j);
     stamp(j, 0);
@@ -1874,9 +1873,15 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   // The three-consumer kernel takes only the tree reductions and the V-tile bits of a variant.
   constexpr int kV3 = kDefaultVariantVTile, kM3 = kDefaultVariantVTile & ~attn::kVariantVTile;
   auto kernel3 = !three ? nullptr : ops.v_per_tile ? attn::attention_fwd_kernel3<kV3> : attn::attention_fwd_kernel3<kM3>;
-  auto kernel3p = ops.v_per_tile ? attn::attention_fwd_kernel3p<kV3, true> : attn::attention_fwd_kernel3p<kM3, true>;
-  if (!staged)  // out not 16-byte aligned: the persistent kernel's direct stores
-    kernel3p = ops.v_per_tile ? attn::attention_fwd_kernel3p<kV3, false> : attn::attention_fwd_kernel3p<kM3, false>;
+  // The persistent three-consumer kernel with the variant bits `extra` (the causal mask's or none):
+  // out staged for TMA stores, or (out not 16-byte aligned) its direct stores.
+  auto pick3p = [&](auto extra) {
+    constexpr int kX = decltype(extra)::value;
+    if (ops.v_per_tile)
+      return staged ? attn::attention_fwd_kernel3p<kV3 | kX, true> : attn::attention_fwd_kernel3p<kV3 | kX, false>;
+    return staged ? attn::attention_fwd_kernel3p<kM3 | kX, true> : attn::attention_fwd_kernel3p<kM3 | kX, false>;
+  };
+  auto kernel3p = pick3p(std::integral_constant<int, 0>{});
   auto parts3 = ops.v_per_tile ? attn::attention_fwd_kernel3<kV3, true> : attn::attention_fwd_kernel3<kM3, true>;
   // Without the exponential turns where every K/V sequence has at most kNoTurnMaxTiles tiles: an
   // item's one or two exponential phases gain nothing from alternating, and the second warpgroup
@@ -1929,10 +1934,7 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
 #endif
   if (p.causal != CausalMask::kNone) {  // the persistent kernels with the mask (exec_plan: no split tail)
     constexpr int kC = attn::kVariantCausal;
-    if (ops.v_per_tile)
-      kernel3p = staged ? attn::attention_fwd_kernel3p<kV3 | kC, true> : attn::attention_fwd_kernel3p<kV3 | kC, false>;
-    else
-      kernel3p = staged ? attn::attention_fwd_kernel3p<kM3 | kC, true> : attn::attention_fwd_kernel3p<kM3 | kC, false>;
+    kernel3p = pick3p(std::integral_constant<int, kC>{});
     kernel2p = ops.v_per_tile ? attn::attention_fwd_kernel2p<kDefaultVariantVTile | kC>
                               : attn::attention_fwd_kernel2p<kDefaultVariant | kC>;
     if (persistent <= 0 || plan.slots() > 0)
