@@ -267,9 +267,8 @@ NB_MODULE(_mxflash, m) {
   m.attr("PAYLOAD_LAYOUTS") = enum_names<PayloadLayout>(2);
   {
     nb::dict masks;  // AttentionOptions::causal, AttentionBackwardOptions::causal
-    masks["none"] = int(CausalMask::kNone);
-    masks["top_left"] = int(CausalMask::kTopLeft);
-    masks["bottom_right"] = int(CausalMask::kBottomRight);
+    for (CausalMask c : {CausalMask::kNone, CausalMask::kTopLeft, CausalMask::kBottomRight})
+      masks[causal_name(c)] = int(c);  // the library's names
     m.attr("CAUSAL_MASKS") = masks;
   }
   m.attr("BLOCK_SIZE") = kBlockSize;

@@ -80,15 +80,6 @@ Status check_scale(float scale) {
   return Status::Ok();
 }
 
-bool valid_causal(CausalMask c) {
-  return c == CausalMask::kNone || c == CausalMask::kTopLeft || c == CausalMask::kBottomRight;
-}
-Status check_causal(CausalMask c) {
-  if (valid_causal(c)) return Status::Ok();
-  return Status::Invalid("causal: must be none, top_left or bottom_right, got an unknown value " +
-                         std::to_string(int(c)));
-}
-
 // The dequantized values of an MX operand, (T, H, 128) fp32.
 Status dequantized(const MxTensor& t, const JaggedMeta& m, int64_t H, std::vector<float>* x) {
   x->assign(size_t(m.total_tokens() * H * kHeadDim), 0.f);
@@ -177,7 +168,7 @@ Status forward_cpu(const MxTensor& q, const MxTensor& k, const MxTensor& v, cons
 // The workspace-size queries answer 0 for metadata (or a causal value) the calls would reject (and
 // then read nothing past q's cu_seqlens).
 bool sizable(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, bool broadcast_q, CausalMask causal) {
-  if (q_meta.batch() < 1 || k_meta.batch() < 1 || heads < 1 || !valid_causal(causal)) return false;
+  if (q_meta.batch() < 1 || k_meta.batch() < 1 || heads < 1 || !ref::check_causal(causal).ok()) return false;
   return broadcast_q ? q_meta.batch() == 1 : q_meta.batch() == k_meta.batch();
 }
 
@@ -218,7 +209,7 @@ Status attention_forward(const MxTensor& q, const MxTensor& k, const MxTensor& v
   MXFLASH_RETURN_IF_ERROR(check_metas(q_meta, k_meta, opt.broadcast_q));
   const float scale = resolved_scale(opt.softmax_scale);
   MXFLASH_RETURN_IF_ERROR(check_scale(scale));
-  MXFLASH_RETURN_IF_ERROR(check_causal(opt.causal));
+  MXFLASH_RETURN_IF_ERROR(ref::check_causal(opt.causal));
   int64_t H = 0;
   MXFLASH_RETURN_IF_ERROR(check_operand(q, "q", Orientation::kHdim, q_meta, &H));
   MXFLASH_RETURN_IF_ERROR(check_operand(k, "k", Orientation::kHdim, k_meta, &H));
@@ -530,7 +521,7 @@ Status attention_forward(const AttentionFwdOperands& ops, const JaggedMeta& q_me
   MXFLASH_RETURN_IF_ERROR(check_metas(q_meta, k_meta, opt.broadcast_q));
   const float scale = resolved_scale(opt.softmax_scale);
   MXFLASH_RETURN_IF_ERROR(check_scale(scale));
-  MXFLASH_RETURN_IF_ERROR(check_causal(opt.causal));
+  MXFLASH_RETURN_IF_ERROR(ref::check_causal(opt.causal));
   if (opt.exact_mx)
     return Status::Unsupported("opt.exact_mx: the exact-MX path takes MX tensors, not execution-layout operands");
   int64_t H = 0;
@@ -560,7 +551,7 @@ Status attention_forward(const AttentionFwdOperands& ops, const JaggedMeta& q_me
 namespace {
 
 Status check_backward_options(const AttentionBackwardOptions& opt) {
-  MXFLASH_RETURN_IF_ERROR(check_causal(opt.causal));
+  MXFLASH_RETURN_IF_ERROR(ref::check_causal(opt.causal));
   if (opt.dq_accum != DqAccum::kFp32 && opt.dq_accum != DqAccum::kFp16)
     return Status::Invalid("dq_accum: must be fp32 or fp16, got an unknown value " + std::to_string(int(opt.dq_accum)));
   if (opt.dq_fp16_scale_log2 < 0 || opt.dq_fp16_scale_log2 > 15)

@@ -394,8 +394,15 @@ int64_t out_tokens(const AttnProblem& p) {
   return int64_t(p.k_meta->batch()) * p.q_meta->length(0);
 }
 
+Status check_causal(CausalMask causal) {
+  if (causal == CausalMask::kNone || causal == CausalMask::kTopLeft || causal == CausalMask::kBottomRight)
+    return Status::Ok();
+  return Status::Invalid("causal: must be none, top_left or bottom_right, got an unknown value " +
+                         std::to_string(int(causal)));
+}
+
 namespace {
-// Metadata, heads and scale (check_problem without the data pointers).
+// Metadata, heads, scale and mask (check_problem without the data pointers).
 Status check_problem_meta(const AttnProblem& p) {
   if (!p.q_meta || p.q_meta->batch() < 1) return Status::Invalid("q_meta: missing or empty metadata");
   if (!p.k_meta || p.k_meta->batch() < 1) return Status::Invalid("k_meta: missing or empty metadata");
@@ -409,10 +416,7 @@ Status check_problem_meta(const AttnProblem& p) {
   if (p.heads < 1) return Status::Invalid("heads: must be >= 1");
   if (!(p.softmax_scale > 0.0) || !std::isfinite(p.softmax_scale))
     return Status::Invalid("softmax_scale: must be finite and > 0");
-  if (p.causal != CausalMask::kNone && p.causal != CausalMask::kTopLeft && p.causal != CausalMask::kBottomRight)
-    return Status::Invalid("causal: must be none, top_left or bottom_right, got an unknown value " +
-                           std::to_string(int(p.causal)));
-  return Status::Ok();
+  return check_causal(p.causal);
 }
 }  // namespace
 

@@ -74,6 +74,9 @@ namespace mxflash::ref {
 enum class AttnMethod : int { kFp64 = 0, kBf16 = 1, kFp8PerTensor = 2, kMx = 3 };
 const char* to_string(AttnMethod m);  // "fp64", "bf16", "fp8", "mx"
 bool parse_attn_method(const std::string& name, AttnMethod* m);
+// Status::Invalid naming causal for a value outside CausalMask (the reference's and the public
+// entry points' one check).
+Status check_causal(CausalMask causal);
 
 inline const double kDefaultSoftmaxScale = 1.0 / std::sqrt(double(kHeadDim));
 inline constexpr float kFp8PScale = 448.f;  // per-tensor FP8: P stored as e4m3(448 p)

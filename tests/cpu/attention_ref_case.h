@@ -12,6 +12,10 @@
 
 namespace mxflash::test {
 
+// Every numeric method of the reference.
+inline const ref::AttnMethod kAllAttnMethods[] = {ref::AttnMethod::kFp64, ref::AttnMethod::kBf16,
+                                                  ref::AttnMethod::kFp8PerTensor, ref::AttnMethod::kMx};
+
 struct RefCase {
   JaggedMeta qm, km;
   int64_t H = 1;

@@ -29,7 +29,6 @@ namespace {
 using ref::AttnMethod;
 constexpr int kD = kHeadDim;
 constexpr double kInf = std::numeric_limits<double>::infinity();
-const AttnMethod kAllMethods[] = {AttnMethod::kFp64, AttnMethod::kBf16, AttnMethod::kFp8PerTensor, AttnMethod::kMx};
 const CausalMask kMasks[] = {CausalMask::kTopLeft, CausalMask::kBottomRight};
 
 const char* mask_name(CausalMask m) {
@@ -218,7 +217,7 @@ TEST(AttentionCausal, TopLeftEqualsBottomRightOnSquareSequences) {
     Case br = tl, none = tl;
     br.causal = CausalMask::kBottomRight;
     none.causal = CausalMask::kNone;
-    for (AttnMethod m : kAllMethods) {
+    for (AttnMethod m : test::kAllAttnMethods) {
       SCOPED_TRACE(ref::to_string(m));
       const Result a = run(tl, m), b = run(br, m);
       EXPECT_EQ(a.f.out, b.f.out);
@@ -248,7 +247,7 @@ struct Variant {
 };
 std::vector<Variant> variants() {
   std::vector<Variant> v;
-  for (AttnMethod m : kAllMethods) v.push_back({ref::to_string(m), m, {}, m != AttnMethod::kFp8PerTensor});
+  for (AttnMethod m : test::kAllAttnMethods) v.push_back({ref::to_string(m), m, {}, m != AttnMethod::kFp8PerTensor});
   ref::AttnOptions o;
   o.hopper_exec = true;
   o.hopper_fwd = ref::HopperFwd::kVPerSequenceChannel;

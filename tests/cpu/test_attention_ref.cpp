@@ -22,7 +22,6 @@ namespace {
 using ref::AttnMethod;
 constexpr int kD = kHeadDim;
 constexpr double kInf = std::numeric_limits<double>::infinity();
-const AttnMethod kAllMethods[] = {AttnMethod::kFp64, AttnMethod::kBf16, AttnMethod::kFp8PerTensor, AttnMethod::kMx};
 
 using Case = test::RefCase;
 using Result = test::RefResult;
@@ -346,7 +345,7 @@ TEST(AttentionRef, Fp8AndBf16Operands) {
 TEST(AttentionRef, EmptySequencesGiveZeroOutputAndGradients) {
   // K/V sequence 1 is empty (its queries see no keys); Q sequence 2 is empty (its keys see no queries).
   const Case c = make_case({9, 6, 0}, {12, 0, 7}, 2, false, 21);
-  for (AttnMethod m : kAllMethods) {
+  for (AttnMethod m : test::kAllAttnMethods) {
     const Result r = run(c, m);
     const int64_t To = c.To();
     for (int64_t t = 9; t < 15; ++t)
@@ -364,7 +363,7 @@ TEST(AttentionRef, EmptySequencesGiveZeroOutputAndGradients) {
   }
   // All sequences empty.
   const Case e = make_case({0, 0}, {0, 0}, 1, false, 1);
-  for (AttnMethod m : kAllMethods) {
+  for (AttnMethod m : test::kAllAttnMethods) {
     const Result r = run(e, m);
     EXPECT_TRUE(r.f.out.empty() && r.f.lse.empty() && r.g.dq.empty() && r.g.dk.empty());
   }
@@ -398,7 +397,7 @@ TEST(AttentionRef, BroadcastQEqualsRepeatedQ) {
   rep.v = bc.v;
   rep.dout = bc.dout;  // the output token order is the same: b * Lq + i
   for (size_t b = 0; b < kl.size(); ++b) rep.q.insert(rep.q.end(), bc.q.begin(), bc.q.end());
-  for (AttnMethod m : kAllMethods) {
+  for (AttnMethod m : test::kAllAttnMethods) {
     const Result a = run(bc, m, /*round=*/false), r = run(rep, m, /*round=*/false);
     EXPECT_EQ(a.f.out, r.f.out) << ref::to_string(m);
     EXPECT_EQ(a.f.lse, r.f.lse) << ref::to_string(m);
@@ -415,7 +414,7 @@ TEST(AttentionRef, BroadcastQEqualsRepeatedQ) {
 
 TEST(AttentionRef, ResultsDoNotDependOnThreadCount) {
   const Case c = make_case({70, 5, 33}, {64, 90, 1}, 3, false, 51);
-  for (AttnMethod m : kAllMethods) {
+  for (AttnMethod m : test::kAllAttnMethods) {
     const Result a = run(c, m, true, 1), b = run(c, m, true, 3);
     EXPECT_EQ(a.f.out, b.f.out);
     EXPECT_EQ(a.f.lse, b.f.lse);
