@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -313,6 +314,10 @@ struct BwdParams {
   unsigned* ring_ready;
   unsigned* ring_free;
   const int2* ring_group;  // kRect: each group's (b x heads + h) bundle and the bundle's step of its K tile 0
+  // kCausal kernels: their items in the order of the host's causal_orders (work_list.cuh's
+  // static_order for the dK/dV kernel, its slot -> item with -1 for an empty slot, num_items slots;
+  // dynamic_order for the dQ kernel, after the dK/dV kernel's). Null elsewhere.
+  const int* causal_order;
 };
 // The epoch of step t of group gid, and that of the slot's previous use (the same group ring_steps
 // steps before, or the group ring_groups before at step n - ring_steps + t), 0 for none.
@@ -442,17 +447,27 @@ inline constexpr int kCausal = 32768;
 __device__ __forceinline__ int causal_off(const BwdParams& p, const Item& w) {
   return attn::causal_off(p.causal_br, w.Lq, w.Lk);
 }
+// Under the causal mask (host and device: the host weighs the items by them, causal_orders): the Q
+// tiles [x, x + y) with a query that faces K tile `blk`'s first key, and the K/V tiles up to the
+// diagonal of Q tile `blk`'s last row; `off` the diagonal's offset (attn::causal_off).
+__host__ __device__ __forceinline__ int2 causal_kv_q_tiles(int blk, int Lq, int off) {
+  const int n_q = (Lq + kTile - 1) / kTile;
+  const int first = blk * kTile - off > 0 ? blk * kTile - off : 0;
+  if (first >= Lq) return make_int2(0, 0);
+  return make_int2(first / kTile, n_q - first / kTile);
+}
+__host__ __device__ __forceinline__ int causal_dq_k_tiles(int blk, int Lq, int Lk, int off) {
+  const int last = ((blk + 1) * kTile < Lq ? (blk + 1) * kTile : Lq) - 1;
+  return (attn::causal_row_keys(last, off, Lk) + kTile - 1) / kTile;
+}
 // The Q tiles [x, x + y) of dK/dV item w (K tile w.blk): all of them, or (kCausal) those with a query
 // that faces the tile's first key.
 template <bool kCausalMask>
 __device__ __forceinline__ int2 kv_q_tiles(const BwdParams& p, const Item& w) {
-  const int n_q = (w.Lq + kTile - 1) / kTile;
   if constexpr (!kCausalMask) {
-    return make_int2(0, n_q);
+    return make_int2(0, (w.Lq + kTile - 1) / kTile);
   } else {
-    const int first = max(w.blk * kTile - causal_off(p, w), 0);
-    if (first >= w.Lq) return make_int2(0, 0);
-    return make_int2(first / kTile, n_q - first / kTile);
+    return causal_kv_q_tiles(w.blk, w.Lq, causal_off(p, w));
   }
 }
 // The K/V tiles of dQ item w (Q tile w.blk): all, or (kCausal) up to the diagonal of its last row.
@@ -461,8 +476,17 @@ __device__ __forceinline__ int dq_k_tiles(const BwdParams& p, const Item& w) {
   if constexpr (!kCausalMask) {
     return (w.Lk + kTile - 1) / kTile;
   } else {
-    const int last = min((w.blk + 1) * kTile, w.Lq) - 1;
-    return (attn::causal_row_keys(last, causal_off(p, w), w.Lk) + kTile - 1) / kTile;
+    return causal_dq_k_tiles(w.blk, w.Lq, w.Lk, causal_off(p, w));
+  }
+}
+// The item in slot `index` of a causal kernel's order (BwdParams::causal_order; -1: an empty slot),
+// or `index` itself.
+template <bool kCausalMask>
+__device__ __forceinline__ int ordered_item(const BwdParams& p, unsigned index) {
+  if constexpr (kCausalMask) {
+    return p.causal_order[index];
+  } else {
+    return int(index);
   }
 }
 
@@ -715,7 +739,9 @@ __device__ __forceinline__ void for_each_loaded_item(const BwdParams& p, Fn&& fn
   if constexpr (kPersistent) {
     int it = 0, kv_i = 0;
     for (unsigned index = blockIdx.x; index < unsigned(p.num_items); index += dkdv_ctas<kDiag>(p)) {
-      const Item w = kv_item_of<kDiag>(p, index);
+      const int e = ordered_item<(kDiag & kCausal) != 0>(p, index);
+      if ((kDiag & kCausal) != 0 && e < 0) continue;
+      const Item w = kv_item_of<kDiag>(p, unsigned(e));
       const int n_q = kv_q_tiles<(kDiag & kCausal) != 0>(p, w).y;  // (kCausal: from Q tile kv_q_tiles(.).x on)
       if (n_q == 0) continue;
       fn(w, n_q, it, kv_i);
@@ -1213,7 +1239,9 @@ __device__ __forceinline__ void dkdv_body(const CUtensorMap& tm_q, const CUtenso
   if constexpr (kPersistent) {
     int it = 0, kv_i = 0;
     for (unsigned index = blockIdx.x; index < unsigned(p.num_items); index += dkdv_ctas<kDiag>(p)) {
-      const Item w = kv_item_of<kDiag>(p, index);
+      const int e = ordered_item<kCausalMask>(p, index);
+      if (kCausalMask && e < 0) continue;
+      const Item w = kv_item_of<kDiag>(p, unsigned(e));
       const int n_q = kv_q_tiles<kCausalMask>(p, w).y;
       consume(w, n_q, it, kv_i);
       if (n_q > 0) {
@@ -1807,7 +1835,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       Item w{};
       if (more) {
         if (lane == 0) next = gridDim.x + atomicAdd(next_item, 1u);
-        w = item_of<false, kCausalMask>(p, index);
+        w = item_of<false, kCausalMask>(p, unsigned(ordered_item<kCausalMask>(p, index)));
       }
       sm90::mbar_wait(&s.q_empty[qb], ((n >> 1) & 1u) ^ 1u);
       if (!more) {  // the end
@@ -2299,11 +2327,11 @@ bool heads_inner(int64_t heads, const std::vector<int>& len, int64_t bytes_per_t
 
 struct BwdWorkspace {
   size_t ring_items, ring_meta, q, k, v, qt, kt, dout, dot, info, q_scale, k_scale, v_scale, qt_byte, qt_scale, kt_byte, kt_scale, dot_scale,
-      kv_items, q_items, dq_part, dk_f32, dv_f32, dk_sq, dv_sq, ds_dump, ds_scales, total;
+      kv_items, orders, q_items, dq_part, dk_f32, dv_f32, dk_sq, dv_sq, ds_dump, ds_scales, total;
 };
 
 BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n_kv_items, size_t n_q_items,
-                        const RingConfig& ring, bool pds, size_t n_ring_items, size_t n_ring_meta) {
+                        const RingConfig& ring, bool pds, size_t n_ring_items, size_t n_ring_meta, size_t n_orders) {
   BwdWorkspace w;
   size_t off = 0;
   auto take = [&](size_t bytes) {
@@ -2337,6 +2365,7 @@ BwdWorkspace bwd_layout(const cuda::AttentionBwdProblem& p, int64_t Po, size_t n
   w.ring_meta = take(n_ring_meta * sizeof(int2));
   w.q_items = take(attn::work_list_bytes(n_q_items));  // + the persistent dQ kernel's item counter
   w.kv_items = take(n_kv_items * sizeof(int2));
+  w.orders = take((n_orders + 1) / 2 * sizeof(int2));  // the causal kernels' orders (ints), in the same upload
   w.dq_part = take(p.broadcast_q ? size_t(p.To) * H * D * sizeof(float) : 0);
   const bool mx = p.mxfp8_dkv;  // fp32 dK, dV, then square32 quantization
   w.dk_f32 = take(mx ? size_t(p.Tk) * H * D * sizeof(float) : 0);
@@ -2361,6 +2390,11 @@ struct BwdPlan {
   int64_t lq_pad = 0, Po = 0;  // broadcast_q: each output sequence padded to lq_pad rows
   std::vector<int> lq, lk;
   std::vector<int2> kv_items, q_items;
+  // The causal mask: the dK/dV kernel's slots (static_order over kv_ctas CTAs) then the dQ kernel's
+  // (dynamic_order), BwdParams::causal_order; kv_slots of them the dK/dV kernel's.
+  std::vector<int> orders;
+  size_t kv_slots = 0;
+  int kv_ctas = 0;
   std::vector<int2> ring_meta;  // the rectangular ring's groups' table and bundles' steps (rect_meta)
   size_t ring_totals = 0;       // where in ring_meta the bundles' steps start (after one entry a group)
   size_t ring_n_items = 0;      // its dK/dV list's length
@@ -2368,6 +2402,74 @@ struct BwdPlan {
   bool pds = false;  // the dQ kernel's kDumpPds and the dK/dV kernel's kFromPds forms: the ring, or pds_experiment
   BwdWorkspace w;
 };
+
+// The causal kernels' orders (work_list.cuh): items weighed by the tiles they walk plus one (the
+// item's loads and epilogue), windows of MXFLASH_BWD_CAUSAL_WINDOW items (read at every call; 0: the
+// lists' order as it is), by default 4 x the CTAs: the simulated longest CTA of the dK/dV kernel
+// within 1-2% of the mean, where the lists' order gave 8% (llm-long) to 21% (llm) above it, and
+// the dQ kernel's within 1% instead of 6-7%.
+void causal_orders(const AttentionBwdProblem& p, int sms, BwdPlan* pl) {
+  const int64_t H = p.heads;
+  const bool br = p.causal == CausalMask::kBottomRight;
+  // Item `index` of a list (item_of): its sequence, head and tile, as the kernels decode it.
+  auto decode = [&](const std::vector<int2>& list, int64_t index, bool heads_inner_order, bool kv) {
+    const int2 e = list[size_t(index / H)];
+    const int tiles = ((kv ? pl->lk : pl->lq)[size_t(e.x)] + bwd::kTile - 1) / bwd::kTile;
+    const int64_t off = index - int64_t(e.y) * H;
+    return std::make_pair(e.x, int(heads_inner_order ? off / H : off % tiles));
+  };
+  const int64_t n_kv = int64_t(pl->kv_items.size()) * H, n_q = int64_t(pl->q_items.size()) * H;
+  pl->kv_ctas = int(std::min<int64_t>(n_kv, sms));
+  int64_t window = 4 * int64_t(sms);
+  if (const char* e = std::getenv("MXFLASH_BWD_CAUSAL_WINDOW")) window = std::atoll(e);
+  const bool kv_inner = heads_inner(H, pl->lq, 4 * kHeadDim + sizeof(float4));  // (the launchers')
+  const bool q_inner = heads_inner(H, pl->lk, 3 * kHeadDim);
+  // The last orders made on this thread, for the same lengths, heads, mask, SMs and window (a
+  // training loop's next step, and the workspace query before each call, which also plans): their
+  // making costs the host 0.1-0.2 ms at llm's 2048 items a kernel, the time a step's GPU work
+  // hides only where it is long.
+  struct Cached {
+    std::vector<int> lq, lk, orders;
+    int64_t heads = -1, window = 0;
+    bool br = false, kv_inner = false, q_inner = false;
+    int sms = 0;
+    size_t kv_slots = 0;
+  };
+  thread_local Cached cached;
+  if (cached.heads == H && cached.br == br && cached.sms == sms && cached.window == window &&
+      cached.kv_inner == kv_inner && cached.q_inner == q_inner && cached.lq == pl->lq && cached.lk == pl->lk) {
+    pl->orders = cached.orders;
+    pl->kv_slots = cached.kv_slots;
+    return;
+  }
+  std::vector<int64_t> weight(static_cast<size_t>(n_kv));
+  for (int64_t i = 0; i < n_kv; ++i) {
+    const auto [b, tile] = decode(pl->kv_items, i, kv_inner, true);
+    const int lq = pl->lq[size_t(b)], lk = pl->lk[size_t(b)];
+    weight[size_t(i)] = bwd::causal_kv_q_tiles(tile, lq, attn::causal_off(br, lq, lk)).y + 1;
+  }
+  pl->orders = mxflash::attn::static_order(weight, pl->kv_ctas, window);
+  pl->kv_slots = pl->orders.size();
+  weight.assign(size_t(n_q), 0);
+  for (int64_t i = 0; i < n_q; ++i) {
+    const auto [b, tile] = decode(pl->q_items, i, q_inner, false);
+    const int lq = pl->lq[size_t(b)], lk = pl->lk[size_t(b)];
+    const int blk = (lq + bwd::kTile - 1) / bwd::kTile - 1 - tile;  // (item_of<false, true>: last first)
+    weight[size_t(i)] = bwd::causal_dq_k_tiles(blk, lq, lk, attn::causal_off(br, lq, lk)) + 1;
+  }
+  const std::vector<int> q_order = mxflash::attn::dynamic_order(weight, window);
+  pl->orders.insert(pl->orders.end(), q_order.begin(), q_order.end());
+  cached.lq = pl->lq;
+  cached.lk = pl->lk;
+  cached.orders = pl->orders;
+  cached.heads = H;
+  cached.br = br;
+  cached.kv_inner = kv_inner;
+  cached.q_inner = q_inner;
+  cached.sms = sms;
+  cached.window = window;
+  cached.kv_slots = pl->kv_slots;
+}
 
 BwdPlan plan_of(const AttentionBwdProblem& p) {
   BwdPlan pl;
@@ -2394,8 +2496,9 @@ BwdPlan plan_of(const AttentionBwdProblem& p) {
   if (pl.ring.rect)
     pl.ring_meta = rect_meta(pl.q_items, k_tiles, p.heads, pl.ring.groups, &pl.ring_n_items, &pl.ring_totals);
   pl.pds = pl.ring.n > 0 || pds_experiment(p);
+  if (p.causal != CausalMask::kNone) causal_orders(p, sms, &pl);
   pl.w = bwd_layout(p, pl.Po, pl.kv_items.size(), pl.q_items.size(), pl.ring, pl.pds, pl.ring_n_items,
-                    pl.ring_meta.size());
+                    pl.ring_meta.size(), pl.orders.size());
   return pl;
 }
 
@@ -2450,6 +2553,12 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       if (kv_list && !kv_items.empty()) {
         lists.resize((w.kv_items - w.ring_meta) / sizeof(int2), int2{0, 0});
         lists.insert(lists.end(), kv_items.begin(), kv_items.end());
+      }
+      if (!plan.orders.empty()) {  // (the causal mask: never the ring, so after the dK/dV list)
+        lists.resize((w.orders - w.ring_meta) / sizeof(int2), int2{0, 0});
+        const size_t at = lists.size();
+        lists.resize(at + (plan.orders.size() + 1) / 2, int2{-1, -1});
+        std::memcpy(lists.data() + at, plan.orders.data(), plan.orders.size() * sizeof(int));
       }
       MXFLASH_RETURN_IF_ERROR(upload_to_device(ws + w.ring_meta, lists.data(), lists.size() * sizeof(int2), stream));
     }
@@ -2635,6 +2744,10 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       bp.heads_inner = heads_inner(H, plan.lq, 4 * kHeadDim + sizeof(float4));  // Q, Qᵀ, dO, dOᵀ, info
       const int64_t n_items = int64_t(kv_items.size()) * H;
       bp.num_items = int(n_items);
+      if (causal) {  // the slots of its order (causal_orders), over plan.kv_ctas CTAs
+        bp.causal_order = reinterpret_cast<const int*>(ws + w.orders);
+        bp.num_items = int(plan.kv_slots);
+      }
       const int variant = bwd_variant();
       const bool persistent = (variant & 1) == 0 || p.exec != nullptr || causal;  // (exec: the persistent kernel, below)
       auto kernel = persistent ? bwd::attention_bwd_dkdv_kernel<true> : bwd::attention_bwd_dkdv_kernel<false>;
@@ -2752,7 +2865,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
         MXFLASH_RETURN_IF_ERROR(cuda_error(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
             "cudaFuncSetAttribute(attention_bwd_dkdv_kernel)"));
-        const int64_t grid = persistent ? std::min<int64_t>(n_items, sms) : n_items;
+        const int64_t grid = causal ? plan.kv_ctas : persistent ? std::min<int64_t>(n_items, sms) : n_items;
         MXFLASH_RETURN_IF_ERROR(cuda_error(launch_programmatic(pdl, kernel, dim3(unsigned(grid)), dim3(bwd::kThreads),
                                                                smem, stream, tm_q, tm_k, tm_v, tm_do, tm_qt, tm_dot,
                                                                tm_dk, tm_dv, bp),
@@ -2789,6 +2902,8 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       if (causal && dq_ctas == 0) dq_ctas = sms;
       if (const int ctas = dq_ctas) {
         bp.num_items = int(n_q);
+        // (the causal mask: its order after the dK/dV kernel's, a slot an item)
+        if (causal) bp.causal_order = reinterpret_cast<const int*>(ws + w.orders) + plan.kv_slots;
         // dQ (bf16, 16-byte aligned: TMA) staged in the item buffers (consume_dq).
         bp.staged_dq = !p.broadcast_q && p.Tq > 0 && is_aligned(p.dq, 16);
         CUtensorMap tm_dq{};

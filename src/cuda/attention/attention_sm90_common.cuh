@@ -149,7 +149,7 @@ __device__ __forceinline__ void fence_all(float (&r)[N]) {
 
 // The causal mask in the kernels' int arithmetic (causal_keys, mxflash/attention.h): the alignment's
 // offset of the diagonal (bottom-right: Lk - Lq; top-left: 0), and the keys row i faces given it.
-__device__ __forceinline__ int causal_off(bool bottom_right, int Lq, int Lk) { return bottom_right ? Lk - Lq : 0; }
-__device__ __forceinline__ int causal_row_keys(int i, int off, int Lk) { return min(Lk, max(i + 1 + off, 0)); }
+__host__ __device__ __forceinline__ int causal_off(bool bottom_right, int Lq, int Lk) { return bottom_right ? Lk - Lq : 0; }
+__host__ __device__ __forceinline__ int causal_row_keys(int i, int off, int Lk) { return min(Lk, max(i + 1 + off, 0)); }
 
 }  // namespace mxflash::cuda::attn

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/work_order.h"
 #include "cuda/common/upload.h"
 
 namespace mxflash::cuda::attn {
