@@ -169,3 +169,97 @@ def _check_inputs(q, k, v, q_meta, k_meta):
                              "(the same count, or a grouped-query share of it)")
         if x.device != q.device:
             raise ValueError(f"{name}: is on {x.device}, q on {q.device}")
+
+
+# ---------------------------------------------------------------------------- dense drop-in
+_UNIFORM_METAS = {}  # (batch, length) -> JaggedMeta of equal lengths (device copies kept inside)
+_UNIFORM_METAS_MAX = 64
+
+
+def _uniform_meta(batch, length):
+    """The JaggedMeta of `batch` sequences of `length` tokens, made once: its device copy is uploaded
+    on first CUDA use (a blocking copy) and then reused by every call of that shape."""
+    key = (batch, length)
+    meta = _UNIFORM_METAS.get(key)
+    if meta is None:
+        if len(_UNIFORM_METAS) >= _UNIFORM_METAS_MAX:
+            _UNIFORM_METAS.pop(next(iter(_UNIFORM_METAS)))  # the oldest shape
+        meta = mxflash.JaggedMeta.from_lengths([length] * batch)
+        _UNIFORM_METAS[key] = meta
+    return meta
+
+
+_DENSE_LAYOUTS = {"bhsd": "(batch, heads, tokens, 128)", "bshd": "(batch, tokens, heads, 128)"}
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False, *, layout="bhsd"):
+    """torch.nn.functional.scaled_dot_product_attention's call on dense batches, run as MXFP8
+    attention (mx_attention): a drop-in for training loops that hold q, k, v as (B, H, L, 128).
+
+    query (B, H, L, 128), key and value (B, Hkv, S, 128), one dtype (bfloat16, float16, float32 or
+    float64), CPU or CUDA; layout="bshd" takes (B, L, H, 128) and (B, S, Hkv, 128) instead
+    (FlashAttention's flash_attn_func layout). Returns out in the inputs' layout and dtype,
+    differentiable in query, key and value. Supported as torch's: is_causal (the top-left mask:
+    row i attends keys j <= i), scale (None: 1/sqrt(128)), enable_gqa (Hkv divides H; query head h
+    attends key/value head h // (H / Hkv); without it the head counts must be equal). Not supported
+    (ValueError naming the argument): attn_mask (use is_causal, or mx_attention with jagged
+    metadata for sequences of different lengths), dropout_p != 0, head dims other than 128.
+    Rows facing no key (S = 0) give 0, as in mx_attention.
+
+    Memory: (B, H, L, 128) tensors that are transposes of (B, L, H, 128) ones (the usual
+    x.view(B, L, H, 128).transpose(1, 2)) are read in place; others are copied to that order once
+    (the quantizer reads tokens with their heads side by side). out is returned as such a transpose
+    (out.transpose(1, 2) is contiguous), as FlashAttention does. The equal-length metadata of each
+    (B, L) is made once and kept (its first CUDA use uploads it: do a warm-up call before capturing
+    a CUDA graph).
+    """
+    torch = _torch()
+    if attn_mask is not None:
+        raise ValueError("attn_mask: not supported (use is_causal=True for the causal mask, or "
+                         "mxflash.autograd.mx_attention with jagged metadata for sequences of different lengths)")
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p: must be 0 (attention dropout is not supported), got {dropout_p}")
+    if layout not in _DENSE_LAYOUTS:
+        raise ValueError(f"layout: must be 'bhsd' or 'bshd', got {layout!r}")
+    if not isinstance(is_causal, bool):
+        raise ValueError(f"is_causal: must be a bool, got {is_causal!r}")
+    heads_axis, tokens_axis = (1, 2) if layout == "bhsd" else (2, 1)
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch tensor, got {type(x).__name__}")
+        if x.dim() != 4 or x.shape[3] != 128:
+            raise ValueError(f"{name}: must be {_DENSE_LAYOUTS[layout]} (layout={layout!r}), got shape {tuple(x.shape)}")
+    for name, x in (("key", key), ("value", value)):
+        if x.dtype != query.dtype:
+            raise ValueError(f"{name}: dtype {x.dtype} differs from query's {query.dtype} (one dtype for all three)")
+    if value.shape != key.shape:
+        raise ValueError(f"value: shape {tuple(value.shape)} must equal key's {tuple(key.shape)}")
+    batch, heads, lq = query.shape[0], query.shape[heads_axis], query.shape[tokens_axis]
+    kv_heads, lk = key.shape[heads_axis], key.shape[tokens_axis]
+    if key.shape[0] != batch:
+        raise ValueError(f"key: batch {key.shape[0]} differs from query's {batch}")
+    if kv_heads != heads and not enable_gqa:
+        raise ValueError(f"key: has {kv_heads} heads, query {heads}: different head counts need enable_gqa=True")
+    if kv_heads == 0 or heads % kv_heads != 0:
+        raise ValueError(f"key: has {kv_heads} heads, which must divide query's {heads} (enable_gqa)")
+
+    def packed(x):  # (B * tokens, heads, 128): a view where the memory allows
+        x = x.transpose(1, 2) if layout == "bhsd" else x
+        return x.reshape(x.shape[0] * x.shape[1], x.shape[2], 128)
+
+    if batch == 0 or lq == 0 or lk == 0 or heads == 0:
+        # Nothing to attend (JaggedMeta needs a sequence, the kernels a token): zeros, tied to the
+        # inputs so that their gradients come back (zero).
+        shape = (batch, lq, heads, 128)
+        out = query.new_zeros(shape) + 0 * (query.sum() + key.sum() + value.sum())
+    else:
+        out = mx_attention(packed(query), packed(key), packed(value), _uniform_meta(batch, lq),
+                           _uniform_meta(batch, lk), softmax_scale=scale, causal=is_causal)
+        out = out.view(batch, lq, heads, 128)
+    if layout == "bhsd":
+        out = out.transpose(1, 2)
+    return out if out.dtype == query.dtype else out.to(query.dtype)
+
+
+scaled_dot_product_attention = _opaque_to_torch_compile(scaled_dot_product_attention)
