@@ -7,10 +7,11 @@
 # scripts/stage_gpu_bin.sh and carried over), otherwise built here with scripts/build.sh.
 # The Python module is always built here (it must match this machine's Python). On a machine with
 # two GPUs the Python tests' two-device cases run too (skipped on one): SECTIONS="python".
-# Sections can be chosen: SECTIONS="tests sanitizer python report bench fused gemm accuracy peers"
+# Sections can be chosen: SECTIONS="tests sanitizer python report bench causal fused gemm module sdpa accuracy peers"
 # (default all; "fused": scripts/rmsnorm_bench.py, the fused RMSNorm+Quantize against torch's RMSNorm;
 # "gemm": scripts/gemm_bench.py, the fused GEMM+Quantize against cuBLAS's FP8 and BF16 GEMMs;
 # "module": scripts/module_bench.py, the jagged cross-attention module against its BF16 twin;
+# "sdpa": scripts/sdpa_bench.py, mxflash.autograd.scaled_dot_product_attention against torch's SDPA;
 # "causal": the causal mask's benchmark on llm and llm-long against cuDNN's causal SDPA, and its
 # accuracy against FP64 under both alignments).
 # All of it takes longer than one 10-minute device command; split it, e.g.
@@ -22,7 +23,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-logs}
 mkdir -p "$OUT"
 BIN=${BIN:-.gpu-bin}
-SECTIONS=${SECTIONS:-"tests sanitizer python report bench causal fused gemm module accuracy peers"}
+SECTIONS=${SECTIONS:-"tests sanitizer python report bench causal fused gemm module sdpa accuracy peers"}
 # "ab" (not in the default list): the forward and backward variants staged in $BIN/exp
 # (EXPERIMENTS=1 scripts/stage_gpu_bin.sh): their GPU tests and speed; and both work-list orders.
 # "accuracy_full" (not in the default list): issue 4's whole forward accuracy matrix (minutes).
@@ -175,6 +176,10 @@ if want module; then
   note "the jagged cross-attention module against its BF16 twin (scripts/module_bench.py)"
   # shellcheck disable=SC2086
   py_bench module module_bench.py MODULE ${MODULE_ARGS:-}
+fi
+if want sdpa; then
+  note "the SDPA drop-in against torch's SDPA, cuDNN and flash backends (scripts/sdpa_bench.py)"
+  py_bench sdpa sdpa_bench.py SDPA
 fi
 if want probe && [ -x "$BIN/mxflash-overlap-probe" ]; then
   note "mxflash-overlap-probe (random operands)"

@@ -2,11 +2,15 @@
 """Host-side cost of mxflash's Python calls at a tiny shape (one sequence of 128, H = 2: the GPU work
 is negligible): wall time per call (the least of 10 batches of 50 calls, the GPU drained after each batch), torch's
 SDPA step beside it, then a cProfile of the mx_attention training step (top 25 by own time; not with
---no-profile).
+--no-profile). --batch B --length L --heads H set another shape, --causal the mask; at shapes whose
+GPU work is not negligible, --host-only times the host alone (each batch's calls issued, timed
+before the GPU is drained).
 
 Usage (GPU machine, module built: scripts/gpu_check.sh's python section builds it):
-  PYTHONPATH=python python3 scripts/time_mx_host_overhead.py [--no-profile]
+  PYTHONPATH=python python3 scripts/time_mx_host_overhead.py [--no-profile] [--causal]
+      [--batch 8 --length 2048 --heads 16 --host-only]
 """
+import argparse
 import cProfile
 import pstats
 import sys
@@ -17,33 +21,42 @@ import mxflash
 from mxflash.autograd import mx_attention
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-qm, km = mxflash.JaggedMeta.from_lengths([128]), mxflash.JaggedMeta.from_lengths([128])
+ap = argparse.ArgumentParser()
+ap.add_argument("--no-profile", action="store_true")
+ap.add_argument("--causal", action="store_true")
+ap.add_argument("--host-only", action="store_true")
+ap.add_argument("--batch", type=int, default=1)
+ap.add_argument("--length", type=int, default=128)
+ap.add_argument("--heads", type=int, default=2)
+args = ap.parse_args()
+B, L, H, C = args.batch, args.length, args.heads, args.causal
+qm, km = mxflash.JaggedMeta.from_lengths([L] * B), mxflash.JaggedMeta.from_lengths([L] * B)
 qm.upload(); km.upload()
-H = 2
-q, k, v = (torch.randn(128, H, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-dout = torch.randn(128, H, 128, device="cuda", dtype=torch.bfloat16)
+q, k, v = (torch.randn(B * L, H, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+dout = torch.randn(B * L, H, 128, device="cuda", dtype=torch.bfloat16)
 fops, bops = mxflash.quantize_attention_training(q, k, v, qm, km)
-out, lse = mxflash.attention_forward_operands(fops, qm, km)
+out, lse = mxflash.attention_forward_operands(fops, qm, km, causal=C)
 leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-sq, sk, sv = (torch.randn(1, H, 128, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-sd = torch.randn(1, H, 128, 128, device="cuda", dtype=torch.bfloat16)
+sq, sk, sv = (torch.randn(B, H, L, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+sd = torch.randn(B, H, L, 128, device="cuda", dtype=torch.bfloat16)
 
 def step():
     for x in leaves:
         x.grad = None
-    mx_attention(*leaves, qm, km).backward(dout)
+    mx_attention(*leaves, qm, km, causal=C).backward(dout)
 
 def sdpa_step():
     for x in (sq, sk, sv):
         x.grad = None
-    sdpa(sq, sk, sv).backward(sd)
+    sdpa(sq, sk, sv, is_causal=C).backward(sd)
 
 calls = {
     "quantize_attention_forward": lambda: mxflash.quantize_attention_forward(q, k, v, qm, km),
     "quantize_attention_training": lambda: mxflash.quantize_attention_training(q, k, v, qm, km),
-    "attention_forward_operands": lambda: mxflash.attention_forward_operands(fops, qm, km),
-    "attention_backward_operands": lambda: mxflash.attention_backward_operands(bops, out, dout, lse, qm, km),
-    "mx_attention fwd (no grad)": lambda: mx_attention(q, k, v, qm, km),
+    "attention_forward_operands": lambda: mxflash.attention_forward_operands(fops, qm, km, causal=C),
+    "attention_backward_operands": lambda: mxflash.attention_backward_operands(bops, out, dout, lse, qm, km,
+                                                                              causal=C),
+    "mx_attention fwd (no grad)": lambda: mx_attention(q, k, v, qm, km, causal=C),
     "mx_attention step": step,
     "torch sdpa step (bf16)": sdpa_step,
     "torch.empty x12": lambda: [torch.empty(1000, device="cuda") for _ in range(12)],
@@ -57,10 +70,12 @@ for name, fn in calls.items():
         t = time.perf_counter()
         for _ in range(50):
             fn()
-        torch.cuda.synchronize()
+        if not args.host_only:
+            torch.cuda.synchronize()
         best = min(best, (time.perf_counter() - t) / 50)
+        torch.cuda.synchronize()
     print(f"{name:32s} {1e6 * best:8.1f} us per call")
-if "--no-profile" in sys.argv:
+if args.no_profile:
     sys.exit(0)
 pr = cProfile.Profile()
 pr.enable()
