@@ -141,6 +141,19 @@ def _as_array(obj, name):
     raise TypeError(f"{name}: expected a numpy array, a torch tensor or a DLPack array, got {type(obj).__name__}")
 
 
+_TORCH_DTYPE_CODES = None
+
+
+def _torch_dtype_codes():
+    """torch dtype -> the bindings' dtype code (_C.DTYPES by torch's names), made on first use."""
+    global _TORCH_DTYPE_CODES
+    if _TORCH_DTYPE_CODES is None:
+        torch = _torch()
+        _TORCH_DTYPE_CODES = {getattr(torch, n): c for n, c in _C.DTYPES.items()
+                              if isinstance(getattr(torch, n, None), torch.dtype)}
+    return _TORCH_DTYPE_CODES
+
+
 def _view(arr, name, writable=False):
     """The raw view tuple the bindings take: (ptr, dtype code, device code, device id, shape, strides)."""
     if isinstance(arr, np.ndarray):
@@ -152,14 +165,16 @@ def _view(arr, name, writable=False):
         if writable and not arr.flags.writeable:
             raise ValueError(f"{name}: array is read-only")
     else:
-        dtype_name = str(arr.dtype).replace("torch.", "")
-        code = _C.DTYPES.get(dtype_name)
+        # (the cheapest torch accessors: a training step converts ~43 tensors, and the host's time
+        # per step bounds small attention layers)
+        code = _torch_dtype_codes().get(arr.dtype)
+        dtype_name = str(arr.dtype).replace("torch.", "") if code is None else None
         strides = list(arr.stride())
         ptr = arr.data_ptr()
-        if arr.device.type == "cpu":
+        if arr.is_cuda:
+            device, device_id = _C.DEVICE_CUDA, arr.get_device()
+        elif arr.is_cpu:
             device, device_id = _C.DEVICE_CPU, 0
-        elif arr.device.type == "cuda":
-            device, device_id = _C.DEVICE_CUDA, arr.device.index
         else:
             raise ValueError(f"{name}: device {arr.device} is not supported (cpu or cuda)")
     if code is None:
@@ -167,7 +182,7 @@ def _view(arr, name, writable=False):
             f"{name}: dtype {dtype_name} is not supported (mxflash takes {', '.join(_C.DTYPES)})")
     if arr.ndim > 4:
         raise ValueError(f"{name}: must have at most 4 dimensions, got {arr.ndim}")
-    shape = [int(s) for s in arr.shape]
+    shape = [int(s) for s in arr.shape] if isinstance(arr, np.ndarray) else list(arr.shape)
     if 0 in shape:
         # No element is addressed, so the strides mean nothing (numpy reports zeros): pass row-major.
         strides = [int(np.prod(shape[i + 1:], dtype=np.int64)) for i in range(len(shape))]
@@ -175,7 +190,7 @@ def _view(arr, name, writable=False):
 
 
 def _is_cuda(arr) -> bool:
-    return not isinstance(arr, np.ndarray) and arr.device.type == "cuda"
+    return not isinstance(arr, np.ndarray) and arr.is_cuda
 
 
 def _empty(like, shape, dtype_name):
@@ -189,6 +204,9 @@ def _empty(like, shape, dtype_name):
 
 def _stream(like) -> int:
     if _is_cuda(like):
+        raw = getattr(_torch()._C, "_cuda_getCurrentRawStream", None)  # (no Stream object made)
+        if raw is not None:
+            return int(raw(like.get_device()))
         return int(_torch().cuda.current_stream(like.device).cuda_stream)
     return 0
 
