@@ -22,6 +22,11 @@ The forward and the backward run the sm_90a kernels on CUDA tensors (the backwar
 no atomics) and the exact-MX CPU references on CPU tensors. Gradients come back in the inputs'
 dtype. Under torch.compile, mx_attention is a graph break (it runs eagerly between the compiled
 layers around it; fullgraph=True is not supported).
+
+Drop-ins for code written against other attention calls, all running mx_attention:
+scaled_dot_product_attention (torch.nn.functional's, dense (B, H, L, 128)), flash_attn_func and
+flash_attn_varlen_func (FlashAttention 2's, dense (B, L, H, 128) and packed variable-length; their
+causal=True is FlashAttention's bottom-right mask).
 """
 import mxflash
 
@@ -214,7 +219,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     (B, L) is made once and kept (its first CUDA use uploads it: do a warm-up call before capturing
     a CUDA graph).
     """
-    torch = _torch()
     if attn_mask is not None:
         raise ValueError("attn_mask: not supported (use is_causal=True for the causal mask, or "
                          "mxflash.autograd.mx_attention with jagged metadata for sequences of different lengths)")
@@ -224,6 +228,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         raise ValueError(f"layout: must be 'bhsd' or 'bshd', got {layout!r}")
     if not isinstance(is_causal, bool):
         raise ValueError(f"is_causal: must be a bool, got {is_causal!r}")
+    return _dense_attention(query, key, value, scale, is_causal, layout, enable_gqa)
+
+
+def _dense_attention(query, key, value, scale, causal, layout, enable_gqa=True):
+    """The dense drop-ins' run (scaled_dot_product_attention, flash_attn_func): checks the (B, H, L,
+    128) or (B, L, H, 128) tensors (different head counts only with enable_gqa), packs them as B
+    equal-length sequences and runs mx_attention with `causal` (mx_attention's values); out in the
+    inputs' layout and dtype."""
+    torch = _torch()
     heads_axis, tokens_axis = (1, 2) if layout == "bhsd" else (2, 1)
     for name, x in (("query", query), ("key", key), ("value", value)):
         if not isinstance(x, torch.Tensor):
@@ -255,7 +268,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         out = query.new_zeros(shape) + 0 * (query.sum() + key.sum() + value.sum())
     else:
         out = mx_attention(packed(query), packed(key), packed(value), _uniform_meta(batch, lq),
-                           _uniform_meta(batch, lk), softmax_scale=scale, causal=is_causal)
+                           _uniform_meta(batch, lk), softmax_scale=scale, causal=causal)
         out = out.view(batch, lq, heads, 128)
     if layout == "bhsd":
         out = out.transpose(1, 2)
@@ -263,3 +276,111 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 
 scaled_dot_product_attention = _opaque_to_torch_compile(scaled_dot_product_attention)
+
+
+# ---------------------------------------------------------------------------- FlashAttention's calls
+# FlashAttention 2's keyword options: the values mxflash runs (its backward is deterministic whatever
+# `deterministic` says); anything else is refused by name.
+_FA_OPTIONS = {"window_size": (-1, -1), "softcap": 0.0, "alibi_slopes": None, "deterministic": None,
+               "return_attn_probs": False}
+
+
+def _check_fa_options(fn, dropout_p, options):
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p: must be 0 (attention dropout is not supported), got {dropout_p}")
+    if not isinstance(options.get("causal", False), bool):
+        raise ValueError(f"causal: must be a bool, got {options['causal']!r}")
+    for name, value in options.items():
+        if name == "causal":
+            continue
+        if name not in _FA_OPTIONS:
+            raise TypeError(f"{fn}() got an unexpected keyword argument '{name}'")
+        want = _FA_OPTIONS[name]
+        if name == "deterministic":
+            ok = isinstance(value, bool)
+        elif name == "window_size":
+            ok = tuple(value) == want
+        else:
+            ok = value is None if want is None else value == want
+        if not ok:
+            raise ValueError(f"{name}: not supported (mxflash runs {name}={want!r}), got {value!r}")
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, **options):
+    """FlashAttention's flash_attn_func on dense (B, L, H, 128) batches, run as MXFP8 attention: a
+    drop-in for training loops written against flash_attn.
+
+    q (B, Lq, H, 128), k and v (B, Lk, Hkv, 128) with Hkv dividing H (MQA / GQA as FlashAttention:
+    query head h attends key/value head h // (H / Hkv)), one dtype (bfloat16, float16, float32 or
+    float64), CPU or CUDA. Returns out (B, Lq, H, 128) in the inputs' dtype, differentiable in q, k,
+    v. causal=True is FlashAttention's mask, aligned to the bottom-right corner: row i attends keys
+    j <= i + Lk - Lq (rows i < Lq - Lk attend no key and give 0), which is torch's is_causal when
+    Lq = Lk. softmax_scale: None for 1/sqrt(128). Refused by name (ValueError): dropout_p != 0,
+    window_size other than (-1, -1), softcap != 0, alibi_slopes, return_attn_probs=True; any
+    deterministic= is accepted (the backward is deterministic). Memory as
+    scaled_dot_product_attention(layout="bshd"): the tensors are read in place.
+    """
+    _check_fa_options("flash_attn_func", dropout_p, dict(options, causal=causal))
+    return _dense_attention(q, k, v, softmax_scale, "bottom_right" if causal else False, "bshd")
+
+
+_VARLEN_METAS = {}  # cu_seqlens as a tuple -> JaggedMeta (device copies kept inside)
+_VARLEN_METAS_MAX = 64
+
+
+def _varlen_meta(cu_seqlens, name):
+    """The JaggedMeta of a cu_seqlens argument (a torch tensor, CPU or CUDA, or a sequence of ints),
+    made once per distinct value and kept (the last _VARLEN_METAS_MAX)."""
+    torch = _torch()
+    if isinstance(cu_seqlens, torch.Tensor):
+        if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name}: must be a 1-D int32 or int64 tensor, got {tuple(cu_seqlens.shape)} "
+                             f"{cu_seqlens.dtype}")
+        key = tuple(cu_seqlens.tolist())  # (a CUDA tensor: one device -> host copy, which waits for the GPU)
+    else:
+        try:
+            key = tuple(int(x) for x in cu_seqlens)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}: must be a tensor or a sequence of ints, got {type(cu_seqlens).__name__}")
+    meta = _VARLEN_METAS.get(key)
+    if meta is None:
+        try:
+            meta = mxflash.JaggedMeta.from_cu_seqlens(list(key))
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
+        if len(_VARLEN_METAS) >= _VARLEN_METAS_MAX:
+            _VARLEN_METAS.pop(next(iter(_VARLEN_METAS)))  # the oldest
+        _VARLEN_METAS[key] = meta
+    return meta
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, **options):
+    """FlashAttention's flash_attn_varlen_func on packed variable-length batches, run as MXFP8
+    attention (mx_attention): a drop-in for training loops written against flash_attn.
+
+    q (total_q, H, 128), k and v (total_k, Hkv, 128) (Hkv dividing H: MQA / GQA), one dtype; sequence b
+    is rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] of q against rows cu_seqlens_k[b] ..
+    cu_seqlens_k[b + 1] of k and v. cu_seqlens_*: int32/int64 torch tensors (B + 1 entries from 0,
+    non-decreasing) or sequences of ints. The metadata is host-side: CPU tensors or lists cost nothing
+    more, a CUDA tensor is read back to the host (a device -> host copy that waits for the GPU's
+    queued work). The metadata of each distinct cu_seqlens is made once and kept (the last 64; its
+    first CUDA use uploads it: do a warm-up call before capturing a CUDA graph). max_seqlen_q and
+    max_seqlen_k must be at least the longest sequence (as FlashAttention needs; they are only
+    checked). causal=True: FlashAttention's bottom-right alignment per sequence (row i attends keys
+    j <= i + Lk - Lq). Returns out (total_q, H, 128) in q's dtype. Other options as flash_attn_func.
+    """
+    _check_fa_options("flash_attn_varlen_func", dropout_p, dict(options, causal=causal))
+    q_meta, k_meta = _varlen_meta(cu_seqlens_q, "cu_seqlens_q"), _varlen_meta(cu_seqlens_k, "cu_seqlens_k")
+    if k_meta.batch != q_meta.batch:
+        raise ValueError(f"cu_seqlens_k: holds {k_meta.batch} sequences, cu_seqlens_q {q_meta.batch}")
+    for name, given, meta in (("max_seqlen_q", max_seqlen_q, q_meta), ("max_seqlen_k", max_seqlen_k, k_meta)):
+        if int(given) < meta.max_seqlen:
+            raise ValueError(f"{name}: {given} is less than the longest sequence ({meta.max_seqlen})")
+    out = mx_attention(q, k, v, q_meta, k_meta, softmax_scale=softmax_scale,
+                       causal="bottom_right" if causal else False)
+    return out if out.dtype == q.dtype else out.to(q.dtype)
+
+
+flash_attn_func = _opaque_to_torch_compile(flash_attn_func)
+flash_attn_varlen_func = _opaque_to_torch_compile(flash_attn_varlen_func)
