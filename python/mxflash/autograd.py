@@ -177,21 +177,30 @@ def _check_inputs(q, k, v, q_meta, k_meta):
 
 
 # ---------------------------------------------------------------------------- dense drop-in
+_METAS_KEPT = 64  # metadata the drop-ins keep per kind (the oldest dropped first)
 _UNIFORM_METAS = {}  # (batch, length) -> JaggedMeta of equal lengths (device copies kept inside)
-_UNIFORM_METAS_MAX = 64
+
+
+def _kept_meta(cache, key, make):
+    """cache[key], made by make() on a miss and kept (the last _METAS_KEPT of the cache)."""
+    meta = cache.get(key)
+    if meta is None:
+        meta = make()
+        if len(cache) >= _METAS_KEPT:
+            cache.pop(next(iter(cache)))  # the oldest
+        cache[key] = meta
+    return meta
 
 
 def _uniform_meta(batch, length):
     """The JaggedMeta of `batch` sequences of `length` tokens, made once: its device copy is uploaded
     on first CUDA use (a blocking copy) and then reused by every call of that shape."""
-    key = (batch, length)
-    meta = _UNIFORM_METAS.get(key)
-    if meta is None:
-        if len(_UNIFORM_METAS) >= _UNIFORM_METAS_MAX:
-            _UNIFORM_METAS.pop(next(iter(_UNIFORM_METAS)))  # the oldest shape
-        meta = mxflash.JaggedMeta.from_lengths([length] * batch)
-        _UNIFORM_METAS[key] = meta
-    return meta
+    return _kept_meta(_UNIFORM_METAS, (batch, length), lambda: mxflash.JaggedMeta.from_lengths([length] * batch))
+
+
+def _check_no_dropout(dropout_p):
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p: must be 0 (attention dropout is not supported), got {dropout_p}")
 
 
 _DENSE_LAYOUTS = {"bhsd": "(batch, heads, tokens, 128)", "bshd": "(batch, tokens, heads, 128)"}
@@ -222,8 +231,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if attn_mask is not None:
         raise ValueError("attn_mask: not supported (use is_causal=True for the causal mask, or "
                          "mxflash.autograd.mx_attention with jagged metadata for sequences of different lengths)")
-    if dropout_p != 0.0:
-        raise ValueError(f"dropout_p: must be 0 (attention dropout is not supported), got {dropout_p}")
+    _check_no_dropout(dropout_p)
     if layout not in _DENSE_LAYOUTS:
         raise ValueError(f"layout: must be 'bhsd' or 'bshd', got {layout!r}")
     if not isinstance(is_causal, bool):
@@ -286,8 +294,7 @@ _FA_OPTIONS = {"window_size": (-1, -1), "softcap": 0.0, "alibi_slopes": None, "d
 
 
 def _check_fa_options(fn, dropout_p, options):
-    if dropout_p != 0.0:
-        raise ValueError(f"dropout_p: must be 0 (attention dropout is not supported), got {dropout_p}")
+    _check_no_dropout(dropout_p)
     if not isinstance(options.get("causal", False), bool):
         raise ValueError(f"causal: must be a bool, got {options['causal']!r}")
     for name, value in options.items():
@@ -325,12 +332,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, **
 
 
 _VARLEN_METAS = {}  # cu_seqlens as a tuple -> JaggedMeta (device copies kept inside)
-_VARLEN_METAS_MAX = 64
 
 
 def _varlen_meta(cu_seqlens, name):
     """The JaggedMeta of a cu_seqlens argument (a torch tensor, CPU or CUDA, or a sequence of ints),
-    made once per distinct value and kept (the last _VARLEN_METAS_MAX)."""
+    made once per distinct value and kept (the last _METAS_KEPT)."""
     torch = _torch()
     if isinstance(cu_seqlens, torch.Tensor):
         if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
@@ -342,16 +348,14 @@ def _varlen_meta(cu_seqlens, name):
             key = tuple(int(x) for x in cu_seqlens)
         except (TypeError, ValueError):
             raise ValueError(f"{name}: must be a tensor or a sequence of ints, got {type(cu_seqlens).__name__}")
-    meta = _VARLEN_METAS.get(key)
-    if meta is None:
+
+    def make():
         try:
-            meta = mxflash.JaggedMeta.from_cu_seqlens(list(key))
+            return mxflash.JaggedMeta.from_cu_seqlens(list(key))
         except ValueError as e:
             raise ValueError(f"{name}: {e}") from None
-        if len(_VARLEN_METAS) >= _VARLEN_METAS_MAX:
-            _VARLEN_METAS.pop(next(iter(_VARLEN_METAS)))  # the oldest
-        _VARLEN_METAS[key] = meta
-    return meta
+
+    return _kept_meta(_VARLEN_METAS, key, make)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
