@@ -11,7 +11,11 @@ against torch's (cuDNN) bf16 out on the same inputs. --profile adds torch.profil
 mxflash's calls.
 
 Cases: llm (B=8, H=16, L=2048), llm-long (B=2, H=16, L=8192), each without and with is_causal, and
-gqa-8k (B=1, H=32 over 8 K/V heads, L=8192, causal: a Llama-3-8B layer's shape).
+gqa-8k (B=1, H=32 over 8 K/V heads, L=8192, causal: a Llama-3-8B layer's shape). Grouped-query
+cases also run `mxflash-repeat`: k and v repeated per group (repeat_interleave) before the same call,
+the path mx_attention took before its K/V operands stayed at their own heads. `kept MiB`: the memory
+a training forward leaves allocated for its backward (the autograd graph's saved tensors and out),
+`peak MiB`: a step's peak above what was allocated before it.
 
 Usage (GPU machine, module built: scripts/gpu_check.sh's python section builds it):
   PYTHONPATH=python python3 scripts/sdpa_bench.py [--samples 10] [--cases llm,llm-long-causal] [--json F]
@@ -63,6 +67,26 @@ def profile(fn, label):
     print(p.key_averages().table(sort_by="self_cuda_time_total", row_limit=18, max_name_column_width=60))
 
 
+def memory_mib(fn, leaves, dout):
+    """(kept, peak) MiB of a training call of fn: what its forward leaves allocated for the backward
+    (saved tensors and out), and the step's peak above what was allocated before it."""
+    for x in leaves:
+        x.grad = None
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn(*leaves)
+    torch.cuda.synchronize()
+    kept = torch.cuda.memory_allocated() - base
+    out.backward(dout)
+    del out
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    for x in leaves:
+        x.grad = None
+    return kept / 2**20, peak / 2**20
+
+
 def torch_backend(name):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -90,6 +114,9 @@ def main():
         flops = {"fwd": 4 * 128 * pairs, "step": 14 * 128 * pairs}
         gqa = hkv != h
         impls = {"mxflash": lambda x, y, z: mx_sdpa(x, y, z, is_causal=causal, enable_gqa=gqa)}
+        if gqa:
+            impls["mxflash-repeat"] = lambda x, y, z: mx_sdpa(x, y.repeat_interleave(h // hkv, dim=1),
+                                                              z.repeat_interleave(h // hkv, dim=1), is_causal=causal)
         for backend in ("cudnn", "flash"):
             def run(x, y, z, backend=backend):
                 with torch_backend(backend):
@@ -107,7 +134,7 @@ def main():
                    else float("nan"))
 
         leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-        times, hosts = {}, {}
+        times, hosts, mem = {}, {}, {}
         for impl, fn in impls.items():
             def fwd(fn=fn):
                 with torch.no_grad():
@@ -118,6 +145,10 @@ def main():
                     x.grad = None
                 fn(*leaves).backward(dout)
 
+            try:
+                mem[impl] = memory_mib(fn, leaves, dout)
+            except RuntimeError:
+                pass
             for what, f in (("fwd", fwd), ("step", step)):
                 try:
                     times[impl, what] = timed(f, args.samples)
@@ -136,6 +167,8 @@ def main():
                     cells.append(f"{impl} n/a")
                     continue
                 cell = f"{impl} {t:.3f} ({flops[what] / t / 1e9:.0f}; host {hosts[impl, what]:.3f})"
+                if what == "step" and impl in mem:
+                    cell += " [kept {:.0f} MiB, peak {:.0f} MiB]".format(*mem[impl])
                 if impl != "mxflash":
                     cell += f" {t / ours:.2f}x"
                 cells.append(cell)
@@ -143,6 +176,8 @@ def main():
                   flush=True)
             rows += [{"case": name, "pass": what, "impl": impl, "ms": times[impl, what],
                       "host_ms": hosts.get((impl, what)),
+                      "kept_mib": mem.get(impl, (None, None))[0] if what == "step" else None,
+                      "peak_mib": mem.get(impl, (None, None))[1] if what == "step" else None,
                       "tflops": None if times[impl, what] is None else flops[what] / times[impl, what] / 1e9,
                       "cos_vs_torch_cudnn": cos} for impl in impls]
     write_json(args.json, rows)

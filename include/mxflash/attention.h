@@ -81,10 +81,12 @@ Status attention_forward(const MxTensor& q, const MxTensor& k, const MxTensor& v
 // Q per (head, token), K and V per (head, 128-key tile). Written by
 // quantize_attention_forward in one pass over Q, K, V, they spare attention_forward its prepare pass
 // (the pass that re-expresses MX tensors; 15-40% of the forward's time on the H200,
-// docs/performance.md). Shapes (Pq, Pk: the metadata's padded token counts):
-//   q (H, Pq, 128) e4m3, q_scale (H, Pq) fp32;  k (H, Pk, 128) e4m3, k_scale (H, Pk/128) fp32;
-//   v (H, 128, Pk) e4m3 (tokens of each 32-group in the kernel's fragment order), v_scale
-//   (H, Pk/128) fp32. Padding tokens hold zero bytes (and q_scale 1). A V block whose MX scale is
+// docs/performance.md). Shapes (Pq, Pk: the metadata's padded token counts; Hkv: K and V's heads,
+// H itself or, for grouped-query attention, a divisor of H: Q head h then attends K/V head
+// h / (H / Hkv), torch's enable_gqa and FlashAttention's rule):
+//   q (H, Pq, 128) e4m3, q_scale (H, Pq) fp32;  k (Hkv, Pk, 128) e4m3, k_scale (Hkv, Pk/128) fp32;
+//   v (Hkv, 128, Pk) e4m3 (tokens of each 32-group in the kernel's fragment order), v_scale
+//   (Hkv, Pk/128) fp32. Padding tokens hold zero bytes (and q_scale 1). A V block whose MX scale is
 //   NaN (it holds an inf or NaN) is stored as NaN bytes, so only its channel turns NaN.
 // The bytes are exactly the MX quantizer's, shifted to the group scale and rounded to nearest even
 // (exact unless a value falls below e4m3's subnormal floor of its group). For the backward, quantize
@@ -95,19 +97,20 @@ struct AttentionFwdOperands {
 struct AttentionFwdOperandShapes {
   int64_t q[3], q_scale[2], k[3], k_scale[2], v[3], v_scale[2];
 };
+// kv_heads: K and V's head count (0: heads).
 AttentionFwdOperandShapes attention_fwd_operand_shapes(const JaggedMeta& q_meta, const JaggedMeta& k_meta,
-                                                       int64_t heads);
+                                                       int64_t heads, int64_t kv_heads = 0);
 // The six tensors in the order q, k, v, q_scale, k_scale, v_scale: their byte sizes, and views of
 // them over caller buffers (e4m3 payloads, fp32 scales) on `device`.
 inline constexpr int kAttentionFwdOperandCount = 6;
 void attention_fwd_operand_bytes(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
-                                 size_t bytes[kAttentionFwdOperandCount]);
+                                 size_t bytes[kAttentionFwdOperandCount], int64_t kv_heads = 0);
 AttentionFwdOperands attention_fwd_operand_views(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
                                                  void* const data[kAttentionFwdOperandCount], Device device,
-                                                 int device_id = 0);
+                                                 int device_id = 0, int64_t kv_heads = 0);
 
-// q (Tq, H, 128), k and v (Tk, H, 128): bf16 or fp32 (all three alike), contiguous. Every byte of
-// `ops` is written (padding included). CPU tensors: the CPU reference (ref::attention_fwd_operands);
+// q (Tq, H, 128), k and v (Tk, Hkv, 128) (Hkv = H, or a divisor of H: grouped-query attention):
+// bf16 or fp32 (all three alike), contiguous. Every byte of `ops` is written (padding included). CPU tensors: the CPU reference (ref::attention_fwd_operands);
 // CUDA: three kernels, bit-identical to it.
 Status quantize_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                                   const JaggedMeta& q_meta, const JaggedMeta& k_meta, const AttentionFwdOperands& ops,
@@ -190,6 +193,8 @@ size_t attention_backward_workspace_size(const JaggedMeta& q_meta, const JaggedM
 //   v (H, Pk, 128), v_scale (H, Pk/128): V along the head dim, per 128-key tile (as k);
 //   qt (H, 128, Pq), qt_scale (H, Pq/128) and kt (H, 128, Pk), kt_scale (H, Pk/128): Q and K along
 //     tokens, token-contiguous in the kernels' fragment order, per 128-token tile (as the forward's v).
+// With grouped-query attention (K and V with Hkv heads, a divisor of H), k, v, kt and their scales
+// have Hkv heads; q and qt keep H.
 // Written by quantize_attention_backward (one pass per output), they spare attention_backward its
 // five prepare passes (8-20% of the backward on the H200, docs/performance.md).
 struct AttentionBwdOperands {
@@ -199,15 +204,15 @@ struct AttentionBwdOperandShapes {
   int64_t q[3], q_scale[2], k[3], k_scale[2], v[3], v_scale[2], qt[3], qt_scale[2], kt[3], kt_scale[2];
 };
 AttentionBwdOperandShapes attention_bwd_operand_shapes(const JaggedMeta& q_meta, const JaggedMeta& k_meta,
-                                                       int64_t heads);
+                                                       int64_t heads, int64_t kv_heads = 0);
 // The ten tensors in the order q, k, v, qt, kt, q_scale, k_scale, v_scale, qt_scale, kt_scale: their
 // byte sizes, and views of them over caller buffers (e4m3 payloads, fp32 scales) on `device`.
 inline constexpr int kAttentionBwdOperandCount = 10;
 void attention_bwd_operand_bytes(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
-                                 size_t bytes[kAttentionBwdOperandCount]);
+                                 size_t bytes[kAttentionBwdOperandCount], int64_t kv_heads = 0);
 AttentionBwdOperands attention_bwd_operand_views(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
                                                  void* const data[kAttentionBwdOperandCount], Device device,
-                                                 int device_id = 0);
+                                                 int device_id = 0, int64_t kv_heads = 0);
 
 // q (Tq, H, 128), k and v (Tk, H, 128): bf16 or fp32 (all three alike), contiguous; the same
 // inputs the forward quantizes. Every byte of `ops` is written (padding included). CPU tensors: the
@@ -243,11 +248,17 @@ Status quantize_attention_training(const TensorView& q, const MxTensor& k, const
 // Device workspace of the backward on operands (the MX-tensor backward's less the operands' room,
 // plus the ring's blocks where it runs: see below); 0 for metadata the call would reject and in a
 // build without CUDA. Read at the call: MXFLASH_BWD_RING changes it.
+// kv_heads: K and V's heads (0: heads); grouped-query attention adds the K-side operands repeated per
+// Q head and the per-head dK, dV (bf16), ~7 bytes per element of the repeated K/V.
 size_t attention_backward_operands_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
-                                                  const AttentionBackwardOptions& opt);
+                                                  const AttentionBackwardOptions& opt, int64_t kv_heads = 0);
 
 // The backward on operands from quantize_attention_backward (same q_meta, k_meta); out, dout, lse,
-// options and outputs as for attention_backward on MX tensors. CPU tensors: the exact-MX reference
+// options and outputs as for attention_backward on MX tensors, except that with grouped-query operands
+// (k, v, kt with Hkv heads, a divisor of ops.q's H) dk and dv are (Tk, Hkv, 128) bf16, each the sum of
+// its group's H / Hkv Q heads' gradients (fp32 sums of the per-head bf16 gradients, rounded once:
+// the bytes of the backward on K and V repeated per Q head followed by that sum; output_mxfp8_dkv is
+// not supported with them). CPU tensors: the exact-MX reference
 // on the operands' values; CUDA: the fast kernels without their prepare passes. Where every Q and
 // K/V sequence has one length L, a multiple of 512 up to 8192, without broadcast_q, and from 1024
 // tokens and 256 128-token tiles in all, or where every Q sequence (broadcast_q: the one) has one

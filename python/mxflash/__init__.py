@@ -384,6 +384,13 @@ def _heads_of_input(x, meta):
     return 1
 
 
+def _kv_heads_of_input(k, k_meta, heads):
+    """K and V's head count of a (Tk, Hkv, 128) input: Hkv where it divides heads (grouped-query
+    attention), else heads (the launcher then rejects k by name)."""
+    hk = _heads_of_input(k, k_meta)
+    return hk if heads % hk == 0 else heads
+
+
 def _shape_or_empty(fn, *args):
     """Output shape, or (0,) when an enum name is unknown (the launcher rejects it first)."""
     try:
@@ -824,9 +831,10 @@ class AttentionFwdOperands(_Operands):
     counts (JaggedMeta.padded_tokens); see :func:`attention_fwd_operand_shapes`.
 
     q (H, Pq, 128) E4M3 (float8_e4m3fn or uint8), q_scale (H, Pq) float32: one scale per token;
-    k (H, Pk, 128) E4M3, k_scale (H, Pk/128) float32: one per 128-key tile;
-    v (H, 128, Pk) E4M3 (token-contiguous, tokens of each 32-group in the kernel's fragment
-    order), v_scale (H, Pk/128) float32: one per 128-key tile.
+    k (Hkv, Pk, 128) E4M3, k_scale (Hkv, Pk/128) float32: one per 128-key tile;
+    v (Hkv, 128, Pk) E4M3 (token-contiguous, tokens of each 32-group in the kernel's fragment
+    order), v_scale (Hkv, Pk/128) float32: one per 128-key tile.
+    Hkv = H, or a divisor of H for grouped-query attention (Q head h attends K/V head h // (H/Hkv)).
     Padding tokens hold zero bytes (and q_scale 1). Iterating yields the six arrays in that order."""
 
     __slots__ = _OPERAND_NAMES
@@ -838,13 +846,14 @@ class AttentionFwdOperands(_Operands):
         self.v, self.v_scale = v, v_scale
 
 
-def attention_fwd_operand_shapes(q_meta, k_meta, heads) -> dict:
-    """Shapes of the :class:`AttentionFwdOperands` for q_meta, k_meta and a head count, as a dict
-    {"q": (H, Pq, 128), "q_scale": (H, Pq), "k": (H, Pk, 128), "k_scale": (H, Pk/128),
-    "v": (H, 128, Pk), "v_scale": (H, Pk/128)}."""
+def attention_fwd_operand_shapes(q_meta, k_meta, heads, kv_heads=None) -> dict:
+    """Shapes of the :class:`AttentionFwdOperands` for q_meta, k_meta, a head count H and K/V's
+    Hkv (kv_heads; None: H; else a divisor of H, grouped-query attention), as a dict
+    {"q": (H, Pq, 128), "q_scale": (H, Pq), "k": (Hkv, Pk, 128), "k_scale": (Hkv, Pk/128),
+    "v": (Hkv, 128, Pk), "v_scale": (Hkv, Pk/128)}."""
     _check_meta(q_meta, "q_meta")
     _check_meta(k_meta, "k_meta")
-    shapes = _C.attention_fwd_operand_shapes(q_meta._host, k_meta._host, int(heads))
+    shapes = _C.attention_fwd_operand_shapes(q_meta._host, k_meta._host, int(heads), int(kv_heads or 0))
     return {n: tuple(s) for n, s in zip(_OPERAND_NAMES, shapes)}
 
 
@@ -862,8 +871,9 @@ def _operand_views(arrays, writable=False, kind=AttentionFwdOperands, set_name="
 
 
 def quantize_attention_forward(q, k, v, q_meta, k_meta, out=None) -> AttentionFwdOperands:
-    """Quantizes q (Tq, H, 128), k and v (Tk, H, 128), all bfloat16 or all float32, contiguous, into
-    the forward's operands in the execution layout (:class:`AttentionFwdOperands`), in one pass.
+    """Quantizes q (Tq, H, 128), k and v (Tk, Hkv, 128) (Hkv = H, or a divisor of H: grouped-query
+    attention), all bfloat16 or all float32, contiguous, into the forward's operands in the
+    execution layout (:class:`AttentionFwdOperands`), in one pass.
 
     The values are the MX quantizer's (RCEIL, 32-blocks; Q and K along the head dim, V along
     tokens) re-expressed to coarser power-of-two scales, so :func:`attention_forward_operands` on them
@@ -879,7 +889,8 @@ def quantize_attention_forward(q, k, v, q_meta, k_meta, out=None) -> AttentionFw
     _check_meta(k_meta, "k_meta")
     q, k, v = _as_array(q, "q"), _as_array(k, "k"), _as_array(v, "v")
     if out is None:
-        shapes = attention_fwd_operand_shapes(q_meta, k_meta, _heads_of_input(q, q_meta))
+        heads = _heads_of_input(q, q_meta)
+        shapes = attention_fwd_operand_shapes(q_meta, k_meta, heads, _kv_heads_of_input(k, k_meta, heads))
         arrays = tuple(_empty(q, shapes[n], _PAYLOAD_DTYPE if n in ("q", "k", "v") else "float32")
                        for n in _OPERAND_NAMES)
         out = AttentionFwdOperands(*arrays)
@@ -973,18 +984,19 @@ def attention_backward(q, q_seq, k, k_seq, v, out, dout, lse, q_meta, k_meta, so
     return tuple(outs)
 
 
-def _backward_outputs(ref, heads, q_meta, k_meta, grads, mx_out):
-    """The backward's output arrays (given as grads, or new ones next to ref) and the views of the
-    MXFP8 dK, dV scales (None without output_mxfp8_dkv)."""
+def _backward_outputs(ref, heads, q_meta, k_meta, grads, mx_out, kv_heads=None):
+    """The backward's output arrays (given as grads, or new ones next to ref; dk, dv with kv_heads
+    heads, None: heads) and the views of the MXFP8 dK, dV scales (None without output_mxfp8_dkv)."""
+    kv_heads = kv_heads or heads
     names_out = ("dq", "dk", "dv") + (("dk_scales", "dv_scales") if mx_out else ())
     outs = _outputs(grads, len(names_out), ", ".join(names_out))
     if outs is None:
         tq, tk = q_meta.total_tokens, k_meta.total_tokens
         dkv_dtype = "float8_e4m3fn" if mx_out else "bfloat16"
-        outs = [_empty(ref, (tq, heads, HEAD_DIM), "bfloat16"), _empty(ref, (tk, heads, HEAD_DIM), dkv_dtype),
-                _empty(ref, (tk, heads, HEAD_DIM), dkv_dtype)]
+        outs = [_empty(ref, (tq, heads, HEAD_DIM), "bfloat16"), _empty(ref, (tk, kv_heads, HEAD_DIM), dkv_dtype),
+                _empty(ref, (tk, kv_heads, HEAD_DIM), dkv_dtype)]
         if mx_out:
-            outs += [_empty(ref, (tk, heads, HEAD_DIM // BLOCK_SIZE), "uint8") for _ in range(2)]
+            outs += [_empty(ref, (tk, kv_heads, HEAD_DIM // BLOCK_SIZE), "uint8") for _ in range(2)]
     outs = [_as_array(x, n) for x, n in zip(outs, names_out)]
     scale_views = [_view(x, n, True) for x, n in zip(outs[3:], names_out[3:])] + [None] * (5 - len(outs))
     return outs, scale_views
@@ -1004,8 +1016,9 @@ class AttentionBwdOperands(_Operands):
     bytes as :class:`AttentionFwdOperands`' q and k; v (H, Pk, 128), v_scale (H, Pk/128): V along
     the head dim, one scale per 128-key tile; qt (H, 128, Pq), qt_scale (H, Pq/128) and kt
     (H, 128, Pk), kt_scale (H, Pk/128): Q and K along tokens (token-contiguous, 32-groups in the
-    kernels' fragment order), one scale per 128-token tile. Iterating yields the ten arrays in that
-    order."""
+    kernels' fragment order), one scale per 128-token tile. With grouped-query attention (K and V
+    with Hkv heads, a divisor of H) k, v, kt and their scales have Hkv heads. Iterating yields the
+    ten arrays in that order."""
 
     __slots__ = _BWD_OPERAND_NAMES
     _quantizer = "quantize_attention_backward"
@@ -1015,12 +1028,12 @@ class AttentionBwdOperands(_Operands):
         self.qt, self.qt_scale, self.kt, self.kt_scale = qt, qt_scale, kt, kt_scale
 
 
-def attention_bwd_operand_shapes(q_meta, k_meta, heads) -> dict:
-    """Shapes of the :class:`AttentionBwdOperands` for q_meta, k_meta and a head count, as a dict
-    keyed by the ten names."""
+def attention_bwd_operand_shapes(q_meta, k_meta, heads, kv_heads=None) -> dict:
+    """Shapes of the :class:`AttentionBwdOperands` for q_meta, k_meta, a head count and K/V's
+    (kv_heads: None for heads, else a divisor of it), as a dict keyed by the ten names."""
     _check_meta(q_meta, "q_meta")
     _check_meta(k_meta, "k_meta")
-    shapes = _C.attention_bwd_operand_shapes(q_meta._host, k_meta._host, int(heads))
+    shapes = _C.attention_bwd_operand_shapes(q_meta._host, k_meta._host, int(heads), int(kv_heads or 0))
     return {n: tuple(s) for n, s in zip(_BWD_OPERAND_NAMES, shapes)}
 
 
@@ -1043,7 +1056,8 @@ def quantize_attention_backward(q, k, v, q_meta, k_meta, out=None, forward=None)
     _check_meta(k_meta, "k_meta")
     q, k, v = _as_array(q, "q"), _as_array(k, "k"), _as_array(v, "v")
     if out is None:
-        shapes = attention_bwd_operand_shapes(q_meta, k_meta, _heads_of_input(q, q_meta))
+        heads = _heads_of_input(q, q_meta)
+        shapes = attention_bwd_operand_shapes(q_meta, k_meta, heads, _kv_heads_of_input(k, k_meta, heads))
         shared = {}
         if forward is not None:
             _operand_arrays(forward, "forward")  # checks its type
@@ -1087,10 +1101,12 @@ def quantize_attention_training(q, k, v, q_meta, k_meta, out=None):
     else:
         k, v = _as_array(k, "k"), _as_array(v, "v")
     if out is None:
-        fshapes = attention_fwd_operand_shapes(q_meta, k_meta, _heads_of_input(q, q_meta))
+        heads = _heads_of_input(q, q_meta)
+        kv_heads = heads if mx_kv else _kv_heads_of_input(k, k_meta, heads)
+        fshapes = attention_fwd_operand_shapes(q_meta, k_meta, heads, kv_heads)
         fwd = AttentionFwdOperands(*(_empty(q, fshapes[n], "float32" if n.endswith("scale") else _PAYLOAD_DTYPE)
                                      for n in _OPERAND_NAMES))
-        bshapes = attention_bwd_operand_shapes(q_meta, k_meta, _heads_of_input(q, q_meta))
+        bshapes = attention_bwd_operand_shapes(q_meta, k_meta, heads, kv_heads)
         bwd = AttentionBwdOperands(*(getattr(fwd, n) if n in ("q", "q_scale", "k", "k_scale") else
                                      _empty(q, bshapes[n], "float32" if n.endswith("scale") else _PAYLOAD_DTYPE)
                                      for n in _BWD_OPERAND_NAMES))
@@ -1120,22 +1136,25 @@ def attention_backward_operands(ops, out, dout, lse, q_meta, k_meta, softmax_sca
     with the same q_meta and k_meta): same outputs, options (exact_mx aside; causal must be the
     forward's) and behaviour. numpy
     operands run the exact-MX CPU reference on the operands' values; CUDA torch tensors the fast
-    sm_90a kernels without their prepare passes, on the current stream.
+    sm_90a kernels without their prepare passes, on the current stream. Grouped-query operands (k,
+    v, kt with Hkv heads dividing q's H) give dk, dv (Tk, Hkv, 128) bfloat16, each the sum of its
+    group's H/Hkv query heads' gradients (output_mxfp8_dkv is not supported with them).
     """
     _check_meta(q_meta, "q_meta")
     _check_meta(k_meta, "k_meta")
     causal = _causal_code(causal)
     arrays = _operand_arrays(ops, "ops", AttentionBwdOperands)
-    qp = arrays[0]
+    qp, kp = arrays[0], arrays[2]
     heads = (int(qp.shape[0]) or 1) if qp.ndim == 3 else 1
+    kv_heads = int(kp.shape[0]) if kp.ndim == 3 and kp.shape[0] >= 1 and heads % int(kp.shape[0]) == 0 else heads
     o, g, l = _as_array(out, "out"), _as_array(dout, "dout"), _as_array(lse, "lse")
     mx_out = bool(output_mxfp8_dkv)
-    outs, scale_views = _backward_outputs(qp, heads, q_meta, k_meta, grads, mx_out)
+    outs, scale_views = _backward_outputs(qp, heads, q_meta, k_meta, grads, mx_out, kv_heads)
     dq, dk, dv = outs[:3]
     workspace = ws_ptr = ws_bytes = 0
     if _is_cuda(qp):
         n = _C.attention_backward_operands_workspace_size(q_meta._host, k_meta._host, heads, bool(broadcast_q), mx_out,
-                                                          causal)
+                                                          causal, kv_heads)
         workspace, ws_ptr, ws_bytes = _torch_workspace(n, qp.device)
     scale = float("nan") if softmax_scale is None else float(softmax_scale)
     _C.attention_backward_operands(q_meta._cpp_for(qp), k_meta._cpp_for(qp),

@@ -118,16 +118,13 @@ def mx_attention(q, k, v, q_meta, k_meta, softmax_scale=None, broadcast_q=False,
     i < Lq - Lk attend no key and give out 0 and zero gradients); anything else raises ValueError.
     The backward uses the forward's mask.
     Grouped-query attention: k and v may have Hkv heads where Hkv divides q's H; q head h then attends
-    k/v head h // (H / Hkv) (torch's enable_gqa=True, FlashAttention's). The kernels take as many K/V
-    heads as Q heads, so k and v are repeated per group here (torch.repeat_interleave, whose backward
-    sums each group's dk, dv): the result is exact, but the K/V operands cost H / Hkv times their
-    memory and quantization time.
+    k/v head h // (H / Hkv) (torch's enable_gqa=True, FlashAttention's). K and V are quantized and
+    kept at their Hkv heads (the forward kernel reads K/V head h // (H / Hkv)); the backward repeats
+    their FP8 operands per Q head for the call only and sums each group's dk, dv (fp32 sums of the
+    per-head bf16 gradients): the same result as repeating k and v before the call.
     """
     _check_inputs(q, k, v, q_meta, k_meta)
     mxflash._causal_code(causal)  # rejects a bad value by name before any work
-    if k.shape[1] != q.shape[1]:
-        group = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     global _function
     if _function is None:
         _function = _make_function()

@@ -120,6 +120,13 @@ class DeviceGuard {
 
 void* as_stream(uintptr_t s) { return reinterpret_cast<void*>(s); }
 
+// A kv_heads argument: 0 (as many as heads) or a divisor of heads (grouped-query attention).
+void check_kv_heads(int64_t heads, int64_t kv_heads) {
+  if (kv_heads != 0 && (kv_heads < 1 || heads % kv_heads != 0))
+    throw nb::value_error(("kv_heads: must divide heads (" + std::to_string(heads) + "), got " +
+                           std::to_string(kv_heads)).c_str());
+}
+
 // One MX operand: (payload view, scales view, orientation, scale layout, payload layout codes).
 // The codes pass through unchecked; the attention launcher rejects out-of-range ones by name.
 using Mx = std::tuple<View, View, int, int, int>;
@@ -507,14 +514,15 @@ NB_MODULE(_mxflash, m) {
   // forward without its prepare pass). Shapes as lists in the order q, q_scale, k, k_scale, v, v_scale.
   m.def(
       "attention_fwd_operand_shapes",
-      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads) {
+      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, int64_t kv_heads) {
         if (heads < 1) throw nb::value_error("heads: must be >= 1");
-        const AttentionFwdOperandShapes s = attention_fwd_operand_shapes(q_meta, k_meta, heads);
+        check_kv_heads(heads, kv_heads);
+        const AttentionFwdOperandShapes s = attention_fwd_operand_shapes(q_meta, k_meta, heads, kv_heads);
         using V = std::vector<int64_t>;
         return std::make_tuple(V(s.q, s.q + 3), V(s.q_scale, s.q_scale + 2), V(s.k, s.k + 3),
                                V(s.k_scale, s.k_scale + 2), V(s.v, s.v + 3), V(s.v_scale, s.v_scale + 2));
       },
-      "q_meta"_a, "k_meta"_a, "heads"_a);
+      "q_meta"_a, "k_meta"_a, "heads"_a, "kv_heads"_a = 0);
   m.def(
       "quantize_attention_forward",
       [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, const View& q, const View& k, const View& v,
@@ -583,16 +591,17 @@ NB_MODULE(_mxflash, m) {
   // qt_scale, kt, kt_scale.
   m.def(
       "attention_bwd_operand_shapes",
-      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads) {
+      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, int64_t kv_heads) {
         if (heads < 1) throw nb::value_error("heads: must be >= 1");
-        const AttentionBwdOperandShapes s = attention_bwd_operand_shapes(q_meta, k_meta, heads);
+        check_kv_heads(heads, kv_heads);
+        const AttentionBwdOperandShapes s = attention_bwd_operand_shapes(q_meta, k_meta, heads, kv_heads);
         using V = std::vector<int64_t>;
         return std::vector<V>{V(s.q, s.q + 3),   V(s.q_scale, s.q_scale + 2), V(s.k, s.k + 3),
                               V(s.k_scale, s.k_scale + 2), V(s.v, s.v + 3),   V(s.v_scale, s.v_scale + 2),
                               V(s.qt, s.qt + 3), V(s.qt_scale, s.qt_scale + 2), V(s.kt, s.kt + 3),
                               V(s.kt_scale, s.kt_scale + 2)};
       },
-      "q_meta"_a, "k_meta"_a, "heads"_a);
+      "q_meta"_a, "k_meta"_a, "heads"_a, "kv_heads"_a = 0);
   m.def(
       "quantize_attention_backward",
       [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, const View& q, const View& k, const View& v,
@@ -634,12 +643,12 @@ NB_MODULE(_mxflash, m) {
   m.def(
       "attention_backward_operands_workspace_size",
       [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, bool broadcast_q, bool output_mxfp8_dkv,
-         int causal) -> size_t {
+         int causal, int64_t kv_heads) -> size_t {
         const AttentionBackwardOptions opt =
             backward_options(NAN, broadcast_q, 0, 12, 0, output_mxfp8_dkv, false, causal);
-        return attention_backward_operands_workspace_size(q_meta, k_meta, heads, opt);
+        return attention_backward_operands_workspace_size(q_meta, k_meta, heads, opt, kv_heads);
       },
-      "q_meta"_a, "k_meta"_a, "heads"_a, "broadcast_q"_a, "output_mxfp8_dkv"_a, "causal"_a = 0);
+      "q_meta"_a, "k_meta"_a, "heads"_a, "broadcast_q"_a, "output_mxfp8_dkv"_a, "causal"_a = 0, "kv_heads"_a = 0);
   // attention_backward's overload on execution-layout operands.
   m.def(
       "attention_backward_operands",

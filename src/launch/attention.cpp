@@ -249,12 +249,39 @@ namespace {
 
 constexpr int64_t kTileTokens = 128;
 
-// The head count of an execution-layout operand set (named `set` in messages), from its q (H, Pq, 128).
-Status operand_heads(const TensorView& q, const std::string& set, int64_t* heads) {
+// K and V's head count for a `kv_heads` argument (0: heads).
+int64_t kv_or(int64_t heads, int64_t kv_heads) { return kv_heads > 0 ? kv_heads : heads; }
+
+// Grouped-query attention's rule: K and V (named kname) have H heads or a divisor of H (qname's).
+Status check_kv_heads(int64_t H, int64_t Hkv, const std::string& kname, const std::string& qname) {
+  if (Hkv >= 1 && H % Hkv == 0) return Status::Ok();
+  return Status::Invalid(kname + ": has " + std::to_string(Hkv) + " heads, which must divide " + qname + "'s " +
+                         std::to_string(H) + " (the same count, or a grouped-query share of it)");
+}
+
+// The head counts of an execution-layout operand set (named `set` in messages): Q's from its
+// q (H, Pq, 128), K and V's from its k (Hkv, Pk, 128).
+Status operand_heads(const TensorView& q, const TensorView& k, const std::string& set, int64_t* heads,
+                     int64_t* kv_heads) {
   if (q.ndim != 3) return Status::Invalid(set + ".q: must be 3-D (H, Pq, 128), got " + q.shape_string());
   *heads = q.shape[0];
   if (*heads < 1) return Status::Invalid(set + ".q: head count must be >= 1");
-  return Status::Ok();
+  if (k.ndim != 3) return Status::Invalid(set + ".k: must be 3-D (Hkv, Pk, 128), got " + k.shape_string());
+  *kv_heads = k.shape[0];
+  return check_kv_heads(*heads, *kv_heads, set + ".k", set + ".q");
+}
+
+// x (T, Hkv, 128) with each head repeated `group` times: (T, Hkv x group, 128), head h = x's h / group.
+template <typename T>
+std::vector<T> repeat_heads(const std::vector<T>& x, int64_t Hkv, int64_t group) {
+  if (group == 1) return x;
+  const size_t rows = x.size() / size_t(Hkv * kHeadDim);
+  std::vector<T> y(x.size() * size_t(group));
+  for (size_t t = 0; t < rows; ++t)
+    for (int64_t h = 0; h < Hkv * group; ++h)
+      std::copy_n(x.begin() + ptrdiff_t((t * size_t(Hkv) + size_t(h / group)) * kHeadDim), kHeadDim,
+                  y.begin() + ptrdiff_t((t * size_t(Hkv * group) + size_t(h)) * kHeadDim));
+  return y;
 }
 
 // One tensor of an execution-layout operand set: an e4m3 payload (3-D) or fp32 scales (2-D), its
@@ -341,11 +368,12 @@ Status check_operand_parts(const Table& parts, const std::string& set, Device* d
   return Status::Ok();
 }
 
-// The forward operands' checks (check_operand_parts), named `set`.name in messages. Heads from q.
+// The forward operands' checks (check_operand_parts), named `set`.name in messages. Heads from q,
+// K and V's from k.
 Status check_operands(const AttentionFwdOperands& ops, const JaggedMeta& q_meta, const JaggedMeta& k_meta,
-                      int64_t* heads, Device* dev, const std::string& set = "ops") {
-  MXFLASH_RETURN_IF_ERROR(operand_heads(ops.q, set, heads));
-  const AttentionFwdOperandShapes sh = attention_fwd_operand_shapes(q_meta, k_meta, *heads);
+                      int64_t* heads, int64_t* kv_heads, Device* dev, const std::string& set = "ops") {
+  MXFLASH_RETURN_IF_ERROR(operand_heads(ops.q, ops.k, set, heads, kv_heads));
+  const AttentionFwdOperandShapes sh = attention_fwd_operand_shapes(q_meta, k_meta, *heads, *kv_heads);
   return check_operand_parts(operand_table(ops, sh), set, dev);
 }
 
@@ -372,25 +400,33 @@ Status check_quantize_q(const TensorView& q, const JaggedMeta& q_meta, const Jag
   return check_alignment(q, "q", 16);
 }
 
-// The quantizers' inputs: q as check_quantize_q takes it, k and v (Tk, H, 128) of q's dtype,
-// contiguous, 16-byte aligned. *heads from q.
+// The quantizers' inputs: q as check_quantize_q takes it, k and v (Tk, Hkv, 128) of q's dtype,
+// contiguous, 16-byte aligned, Hkv = H or a divisor of it (grouped-query attention). *heads from q,
+// *kv_heads from k.
 Status check_quantize_inputs(const TensorView& q, const TensorView& k, const TensorView& v, const JaggedMeta& q_meta,
-                             const JaggedMeta& k_meta, int64_t* heads) {
+                             const JaggedMeta& k_meta, int64_t* heads, int64_t* kv_heads) {
   int64_t H = 0;
   MXFLASH_RETURN_IF_ERROR(check_quantize_q(q, q_meta, k_meta, &H));
-  const int64_t ks[3] = {k_meta.total_tokens(), H, kHeadDim};
+  const int64_t Hkv = k.ndim == 3 ? k.shape[1] : H;
+  if (k.ndim == 3) MXFLASH_RETURN_IF_ERROR(check_kv_heads(H, Hkv, "k", "q"));
+  const int64_t ks[3] = {k_meta.total_tokens(), Hkv, kHeadDim};
   MXFLASH_RETURN_IF_ERROR(check_dense(k, "k", {q.dtype}, 3, ks));
   MXFLASH_RETURN_IF_ERROR(check_dense(v, "v", {q.dtype}, 3, ks));
   for (const auto& [t, n] : {std::pair{&k, "k"}, std::pair{&v, "v"}})
     MXFLASH_RETURN_IF_ERROR(check_alignment(*t, n, 16));  // (check_dense checked non-null data)
   *heads = H;
+  *kv_heads = Hkv;
   return Status::Ok();
 }
 
-// The quantizers' rule that an operand set (named `set`) has the inputs' head count H.
-Status check_operand_heads(int64_t heads, int64_t H, const char* set) {
-  if (heads == H) return Status::Ok();
-  return Status::Invalid(std::string(set) + ".q: has " + std::to_string(heads) + " heads, q has " + std::to_string(H));
+// The quantizers' rule that an operand set (named `set`) has the inputs' head counts H and Hkv.
+Status check_operand_heads(int64_t heads, int64_t kv_heads, int64_t H, int64_t Hkv, const char* set) {
+  if (heads != H)
+    return Status::Invalid(std::string(set) + ".q: has " + std::to_string(heads) + " heads, q has " + std::to_string(H));
+  if (kv_heads != Hkv)
+    return Status::Invalid(std::string(set) + ".k: has " + std::to_string(kv_heads) + " heads, k has " +
+                           std::to_string(Hkv));
+  return Status::Ok();
 }
 
 // A CPU reference output (a vector of bytes or floats) into the CPU view that receives it.
@@ -449,32 +485,36 @@ void tokens_values(const TensorView& x, const TensorView& sc, const JaggedMeta& 
     }
 }
 
+// The operands' values, K and V repeated to H heads.
 void dequantized_operands(const AttentionFwdOperands& ops, const JaggedMeta& qm, const JaggedMeta& km, int64_t H,
-                          std::vector<float>* q, std::vector<float>* k, std::vector<float>* v) {
+                          int64_t Hkv, std::vector<float>* q, std::vector<float>* k, std::vector<float>* v) {
   rows_values(ops.q, ops.q_scale, qm, H, true, q);
-  rows_values(ops.k, ops.k_scale, km, H, false, k);
-  tokens_values(ops.v, ops.v_scale, km, H, v);
+  rows_values(ops.k, ops.k_scale, km, Hkv, false, k);
+  tokens_values(ops.v, ops.v_scale, km, Hkv, v);
+  *k = repeat_heads(*k, Hkv, H / Hkv);
+  *v = repeat_heads(*v, Hkv, H / Hkv);
 }
 
 }  // namespace
 
 AttentionFwdOperandShapes attention_fwd_operand_shapes(const JaggedMeta& q_meta, const JaggedMeta& k_meta,
-                                                       int64_t heads) {
+                                                       int64_t heads, int64_t kv_heads) {
+  const int64_t kvh = kv_or(heads, kv_heads);
   const int64_t Pq = q_meta.padded_tokens(), Pk = k_meta.padded_tokens();
-  return {{heads, Pq, kHeadDim}, {heads, Pq}, {heads, Pk, kHeadDim}, {heads, Pk / kTileTokens},
-          {heads, kHeadDim, Pk}, {heads, Pk / kTileTokens}};
+  return {{heads, Pq, kHeadDim}, {heads, Pq}, {kvh, Pk, kHeadDim}, {kvh, Pk / kTileTokens},
+          {kvh, kHeadDim, Pk}, {kvh, Pk / kTileTokens}};
 }
 
 void attention_fwd_operand_bytes(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
-                                 size_t bytes[kAttentionFwdOperandCount]) {
-  operand_bytes<AttentionFwdOperands>(attention_fwd_operand_shapes(q_meta, k_meta, heads), bytes);
+                                 size_t bytes[kAttentionFwdOperandCount], int64_t kv_heads) {
+  operand_bytes<AttentionFwdOperands>(attention_fwd_operand_shapes(q_meta, k_meta, heads, kv_heads), bytes);
 }
 
 AttentionFwdOperands attention_fwd_operand_views(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
                                                  void* const data[kAttentionFwdOperandCount], Device device,
-                                                 int device_id) {
-  return operand_views<AttentionFwdOperands>(attention_fwd_operand_shapes(q_meta, k_meta, heads), data, device,
-                                             device_id);
+                                                 int device_id, int64_t kv_heads) {
+  return operand_views<AttentionFwdOperands>(attention_fwd_operand_shapes(q_meta, k_meta, heads, kv_heads), data,
+                                             device, device_id);
 }
 
 size_t attention_forward_operands_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
@@ -487,17 +527,24 @@ size_t attention_forward_operands_workspace_size(const JaggedMeta& q_meta, const
 Status quantize_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                                   const JaggedMeta& q_meta, const JaggedMeta& k_meta, const AttentionFwdOperands& ops,
                                   void* stream) {
-  int64_t H = 0;
-  MXFLASH_RETURN_IF_ERROR(check_quantize_inputs(q, k, v, q_meta, k_meta, &H));
-  int64_t oh = 0;
+  int64_t H = 0, Hkv = 0;
+  MXFLASH_RETURN_IF_ERROR(check_quantize_inputs(q, k, v, q_meta, k_meta, &H, &Hkv));
+  int64_t oh = 0, okv = 0;
   Device od = Device::kCPU, xd = Device::kCPU;
-  MXFLASH_RETURN_IF_ERROR(check_operands(ops, q_meta, k_meta, &oh, &od));
-  MXFLASH_RETURN_IF_ERROR(check_operand_heads(oh, H, "ops"));
+  MXFLASH_RETURN_IF_ERROR(check_operands(ops, q_meta, k_meta, &oh, &okv, &od));
+  MXFLASH_RETURN_IF_ERROR(check_operand_heads(oh, okv, H, Hkv, "ops"));
   MXFLASH_RETURN_IF_ERROR(check_same_device({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&ops.q, "ops.q"}}, &xd));
   if (xd == Device::kCPU) {
-    ref::AttnFwdOperands r;
+    ref::AttnFwdOperands r, rkv;
     const std::vector<float> qf = as_f32(q), kf = as_f32(k), vf = as_f32(v);
-    MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(q_meta, k_meta, H, qf.data(), kf.data(), vf.data(), &r));
+    if (Hkv == H) {
+      MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(q_meta, k_meta, H, qf.data(), kf.data(), vf.data(), &r));
+    } else {  // grouped-query: Q' from Q's own call, K' and V' from K/V's (each output depends on its input only)
+      MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(q_meta, q_meta, H, qf.data(), qf.data(), qf.data(), &r));
+      MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(k_meta, k_meta, Hkv, kf.data(), kf.data(), vf.data(), &rkv));
+      r.k = std::move(rkv.k), r.k_scale = std::move(rkv.k_scale);
+      r.v = std::move(rkv.v), r.v_scale = std::move(rkv.v_scale);
+    }
     copy_into(r.q, ops.q);
     copy_into(r.k, ops.k);
     copy_into(r.v, ops.v);
@@ -509,6 +556,7 @@ Status quantize_attention_forward(const TensorView& q, const TensorView& k, cons
   MXFLASH_RETURN_IF_ERROR(check_cuda_call(q.device_id, "q", q_meta, k_meta));
   cuda::AttentionFwdProblem p;
   fill_problem(q_meta, k_meta, H, q_meta.total_tokens(), false, 1.f, CausalMask::kNone, &p);
+  p.kv_heads = int(Hkv);
   // The kernels take Q's sequence count from p.broadcast_q (1) or p.batch.
   p.broadcast_q = q_meta.batch() != k_meta.batch();
   return cuda::quantize_attention_fwd_operands(p, q.data, k.data, v.data, q.dtype == DType::kFloat32,
@@ -524,16 +572,16 @@ Status attention_forward(const AttentionFwdOperands& ops, const JaggedMeta& q_me
   MXFLASH_RETURN_IF_ERROR(ref::check_causal(opt.causal));
   if (opt.exact_mx)
     return Status::Unsupported("opt.exact_mx: the exact-MX path takes MX tensors, not execution-layout operands");
-  int64_t H = 0;
+  int64_t H = 0, Hkv = 0;
   Device dev = Device::kCPU;
-  MXFLASH_RETURN_IF_ERROR(check_operands(ops, q_meta, k_meta, &H, &dev));
+  MXFLASH_RETURN_IF_ERROR(check_operands(ops, q_meta, k_meta, &H, &Hkv, &dev));
   const int64_t To = out_tokens(q_meta, k_meta, opt.broadcast_q);
   MXFLASH_RETURN_IF_ERROR(check_forward_outputs(out, lse, To, H));
   MXFLASH_RETURN_IF_ERROR(check_same_device({{&ops.q, "ops.q"}, {&out, "out"}, {&lse, "lse"}}, &dev));
   if (To == 0) return Status::Ok();
   if (dev == Device::kCPU) {
     std::vector<float> qf, kf, vf;
-    dequantized_operands(ops, q_meta, k_meta, H, &qf, &kf, &vf);
+    dequantized_operands(ops, q_meta, k_meta, H, Hkv, &qf, &kf, &vf);
     return forward_cpu_values(qf, kf, vf, q_meta, k_meta, H, scale, opt.broadcast_q, opt.causal, out, lse);
   }
   MXFLASH_RETURN_IF_ERROR(check_cuda_call(ops.q.device_id, "ops.q", q_meta, k_meta));
@@ -542,6 +590,7 @@ Status attention_forward(const AttentionFwdOperands& ops, const JaggedMeta& q_me
     return Status::Invalid("workspace: smaller than attention_forward_operands_workspace_size()");
   cuda::AttentionFwdProblem p;
   fill_problem(q_meta, k_meta, H, To, opt.broadcast_q, scale, opt.causal, &p);
+  p.kv_heads = int(Hkv);
   p.out = out.data;
   p.lse = lse.ptr<float>();
   return cuda::attention_forward_exec(p, exec_operands(ops), workspace, workspace_bytes, stream);
@@ -583,10 +632,13 @@ Status store_mxfp8(const std::vector<double>& x, const JaggedMeta& km, int64_t H
 
 // CPU: the exact-MX reference on operand values (each operand in its own orientation), out / lse as
 // the forward delivered them, dout rounded from bf16.
+// Hkv < H (grouped-query attention): ops' K-side values come repeated to H heads, and dk, dv
+// (Tk, Hkv, 128) receive each group's sum of the per-head gradients (bf16 outputs only).
 Status backward_cpu_values(const ref::AttnOperands& ops, TensorView out, TensorView dout, TensorView lse,
                            const JaggedMeta& qm, const JaggedMeta& km, int64_t H, float scale,
                            const AttentionBackwardOptions& opt, TensorView dq, TensorView dk, TensorView dv,
-                           TensorView dk_scales, TensorView dv_scales) {
+                           TensorView dk_scales, TensorView dv_scales, int64_t Hkv = 0) {
+  Hkv = kv_or(H, Hkv);
   const int64_t no = out.shape[0] * H * kHeadDim;
   ref::AttnForwardResult fwd;
   fwd.out.resize(size_t(no));
@@ -617,6 +669,17 @@ Status backward_cpu_values(const ref::AttnOperands& ops, TensorView out, TensorV
     for (size_t i = 0; i < x.size(); ++i) d[i] = float_to_bf16(float(x[i]));
   };
   store(r.dq, dq);
+  if (Hkv != H) {  // each group's sum, in head order (the CUDA path's order), of the rounded per-head values
+    const int64_t g = H / Hkv;
+    for (std::vector<double>* x : {&r.dk, &r.dv}) {
+      std::vector<double> sum(x->size() / size_t(g), 0.0);
+      for (size_t i = 0; i < sum.size(); ++i) {
+        const size_t row = i / kHeadDim, d = i % kHeadDim;  // row = t x Hkv + kv head
+        for (int64_t j = 0; j < g; ++j) sum[i] += (*x)[(row * size_t(g) + size_t(j)) * kHeadDim + d];
+      }
+      *x = std::move(sum);
+    }
+  }
   if (opt.output_mxfp8_dkv) {
     MXFLASH_RETURN_IF_ERROR(store_mxfp8(r.dk, km, H, dk, dk_scales));
     return store_mxfp8(r.dv, km, H, dv, dv_scales);
@@ -651,16 +714,21 @@ Status backward_cpu(const MxTensor& q, const MxTensor& q_seq, const MxTensor& k,
 Status check_backward_io(const TensorView& out, const TensorView& dout, const TensorView& lse, const TensorView& dq,
                          const TensorView& dk, const TensorView& dv, const TensorView& dk_scales,
                          const TensorView& dv_scales, const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t H,
-                         const AttentionBackwardOptions& opt) {
+                         const AttentionBackwardOptions& opt, int64_t Hkv = 0) {
+  Hkv = kv_or(H, Hkv);
+  if (Hkv != H && opt.output_mxfp8_dkv)
+    return Status::Unsupported("output_mxfp8_dkv: not with grouped-query attention (K and V with " +
+                               std::to_string(Hkv) + " heads, Q with " + std::to_string(H) +
+                               "): dK and dV come back bf16 there");
   const int64_t To = out_tokens(q_meta, k_meta, opt.broadcast_q);
   const int64_t o_shape[3] = {To, H, kHeadDim}, lse_shape[2] = {H, To};
-  const int64_t q_shape[3] = {q_meta.total_tokens(), H, kHeadDim}, k_shape[3] = {k_meta.total_tokens(), H, kHeadDim};
+  const int64_t q_shape[3] = {q_meta.total_tokens(), H, kHeadDim}, k_shape[3] = {k_meta.total_tokens(), Hkv, kHeadDim};
   MXFLASH_RETURN_IF_ERROR(check_dense(out, "out", {DType::kBFloat16}, 3, o_shape));
   MXFLASH_RETURN_IF_ERROR(check_dense(dout, "dout", {DType::kBFloat16}, 3, o_shape));
   MXFLASH_RETURN_IF_ERROR(check_dense(lse, "lse", {DType::kFloat32}, 2, lse_shape));
   MXFLASH_RETURN_IF_ERROR(check_dense(dq, "dq", {DType::kBFloat16}, 3, q_shape));
   if (opt.output_mxfp8_dkv) {
-    const int64_t s_shape[3] = {k_meta.total_tokens(), H, kHeadDim / kBlockSize};
+    const int64_t s_shape[3] = {k_meta.total_tokens(), Hkv, kHeadDim / kBlockSize};
     MXFLASH_RETURN_IF_ERROR(check_dense(dk, "dk", {DType::kE4M3, DType::kUInt8}, 3, k_shape));
     MXFLASH_RETURN_IF_ERROR(check_dense(dv, "dv", {DType::kE4M3, DType::kUInt8}, 3, k_shape));
     MXFLASH_RETURN_IF_ERROR(check_dense(dk_scales, "dk_scales", {DType::kE8M0, DType::kUInt8}, 3, s_shape));
@@ -782,11 +850,12 @@ Status attention_backward(const MxTensor& q, const MxTensor& q_seq, const MxTens
 // -------------------------------------------------------------------- backward operands
 namespace {
 
-// The backward operands' checks (check_operand_parts), named `set`.name in messages. Heads from q.
+// The backward operands' checks (check_operand_parts), named `set`.name in messages. Heads from q,
+// K and V's from k.
 Status check_bwd_operands(const AttentionBwdOperands& ops, const JaggedMeta& q_meta, const JaggedMeta& k_meta,
-                          int64_t* heads, Device* dev, const std::string& set = "ops") {
-  MXFLASH_RETURN_IF_ERROR(operand_heads(ops.q, set, heads));
-  const AttentionBwdOperandShapes sh = attention_bwd_operand_shapes(q_meta, k_meta, *heads);
+                          int64_t* heads, int64_t* kv_heads, Device* dev, const std::string& set = "ops") {
+  MXFLASH_RETURN_IF_ERROR(operand_heads(ops.q, ops.k, set, heads, kv_heads));
+  const AttentionBwdOperandShapes sh = attention_bwd_operand_shapes(q_meta, k_meta, *heads, *kv_heads);
   return check_operand_parts(operand_table(ops, sh), set, dev);
 }
 
@@ -808,42 +877,49 @@ cuda::BwdExecOperands bwd_exec_operands(const AttentionBwdOperands& ops) {
 }  // namespace
 
 AttentionBwdOperandShapes attention_bwd_operand_shapes(const JaggedMeta& q_meta, const JaggedMeta& k_meta,
-                                                       int64_t heads) {
-  const int64_t Pq = q_meta.padded_tokens(), Pk = k_meta.padded_tokens();
-  return {{heads, Pq, kHeadDim}, {heads, Pq},           {heads, Pk, kHeadDim}, {heads, Pk / kTileTokens},
-          {heads, Pk, kHeadDim}, {heads, Pk / kTileTokens}, {heads, kHeadDim, Pq}, {heads, Pq / kTileTokens},
-          {heads, kHeadDim, Pk}, {heads, Pk / kTileTokens}};
+                                                       int64_t heads, int64_t kv_heads) {
+  const int64_t Pq = q_meta.padded_tokens(), Pk = k_meta.padded_tokens(), kvh = kv_or(heads, kv_heads);
+  return {{heads, Pq, kHeadDim}, {heads, Pq},           {kvh, Pk, kHeadDim}, {kvh, Pk / kTileTokens},
+          {kvh, Pk, kHeadDim},   {kvh, Pk / kTileTokens}, {heads, kHeadDim, Pq}, {heads, Pq / kTileTokens},
+          {kvh, kHeadDim, Pk},   {kvh, Pk / kTileTokens}};
 }
 
 void attention_bwd_operand_bytes(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
-                                 size_t bytes[kAttentionBwdOperandCount]) {
-  operand_bytes<AttentionBwdOperands>(attention_bwd_operand_shapes(q_meta, k_meta, heads), bytes);
+                                 size_t bytes[kAttentionBwdOperandCount], int64_t kv_heads) {
+  operand_bytes<AttentionBwdOperands>(attention_bwd_operand_shapes(q_meta, k_meta, heads, kv_heads), bytes);
 }
 
 AttentionBwdOperands attention_bwd_operand_views(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
                                                  void* const data[kAttentionBwdOperandCount], Device device,
-                                                 int device_id) {
-  return operand_views<AttentionBwdOperands>(attention_bwd_operand_shapes(q_meta, k_meta, heads), data, device,
-                                             device_id);
+                                                 int device_id, int64_t kv_heads) {
+  return operand_views<AttentionBwdOperands>(attention_bwd_operand_shapes(q_meta, k_meta, heads, kv_heads), data,
+                                             device, device_id);
 }
 
 Status quantize_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                                    const JaggedMeta& q_meta, const JaggedMeta& k_meta, const AttentionBwdOperands& ops,
                                    void* stream, bool write_qk) {
-  int64_t H = 0;
-  MXFLASH_RETURN_IF_ERROR(check_quantize_inputs(q, k, v, q_meta, k_meta, &H));
-  int64_t oh = 0;
+  int64_t H = 0, Hkv = 0;
+  MXFLASH_RETURN_IF_ERROR(check_quantize_inputs(q, k, v, q_meta, k_meta, &H, &Hkv));
+  int64_t oh = 0, okv = 0;
   Device od = Device::kCPU, xd = Device::kCPU;
-  MXFLASH_RETURN_IF_ERROR(check_bwd_operands(ops, q_meta, k_meta, &oh, &od));
-  MXFLASH_RETURN_IF_ERROR(check_operand_heads(oh, H, "ops"));
+  MXFLASH_RETURN_IF_ERROR(check_bwd_operands(ops, q_meta, k_meta, &oh, &okv, &od));
+  MXFLASH_RETURN_IF_ERROR(check_operand_heads(oh, okv, H, Hkv, "ops"));
   MXFLASH_RETURN_IF_ERROR(check_same_device({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&ops.q, "ops.q"}}, &xd));
   if (xd == Device::kCPU) {
     const std::vector<float> qf = as_f32(q), kf = as_f32(k), vf = as_f32(v);
     // The forward's rules per output: Q', K' as the forward's q, k; V rows as its k (per tile); Qᵀ',
     // Kᵀ' as its v (token-contiguous per tile), each on its own sequences.
     ref::AttnFwdOperands fwd, kv, qq;
-    MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(q_meta, k_meta, H, qf.data(), kf.data(), vf.data(), &fwd));
-    MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(k_meta, k_meta, H, kf.data(), vf.data(), kf.data(), &kv));
+    if (Hkv == H) {
+      MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(q_meta, k_meta, H, qf.data(), kf.data(), vf.data(), &fwd));
+    } else if (write_qk) {  // grouped-query: Q' and K' from calls of their own heads (as quantize_attention_forward)
+      ref::AttnFwdOperands kk;
+      MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(q_meta, q_meta, H, qf.data(), qf.data(), qf.data(), &fwd));
+      MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(k_meta, k_meta, Hkv, kf.data(), kf.data(), vf.data(), &kk));
+      fwd.k = std::move(kk.k), fwd.k_scale = std::move(kk.k_scale);
+    }
+    MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(k_meta, k_meta, Hkv, kf.data(), vf.data(), kf.data(), &kv));
     MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(q_meta, q_meta, H, qf.data(), qf.data(), qf.data(), &qq));
     if (write_qk) {
       copy_into(fwd.q, ops.q);
@@ -862,6 +938,7 @@ Status quantize_attention_backward(const TensorView& q, const TensorView& k, con
   MXFLASH_RETURN_IF_ERROR(check_cuda_call(q.device_id, "q", q_meta, k_meta));
   cuda::AttentionBwdProblem p;
   fill_problem(q_meta, k_meta, H, q_meta.total_tokens(), false, 1.f, CausalMask::kNone, &p);
+  p.kv_heads = int(Hkv);
   p.broadcast_q = q_meta.batch() != k_meta.batch();  // the kernels take Q's sequence count from it
   return cuda::quantize_attention_bwd_operands(p, q.data, k.data, v.data, q.dtype == DType::kFloat32,
                                                bwd_exec_operands(ops), write_qk, stream);
@@ -869,16 +946,16 @@ Status quantize_attention_backward(const TensorView& q, const TensorView& k, con
 
 namespace {
 
-// quantize_attention_training's operand sets: fwd and bwd for the metadata and H heads, bwd's Q' and
-// K' viewing fwd's.
+// quantize_attention_training's operand sets: fwd and bwd for the metadata, H Q heads and Hkv K/V
+// heads, bwd's Q' and K' viewing fwd's.
 Status check_training_sets(const AttentionFwdOperands& fwd, const AttentionBwdOperands& bwd, const JaggedMeta& q_meta,
-                           const JaggedMeta& k_meta, int64_t H) {
-  int64_t fh = 0, bh = 0;
+                           const JaggedMeta& k_meta, int64_t H, int64_t Hkv) {
+  int64_t fh = 0, bh = 0, fkv = 0, bkv = 0;
   Device fd = Device::kCPU, bd = Device::kCPU;
-  MXFLASH_RETURN_IF_ERROR(check_operands(fwd, q_meta, k_meta, &fh, &fd, "fwd"));
-  MXFLASH_RETURN_IF_ERROR(check_bwd_operands(bwd, q_meta, k_meta, &bh, &bd, "bwd"));
-  MXFLASH_RETURN_IF_ERROR(check_operand_heads(fh, H, "fwd"));
-  MXFLASH_RETURN_IF_ERROR(check_operand_heads(bh, H, "bwd"));
+  MXFLASH_RETURN_IF_ERROR(check_operands(fwd, q_meta, k_meta, &fh, &fkv, &fd, "fwd"));
+  MXFLASH_RETURN_IF_ERROR(check_bwd_operands(bwd, q_meta, k_meta, &bh, &bkv, &bd, "bwd"));
+  MXFLASH_RETURN_IF_ERROR(check_operand_heads(fh, fkv, H, Hkv, "fwd"));
+  MXFLASH_RETURN_IF_ERROR(check_operand_heads(bh, bkv, H, Hkv, "bwd"));
   for (const auto& [b, f, n] : {std::tuple{&bwd.q, &fwd.q, "q"}, std::tuple{&bwd.q_scale, &fwd.q_scale, "q_scale"},
                                 std::tuple{&bwd.k, &fwd.k, "k"}, std::tuple{&bwd.k_scale, &fwd.k_scale, "k_scale"}})
     if (b->data != f->data)
@@ -892,10 +969,10 @@ Status check_training_sets(const AttentionFwdOperands& fwd, const AttentionBwdOp
 Status quantize_attention_training(const TensorView& q, const TensorView& k, const TensorView& v,
                                    const JaggedMeta& q_meta, const JaggedMeta& k_meta, const AttentionFwdOperands& fwd,
                                    const AttentionBwdOperands& bwd, void* stream) {
-  int64_t H = 0;
-  MXFLASH_RETURN_IF_ERROR(check_quantize_inputs(q, k, v, q_meta, k_meta, &H));
+  int64_t H = 0, Hkv = 0;
+  MXFLASH_RETURN_IF_ERROR(check_quantize_inputs(q, k, v, q_meta, k_meta, &H, &Hkv));
   Device xd = Device::kCPU;
-  MXFLASH_RETURN_IF_ERROR(check_training_sets(fwd, bwd, q_meta, k_meta, H));
+  MXFLASH_RETURN_IF_ERROR(check_training_sets(fwd, bwd, q_meta, k_meta, H, Hkv));
   MXFLASH_RETURN_IF_ERROR(
       check_same_device({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&fwd.q, "fwd.q"}, {&bwd.v, "bwd.v"}}, &xd));
   if (xd == Device::kCPU) {  // the two quantizers (their checks pass: they are the ones above)
@@ -905,6 +982,7 @@ Status quantize_attention_training(const TensorView& q, const TensorView& k, con
   MXFLASH_RETURN_IF_ERROR(check_cuda_call(q.device_id, "q", q_meta, k_meta));
   cuda::AttentionFwdProblem p;
   fill_problem(q_meta, k_meta, H, q_meta.total_tokens(), false, 1.f, CausalMask::kNone, &p);
+  p.kv_heads = int(Hkv);
   p.broadcast_q = q_meta.batch() != k_meta.batch();  // the kernels take Q's sequence count from it
   return cuda::quantize_attention_training_operands(p, q.data, k.data, v.data, q.dtype == DType::kFloat32,
                                                     exec_operands(fwd), bwd_exec_operands(bwd), stream);
@@ -946,7 +1024,7 @@ Status quantize_attention_training(const TensorView& q, const MxTensor& k, const
                                        make_view(vf.data(), DType::kFloat32, Device::kCPU, 3, shape), q_meta, k_meta,
                                        fwd, bwd, stream);
   }
-  MXFLASH_RETURN_IF_ERROR(check_training_sets(fwd, bwd, q_meta, k_meta, H));
+  MXFLASH_RETURN_IF_ERROR(check_training_sets(fwd, bwd, q_meta, k_meta, H, H));
   MXFLASH_RETURN_IF_ERROR(check_same_device({{&q, "q"}, {&fwd.q, "fwd.q"}, {&bwd.v, "bwd.v"}}, &dev));
   MXFLASH_RETURN_IF_ERROR(check_cuda_call(q.device_id, "q", q_meta, k_meta));
   cuda::AttentionFwdProblem p;
@@ -962,11 +1040,14 @@ Status quantize_attention_training(const TensorView& q, const MxTensor& k, const
 }
 
 size_t attention_backward_operands_workspace_size(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads,
-                                                  const AttentionBackwardOptions& opt) {
+                                                  const AttentionBackwardOptions& opt, int64_t kv_heads) {
   if (!sizable(q_meta, k_meta, heads, opt.broadcast_q, opt.causal)) return 0;
+  const int64_t kvh = kv_or(heads, kv_heads);
+  if (heads % kvh != 0 || (kvh != heads && opt.output_mxfp8_dkv)) return 0;  // (the call rejects them)
   cuda::AttentionBwdProblem p;
   fill_problem(q_meta, k_meta, heads, out_tokens(q_meta, k_meta, opt.broadcast_q), opt.broadcast_q, 1.f, opt.causal,
                &p);
+  p.kv_heads = int(kvh);
   p.Tq = q_meta.total_tokens();
   p.Tk = k_meta.total_tokens();
   p.mxfp8_dkv = opt.output_mxfp8_dkv;
@@ -985,10 +1066,11 @@ Status attention_backward(const AttentionBwdOperands& ops, TensorView out, Tenso
   MXFLASH_RETURN_IF_ERROR(check_backward_options(opt));
   if (opt.exact_mx)
     return Status::Unsupported("opt.exact_mx: the exact-MX path takes MX tensors, not execution-layout operands");
-  int64_t H = 0;
+  int64_t H = 0, Hkv = 0;
   Device dev = Device::kCPU;
-  MXFLASH_RETURN_IF_ERROR(check_bwd_operands(ops, q_meta, k_meta, &H, &dev));
-  MXFLASH_RETURN_IF_ERROR(check_backward_io(out, dout, lse, dq, dk, dv, dk_scales, dv_scales, q_meta, k_meta, H, opt));
+  MXFLASH_RETURN_IF_ERROR(check_bwd_operands(ops, q_meta, k_meta, &H, &Hkv, &dev));
+  MXFLASH_RETURN_IF_ERROR(
+      check_backward_io(out, dout, lse, dq, dk, dv, dk_scales, dv_scales, q_meta, k_meta, H, opt, Hkv));
   MXFLASH_RETURN_IF_ERROR(check_same_device(
       {{&ops.q, "ops.q"}, {&out, "out"}, {&dout, "dout"}, {&lse, "lse"}, {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}}, &dev));
   if (opt.output_mxfp8_dkv) {
@@ -1004,19 +1086,25 @@ Status attention_backward(const AttentionBwdOperands& ops, TensorView out, Tenso
     keep(&r.q_s);
     tokens_values(ops.qt, ops.qt_scale, q_meta, H, &x);
     keep(&r.q_dk);
-    rows_values(ops.k, ops.k_scale, k_meta, H, false, &x);
-    keep(&r.k_s);
-    tokens_values(ops.kt, ops.kt_scale, k_meta, H, &x);
-    keep(&r.k_dq);
-    rows_values(ops.v, ops.v_scale, k_meta, H, false, &x);
-    keep(&r.v_dp);
-    return backward_cpu_values(r, out, dout, lse, q_meta, k_meta, H, scale, opt, dq, dk, dv, dk_scales, dv_scales);
+    auto keep_kv = [&](std::vector<double>* dst) {  // K and V repeated to H heads (grouped-query attention)
+      x = repeat_heads(x, Hkv, H / Hkv);
+      keep(dst);
+    };
+    rows_values(ops.k, ops.k_scale, k_meta, Hkv, false, &x);
+    keep_kv(&r.k_s);
+    tokens_values(ops.kt, ops.kt_scale, k_meta, Hkv, &x);
+    keep_kv(&r.k_dq);
+    rows_values(ops.v, ops.v_scale, k_meta, Hkv, false, &x);
+    keep_kv(&r.v_dp);
+    return backward_cpu_values(r, out, dout, lse, q_meta, k_meta, H, scale, opt, dq, dk, dv, dk_scales, dv_scales,
+                               Hkv);
   }
   MXFLASH_RETURN_IF_ERROR(check_cuda_backward_options(opt));
   MXFLASH_RETURN_IF_ERROR(check_cuda_call(ops.q.device_id, "ops.q", q_meta, k_meta));
   MXFLASH_RETURN_IF_ERROR(check_tma_coordinates("ops.q", H, q_meta, k_meta));
   cuda::AttentionBwdProblem p;
   fill_problem(q_meta, k_meta, H, out_tokens(q_meta, k_meta, opt.broadcast_q), opt.broadcast_q, scale, opt.causal, &p);
+  p.kv_heads = int(Hkv);
   p.Tq = q_meta.total_tokens();
   p.Tk = k_meta.total_tokens();
   const cuda::BwdExecOperands exec = bwd_exec_operands(ops);

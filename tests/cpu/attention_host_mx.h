@@ -62,15 +62,16 @@ struct HostOperands {
   std::vector<uint8_t>&q = parts[0], &k = parts[1], &v = parts[2], &q_scale = parts[3], &k_scale = parts[4],
                       &v_scale = parts[5];
   AttentionFwdOperands ops;
-  HostOperands(const JaggedMeta& qm, const JaggedMeta& km, int64_t H, uint8_t fill = kPoison) {
+  // kv_heads: K and V's heads (0: H; grouped-query attention: a divisor of H).
+  HostOperands(const JaggedMeta& qm, const JaggedMeta& km, int64_t H, uint8_t fill = kPoison, int64_t kv_heads = 0) {
     size_t bytes[kAttentionFwdOperandCount];
     void* ptr[kAttentionFwdOperandCount];
-    attention_fwd_operand_bytes(qm, km, H, bytes);
+    attention_fwd_operand_bytes(qm, km, H, bytes, kv_heads);
     for (int i = 0; i < kAttentionFwdOperandCount; ++i) {
       parts[i].assign(bytes[i] + 16, fill);  // + 16: room for misaligned views
       ptr[i] = parts[i].data();
     }
-    ops = attention_fwd_operand_views(qm, km, H, ptr, Device::kCPU);
+    ops = attention_fwd_operand_views(qm, km, H, ptr, Device::kCPU, 0, kv_heads);
   }
   HostOperands(const HostOperands&) = delete;
 };
@@ -80,17 +81,40 @@ struct HostOperands {
 struct HostBwdOperands {
   std::vector<uint8_t> parts[kAttentionBwdOperandCount];  // q, k, v, qt, kt, then their scales
   AttentionBwdOperands ops;
-  HostBwdOperands(const JaggedMeta& qm, const JaggedMeta& km, int64_t H, uint8_t fill = kPoison) {
+  HostBwdOperands(const JaggedMeta& qm, const JaggedMeta& km, int64_t H, uint8_t fill = kPoison, int64_t kv_heads = 0) {
     size_t bytes[kAttentionBwdOperandCount];
     void* ptr[kAttentionBwdOperandCount];
-    attention_bwd_operand_bytes(qm, km, H, bytes);
+    attention_bwd_operand_bytes(qm, km, H, bytes, kv_heads);
     for (int i = 0; i < kAttentionBwdOperandCount; ++i) {
       parts[i].assign(bytes[i], fill);
       ptr[i] = parts[i].data();
     }
-    ops = attention_bwd_operand_views(qm, km, H, ptr, Device::kCPU);
+    ops = attention_bwd_operand_views(qm, km, H, ptr, Device::kCPU, 0, kv_heads);
   }
   HostBwdOperands(const HostBwdOperands&) = delete;
 };
+
+// Grouped-query attention's expectations: per-head slabs (heads x `bytes` / heads) with each slab
+// repeated g times (an operand of K/V repeated per Q head), and bf16 (T, Hkv x g, 128) gradients
+// summed per group of g heads in fp32, in head order, rounded once (dK, dV of grouped operands).
+inline std::vector<uint8_t> repeat_slabs(const std::vector<uint8_t>& x, size_t bytes, int64_t heads, int64_t g) {
+  const size_t slab = bytes / size_t(heads);
+  std::vector<uint8_t> y;
+  for (int64_t h = 0; h < heads * g; ++h)
+    y.insert(y.end(), x.begin() + ptrdiff_t(size_t(h / g) * slab), x.begin() + ptrdiff_t(size_t(h / g + 1) * slab));
+  return y;
+}
+inline std::vector<uint16_t> group_sums(const std::vector<uint16_t>& x, int64_t Hkv, int64_t g) {
+  const size_t rows = x.size() / size_t(Hkv * g * kHeadDim);
+  std::vector<uint16_t> y(rows * size_t(Hkv * kHeadDim));
+  for (size_t t = 0; t < rows; ++t)
+    for (int64_t kh = 0; kh < Hkv; ++kh)
+      for (int d = 0; d < kHeadDim; ++d) {
+        float s = 0.f;
+        for (int64_t j = 0; j < g; ++j) s += bf16_to_float(x[(t * size_t(Hkv * g) + size_t(kh * g + j)) * kHeadDim + d]);
+        y[(t * size_t(Hkv) + size_t(kh)) * kHeadDim + size_t(d)] = float_to_bf16(s);
+      }
+  return y;
+}
 
 }  // namespace mxflash::test

@@ -117,7 +117,8 @@ def r2ur_before_gemm(loop, window=40):
 # memory around pow2i_exact's subnormal case in promote_vtile_apply's slow path (V's tile scale more
 # than 64 binades under an earlier tile's, or no power of two; read from its SASS, 2026-11-30). The
 # count is pinned: any other count is a problem.
-COLD_SPILLS = {"persistent 565329ELb1": 2}
+# The same block in its grouped-query form (kVariantGqa, bit 29).
+COLD_SPILLS = {"persistent 565329ELb1": 2, "persistent 537436241ELb1": 2}
 
 
 def loop_problems(name, loop, cold_spills=0):

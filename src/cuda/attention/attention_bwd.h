@@ -19,6 +19,11 @@ struct BwdExecOperands {
 struct AttentionBwdProblem {
   int batch = 0;  // K/V sequences (and Q sequences unless broadcast_q)
   int heads = 0;
+  // K and V heads (0: heads); fewer (dividing heads) with exec operands only: grouped-query
+  // attention, K-side operands (k, v, kt and their scales) and dk, dv (Tk, kv_heads, 128) bf16 (the
+  // sums over each group's Q heads). The fast kernels run on the K-side operands repeated per Q
+  // head in the workspace, their per-head dK, dV summed after (attention_bwd_sm90.cu).
+  int kv_heads = 0;
   int64_t Tq = 0, Tk = 0, Pq = 0, Pk = 0, To = 0;
   bool broadcast_q = false;
   float softmax_scale = 0.f;

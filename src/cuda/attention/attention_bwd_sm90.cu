@@ -2504,9 +2504,15 @@ BwdPlan plan_of(const AttentionBwdProblem& p) {
 
 }  // namespace
 
-size_t attention_bwd_workspace_bytes(const AttentionBwdProblem& p) { return plan_of(p).w.total; }
+namespace {
 
-Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t workspace_bytes, void* stream_ptr) {
+// The backward's workspace (with_workspace): 256-byte aligned (its regions sit at 256-byte offsets:
+// TMA, whole L2 lines).
+constexpr WorkspaceRule kBwdWorkspace = {"attention_backward workspace", " (attention_backward_workspace_size)", 256,
+                                         "workspace: the CUDA backward needs a 256-byte aligned pointer (cudaMalloc's are)"};
+
+// The backward with as many K/V heads as Q heads (p.kv_heads 0 or p.heads).
+Status backward_mha(const AttentionBwdProblem& p, void* workspace, size_t workspace_bytes, void* stream_ptr) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   const int64_t H = p.heads;
   const BwdPlan plan = plan_of(p);
@@ -2515,18 +2521,7 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
   const std::vector<int2>& kv_items = plan.kv_items;
   const std::vector<int2>& q_items = plan.q_items;
   const BwdWorkspace& w = plan.w;
-  bool owned = false;
-  if (!workspace) {
-    MXFLASH_RETURN_IF_ERROR(workspace_alloc(w.total, stream, &workspace, "attention_backward workspace"));
-    owned = true;
-  } else if (workspace_bytes < w.total) {
-    return Status::Invalid("workspace: " + std::to_string(workspace_bytes) + " bytes given, " + std::to_string(w.total) +
-                           " needed (attention_backward_workspace_size)");
-  } else if (!is_aligned(workspace, 256)) {  // (its regions: 256-byte offsets; TMA, whole L2 lines)
-    return Status::Invalid("workspace: the CUDA backward needs a 256-byte aligned pointer (cudaMalloc's are)");
-  }
-  uint8_t* ws = static_cast<uint8_t*>(workspace);
-  auto run = [&]() -> Status {
+  return with_workspace(workspace, workspace_bytes, w.total, stream, kBwdWorkspace, [&](uint8_t* ws) -> Status {
     const int Bq = p.broadcast_q ? 1 : p.batch;
     auto f32 = [&](size_t off) { return reinterpret_cast<float*>(ws + off); };
     // The ring's ready and free epochs (2 x its blocks' words, over the dump scales' region, which
@@ -2971,13 +2966,168 @@ Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t 
       }
     }
     return Status::Ok();
-  };
-  Status st = run();
-  if (owned) {
-    const Status fr = workspace_free(workspace, stream, "attention_backward workspace free");
-    if (st.ok()) st = fr;
+  });
+}
+
+// ------------------------------------------------------------------ grouped-query attention
+// Q head h attends K/V head h / g (g = heads / kv_heads). The backward runs the kernels above on the
+// K-side operands repeated per Q head in the workspace (gqa_expand_kernel: K', V rows, Kᵀ' and their
+// scales, ~3 bytes per element of the repeated K/V, for the call only), their dK, dV per Q head
+// (bf16, (Tk, H, 128)) into the workspace, then sums each group's g heads in fp32, in head order, and
+// rounds once to bf16 (gqa_sum_kernel): the bytes of the same backward on repeated inputs followed by
+// that sum.
+
+// One tensor of per-head slabs: dst slab h = src slab h / group.
+struct GqaCopy {
+  const uint8_t* src;
+  uint8_t* dst;
+  int64_t slab;  // bytes per head (a multiple of 4)
+};
+struct GqaCopies {
+  GqaCopy c[6];
+  int group;
+};
+
+__global__ void __launch_bounds__(256) gqa_expand_kernel(const GqaCopies a) {
+  const GqaCopy c = a.c[blockIdx.y];
+  const int h = int(blockIdx.z);
+  const uint8_t* src = c.src + int64_t(h / a.group) * c.slab;
+  uint8_t* dst = c.dst + int64_t(h) * c.slab;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  if (c.slab % 16 == 0) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < c.slab / 16; i += stride)
+      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+  } else {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < c.slab / 4; i += stride)
+      reinterpret_cast<uint32_t*>(dst)[i] = reinterpret_cast<const uint32_t*>(src)[i];
   }
-  return st;
+}
+
+// out (T, H / group, 128) = the sum over each group's heads of in (T, H, 128), bf16, fp32 sums in
+// head order; blockIdx.y: dK (0) or dV (1). Eight channels a thread; `aligned`: dk and dv 16-byte
+// aligned (else stored a value at a time).
+__global__ void __launch_bounds__(256) gqa_sum_kernel(const __nv_bfloat16* dk_in, const __nv_bfloat16* dv_in,
+                                                      __nv_bfloat16* dk, __nv_bfloat16* dv, int64_t T, int kv_heads,
+                                                      int group, bool aligned) {
+  const __nv_bfloat16* in = blockIdx.y == 0 ? dk_in : dv_in;
+  __nv_bfloat16* out = blockIdx.y == 0 ? dk : dv;
+  const int64_t n = T * kv_heads * (kHeadDim / 8);  // 8-channel chunks of out
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / (kHeadDim / 8), c = i % (kHeadDim / 8);  // row: t * kv_heads + kvh
+    const uint4* src = reinterpret_cast<const uint4*>(in + row * group * kHeadDim) + c;
+    float acc[8] = {};
+    for (int r = 0; r < group; ++r) {
+      const uint4 w = src[r * (kHeadDim / 8)];
+      const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&w);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 f = __bfloat1622float2(b[k]);
+        acc[2 * k] += f.x;
+        acc[2 * k + 1] += f.y;
+      }
+    }
+    if (aligned) {
+      uint4 o;
+      __nv_bfloat162* ob = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) ob[k] = __floats2bfloat162_rn(acc[2 * k], acc[2 * k + 1]);
+      reinterpret_cast<uint4*>(out)[i] = o;
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) out[8 * i + k] = __float2bfloat16_rn(acc[k]);
+    }
+  }
+}
+
+// The workspace of a grouped-query call: the repeated operands and the per-head dK, dV, then the
+// backward's own (`inner`, 256-byte aligned).
+struct GqaLayout {
+  size_t k, v, kt, k_scale, v_scale, kt_scale, dk, dv, inner;
+};
+GqaLayout gqa_layout(const AttentionBwdProblem& p) {
+  GqaLayout g;
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = off;
+    off += align256(bytes);
+    return at;
+  };
+  const size_t H = size_t(p.heads), D = kHeadDim, tiles = size_t(p.Pk / bwd::kTile);
+  g.k = take(H * size_t(p.Pk) * D);
+  g.v = take(H * size_t(p.Pk) * D);
+  g.kt = take(H * size_t(p.Pk) * D);
+  g.k_scale = take(H * tiles * sizeof(float));
+  g.v_scale = take(H * tiles * sizeof(float));
+  g.kt_scale = take(H * tiles * sizeof(float));
+  g.dk = take(size_t(p.Tk) * H * D * sizeof(__nv_bfloat16));
+  g.dv = take(size_t(p.Tk) * H * D * sizeof(__nv_bfloat16));
+  g.inner = off;
+  return g;
+}
+
+// p with every K/V head its own (the repeated operands' problem; its exec and dk, dv set by the caller).
+AttentionBwdProblem per_q_head(const AttentionBwdProblem& p) {
+  AttentionBwdProblem q = p;
+  q.kv_heads = 0;
+  return q;
+}
+
+bool grouped(const AttentionBwdProblem& p) { return kv_heads_of(p) != p.heads; }
+
+}  // namespace
+
+size_t attention_bwd_workspace_bytes(const AttentionBwdProblem& p) {
+  if (!grouped(p)) return plan_of(p).w.total;
+  return gqa_layout(p).inner + plan_of(per_q_head(p)).w.total;
+}
+
+Status attention_backward(const AttentionBwdProblem& p, void* workspace, size_t workspace_bytes, void* stream_ptr) {
+  if (!grouped(p)) return backward_mha(p, workspace, workspace_bytes, stream_ptr);
+  const int64_t H = p.heads, Hkv = kv_heads_of(p);
+  if (p.exec == nullptr || Hkv < 1 || H % Hkv != 0 || p.mxfp8_dkv)
+    return Status::Internal("backward: grouped-query attention takes operands in the execution layout and bf16 dK, dV");
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  const GqaLayout g = gqa_layout(p);
+  const size_t total = attention_bwd_workspace_bytes(p);
+  return with_workspace(workspace, workspace_bytes, total, stream, kBwdWorkspace, [&](uint8_t* ws) -> Status {
+    const BwdExecOperands& e = *p.exec;
+    BwdExecOperands x = e;  // Q-side operands as they are, K-side ones repeated
+    x.k = ws + g.k;
+    x.v = ws + g.v;
+    x.kt = ws + g.kt;
+    x.k_scale = reinterpret_cast<float*>(ws + g.k_scale);
+    x.v_scale = reinterpret_cast<float*>(ws + g.v_scale);
+    x.kt_scale = reinterpret_cast<float*>(ws + g.kt_scale);
+    const int64_t slab = p.Pk * kHeadDim, tiles = p.Pk / bwd::kTile;
+    if (slab > 0) {
+      GqaCopies c;
+      c.group = int(H / Hkv);
+      c.c[0] = {e.k, x.k, slab};
+      c.c[1] = {e.v, x.v, slab};
+      c.c[2] = {e.kt, x.kt, slab};
+      c.c[3] = {reinterpret_cast<const uint8_t*>(e.k_scale), reinterpret_cast<uint8_t*>(x.k_scale), tiles * 4};
+      c.c[4] = {reinterpret_cast<const uint8_t*>(e.v_scale), reinterpret_cast<uint8_t*>(x.v_scale), tiles * 4};
+      c.c[5] = {reinterpret_cast<const uint8_t*>(e.kt_scale), reinterpret_cast<uint8_t*>(x.kt_scale), tiles * 4};
+      const unsigned blocks = unsigned(std::min<int64_t>((slab / 16 + 255) / 256, 64));
+      gqa_expand_kernel<<<dim3(blocks, 6, unsigned(H)), 256, 0, stream>>>(c);
+      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "backward: grouped-query K/V repeat launch"));
+    }
+    AttentionBwdProblem q = per_q_head(p);
+    q.exec = &x;
+    q.dk = ws + g.dk;
+    q.dv = ws + g.dv;
+    MXFLASH_RETURN_IF_ERROR(backward_mha(q, ws + g.inner, total - g.inner, stream));
+    const int64_t n = p.Tk * Hkv * (kHeadDim / 8);
+    if (n > 0) {
+      const unsigned blocks = unsigned(std::min<int64_t>((n + 255) / 256, 4096));
+      gqa_sum_kernel<<<dim3(blocks, 2), 256, 0, stream>>>(
+          reinterpret_cast<const __nv_bfloat16*>(ws + g.dk), reinterpret_cast<const __nv_bfloat16*>(ws + g.dv),
+          static_cast<__nv_bfloat16*>(p.dk), static_cast<__nv_bfloat16*>(p.dv), p.Tk, int(Hkv), int(H / Hkv),
+          is_aligned(p.dk, 16) && is_aligned(p.dv, 16));
+      MXFLASH_RETURN_IF_ERROR(cuda_error(cudaGetLastError(), "backward: grouped-query dK/dV sum launch"));
+    }
+    return Status::Ok();
+  });
 }
 
 }  // namespace mxflash::cuda

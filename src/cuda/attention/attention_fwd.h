@@ -20,6 +20,10 @@ struct MxOperand {
 struct AttentionFwdProblem {
   int batch = 0;   // K/V sequences (and Q sequences unless broadcast_q)
   int heads = 0;
+  // K and V heads (0: heads). Fewer (dividing heads) is grouped-query attention: Q head h attends
+  // K/V head h / (heads / kv_heads). The operand kernels (quantize_attention_*_operands and the
+  // forward on them) take it; the MX-tensor paths take heads only.
+  int kv_heads = 0;
   int64_t Pq = 0, Pk = 0, To = 0;
   bool broadcast_q = false;
   float softmax_scale = 0.f;
@@ -36,6 +40,13 @@ struct AttentionFwdProblem {
   void* out = nullptr;  // bf16 (To, H, 128)
   float* lse = nullptr;  // (H, To)
 };
+
+// K and V heads of an operand problem (AttentionFwdProblem, AttentionBwdProblem): kv_heads, or heads
+// where it is 0.
+template <typename Problem>
+int64_t kv_heads_of(const Problem& p) {
+  return p.kv_heads > 0 ? p.kv_heads : p.heads;
+}
 
 // The main kernel's operands (the execution layout, attention_fwd_prepare.cuh): Q' (H, Pq, 128)
 // with per-row scales (H, Pq), K' (H, Pk, 128) with per-128-key-tile scales (H, Pk / 128), V'

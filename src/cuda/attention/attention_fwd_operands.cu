@@ -345,12 +345,12 @@ Status launch_tokens_and_rows_mx(const uint8_t* x, const uint8_t* x_scales, int6
 template <typename In>
 Status launch_operands(const AttentionFwdProblem& p, const In* q, const In* k, const In* v, const FwdExecOperands& out,
                        cudaStream_t stream) {
-  const int64_t H = p.heads;
+  const int64_t H = p.heads, Hkv = kv_heads_of(p);  // (Hkv: K and V's heads)
   MXFLASH_RETURN_IF_ERROR(
       launch_rows<true>(q, H, q_side(p), out.q, out.q_scale, stream, "quantize_attention_forward: Q launch"));
   MXFLASH_RETURN_IF_ERROR(
-      launch_rows<false>(k, H, k_side(p), out.k, out.k_scale, stream, "quantize_attention_forward: K launch"));
-  return launch_tokens(v, H, k_side(p), out.v, out.v_scale, stream, "quantize_attention_forward: V launch");
+      launch_rows<false>(k, Hkv, k_side(p), out.k, out.k_scale, stream, "quantize_attention_forward: K launch"));
+  return launch_tokens(v, Hkv, k_side(p), out.v, out.v_scale, stream, "quantize_attention_forward: V launch");
 }
 
 // The backward's operands: Q' per row, K' and V rows per 128-key tile (the rows kernel), Qᵀ' and
@@ -358,18 +358,18 @@ Status launch_operands(const AttentionFwdProblem& p, const In* q, const In* k, c
 template <typename In>
 Status launch_bwd_operands(const AttentionBwdProblem& p, const In* q, const In* k, const In* v,
                            const BwdExecOperands& out, bool write_qk, cudaStream_t stream) {
-  const int64_t H = p.heads;
+  const int64_t H = p.heads, Hkv = kv_heads_of(p);  // (Hkv: K and V's heads)
   if (write_qk) {
     MXFLASH_RETURN_IF_ERROR(
         launch_rows<true>(q, H, q_side(p), out.q, out.q_scale, stream, "quantize_attention_backward: Q launch"));
     MXFLASH_RETURN_IF_ERROR(
-        launch_rows<false>(k, H, k_side(p), out.k, out.k_scale, stream, "quantize_attention_backward: K launch"));
+        launch_rows<false>(k, Hkv, k_side(p), out.k, out.k_scale, stream, "quantize_attention_backward: K launch"));
   }
   MXFLASH_RETURN_IF_ERROR(
-      launch_rows<false>(v, H, k_side(p), out.v, out.v_scale, stream, "quantize_attention_backward: V launch"));
+      launch_rows<false>(v, Hkv, k_side(p), out.v, out.v_scale, stream, "quantize_attention_backward: V launch"));
   MXFLASH_RETURN_IF_ERROR(launch_tokens(q, H, q_side(p), out.qt, out.qt_scale, stream,
                                         "quantize_attention_backward: Q along tokens launch"));
-  return launch_tokens(k, H, k_side(p), out.kt, out.kt_scale, stream,
+  return launch_tokens(k, Hkv, k_side(p), out.kt, out.kt_scale, stream,
                        "quantize_attention_backward: K along tokens launch");
 }
 
@@ -378,12 +378,12 @@ Status launch_bwd_operands(const AttentionBwdProblem& p, const In* q, const In* 
 template <typename In>
 Status launch_training_operands(const AttentionFwdProblem& p, const In* q, const In* k, const In* v,
                                 const FwdExecOperands& fwd, const BwdExecOperands& bwd, cudaStream_t stream) {
-  const int64_t H = p.heads;
+  const int64_t H = p.heads, Hkv = kv_heads_of(p);  // (Hkv: K and V's heads)
   MXFLASH_RETURN_IF_ERROR(launch_tokens_and_rows<true>(q, H, q_side(p), bwd.qt, bwd.qt_scale, fwd.q, fwd.q_scale,
                                                        stream, "quantize_attention_training: Q launch"));
-  MXFLASH_RETURN_IF_ERROR(launch_tokens_and_rows<false>(k, H, k_side(p), bwd.kt, bwd.kt_scale, fwd.k, fwd.k_scale,
+  MXFLASH_RETURN_IF_ERROR(launch_tokens_and_rows<false>(k, Hkv, k_side(p), bwd.kt, bwd.kt_scale, fwd.k, fwd.k_scale,
                                                         stream, "quantize_attention_training: K launch"));
-  return launch_tokens_and_rows<false>(v, H, k_side(p), fwd.v, fwd.v_scale, bwd.v, bwd.v_scale, stream,
+  return launch_tokens_and_rows<false>(v, Hkv, k_side(p), fwd.v, fwd.v_scale, bwd.v, bwd.v_scale, stream,
                                        "quantize_attention_training: V launch");
 }
 
@@ -391,13 +391,13 @@ Status launch_training_operands(const AttentionFwdProblem& p, const In* q, const
 template <typename In>
 Status launch_training_operands_mx_kv(const AttentionFwdProblem& p, const In* q, const MxKvSource& kv,
                                       const FwdExecOperands& fwd, const BwdExecOperands& bwd, cudaStream_t stream) {
-  const int64_t H = p.heads;
+  const int64_t H = p.heads, Hkv = kv_heads_of(p);  // (Hkv: K and V's heads)
   MXFLASH_RETURN_IF_ERROR(launch_tokens_and_rows<true>(q, H, q_side(p), bwd.qt, bwd.qt_scale, fwd.q, fwd.q_scale,
                                                        stream, "quantize_attention_training: Q launch"));
-  MXFLASH_RETURN_IF_ERROR(launch_tokens_and_rows_mx<false>(kv.k, kv.k_scales, H, k_side(p), bwd.kt, bwd.kt_scale,
+  MXFLASH_RETURN_IF_ERROR(launch_tokens_and_rows_mx<false>(kv.k, kv.k_scales, Hkv, k_side(p), bwd.kt, bwd.kt_scale,
                                                            fwd.k, fwd.k_scale, stream,
                                                            "quantize_attention_training: K launch"));
-  return launch_tokens_and_rows_mx<false>(kv.v, kv.v_scales, H, k_side(p), fwd.v, fwd.v_scale, bwd.v, bwd.v_scale,
+  return launch_tokens_and_rows_mx<false>(kv.v, kv.v_scales, Hkv, k_side(p), fwd.v, fwd.v_scale, bwd.v, bwd.v_scale,
                                           stream, "quantize_attention_training: V launch");
 }
 

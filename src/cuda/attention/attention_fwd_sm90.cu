@@ -95,6 +95,11 @@ inline constexpr int kVariantExpTurn = 524288;
 // heaviest first, and the tiles a warpgroup's first row does not wholly see take the masked softmax
 // (per-row key limits; rows facing no key of a tile keep O, l and m as they were).
 inline constexpr int kVariantCausal = 1 << 25;
+// Bit 29: grouped-query attention (FwdParams::kv_magic): the producer reads K/V head h / g for Q
+// head h. Kernels of their own, so that those of as many K/V heads as Q heads keep their SASS (the
+// division inlined into them moved their register allocation: two spills in the three-consumer
+// kernel's loop, tests/sass).
+inline constexpr int kVariantGqa = 1 << 29;
 // Bit 24 (P packed into e4m3 by integer ALU work, 4 LEA + 3 PRMT per 4 values, instead of F2FP):
 // measured 2026-11-30, 6% slower; removed (docs/attention.md).
 // Bit 21 (the exponential turn taken before the wait for S, so that the whole softmax alternates):
@@ -124,8 +129,8 @@ struct FwdParams {
   const int32_t* cu_k;
   const int32_t* cu_k_sf;
   const float* q_scale;  // (H, Pq)
-  const float* k_scale;  // (H, Pk / 128)
-  const float* v_scale;  // (B, H, 128); kVariantVTile: (H, Pk / 128)
+  const float* k_scale;  // (Hkv, Pk / 128)
+  const float* v_scale;  // (B, H, 128); kVariantVTile: (Hkv, Pk / 128)
   const int2* tiles;  // the work list of Q tiles (work_list.cuh), sequences facing the most keys first
   bool heads_inner;   // its order within a sequence (heads_in_turn)
   bool causal_br;     // kVariantCausal: the bottom-right alignment (else top-left); in heads_inner's padding
@@ -136,6 +141,10 @@ struct FwdParams {
   __nv_bfloat16* out;
   float* lse;
   int num_items;  // (Q tile, head) pairs: the persistent kernel's work list
+  // Grouped-query attention: Q head h reads K/V head h / g of K' and V' (Hkv = H / g heads; g = 1
+  // otherwise), computed as kv_head(): kv_magic = ceil(2^16 / g). (In the struct's tail padding:
+  // the other fields keep their offsets.)
+  unsigned kv_magic;
 };
 
 // The split tail of the three-consumer kernel (split_parts on the host): items first.. run as
@@ -341,6 +350,17 @@ __device__ __forceinline__ float inv_sum(float lsum) {
   return kCausal && lsum == 0.f ? 0.f : 1.f / lsum;
 }
 
+// FwdParams::kv_magic for g Q heads a K/V head.
+inline unsigned kv_magic(int64_t g) { return unsigned(((int64_t(1) << 16) + g - 1) / g); }
+
+// The K/V head of Q head h (kVariantGqa): h / g as one multiply-high by FwdParams::kv_magic =
+// ceil(2^16 / g), exact while h x g < 2^16 (the host checks H x g).
+template <int kVariant>
+__device__ __forceinline__ int kv_head(const FwdParams& p, int h) {
+  if constexpr ((kVariant & kVariantGqa) != 0) return int(__umulhi(unsigned(h) << 16, p.kv_magic));
+  return h;
+}
+
 // One (Q tile, head) of the work list.
 struct WorkItem {
   int h, b, m_block, qb, Lq, Lk, n_tiles;
@@ -386,7 +406,7 @@ __device__ __forceinline__ void produce_q(uint8_t* q, uint64_t* q_full, const CU
 // kVariantVTile, V's (y; else 0).
 template <int kVariant>
 __device__ __forceinline__ float2 kv_tile_scales(const FwdParams& p, const WorkItem& w, int j) {
-  const int64_t t = int64_t(w.h) * (p.Pk / kTile) + (p.cu_k_sf[w.b] + w.j0 * kTile) / kTile + j;
+  const int64_t t = int64_t(kv_head<kVariant>(p, w.h)) * (p.Pk / kTile) + (p.cu_k_sf[w.b] + w.j0 * kTile) / kTile + j;
   return make_float2(p.k_scale[t], (kVariant & kVariantVTile) != 0 ? p.v_scale[t] : 0.f);
 }
 
@@ -398,7 +418,7 @@ template <int kVariant, typename Storage>
 __device__ __forceinline__ void produce_kv(Storage& s, const CUtensorMap* tm_k, const CUtensorMap* tm_v,
                                            const FwdParams& p, const WorkItem& w, int it,
                                            const float2* first = nullptr) {
-  const int h = w.h, b = w.b, n_tiles = w.n_tiles;
+  const int h = kv_head<kVariant>(p, w.h), b = w.b, n_tiles = w.n_tiles;  // h: the K/V head
   const int k_first = p.cu_k_sf[b] + w.j0 * kTile;  // the first K/V tile's token in K' and V'
   const int k_row = int(int64_t(h) * p.Pk + k_first);
   const int v_col = k_first;
@@ -1816,11 +1836,16 @@ size_t exec_workspace_bytes(const ExecPlan& e) {
 
 // The main kernel over operands in the execution layout, run as `plan` says; `ws` receives the
 // work list and the split tail's partial states (exec_workspace_bytes).
-Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, const ExecPlan& plan, uint8_t* ws,
-                   cudaStream_t stream) {
+// kG: attn::kVariantGqa (grouped-query operands, Hkv < H) or 0, in the operand kernels' variants.
+template <int kG>
+Status launch_main_v(const AttentionFwdProblem& p, const FwdExecOperands& ops, const ExecPlan& plan, uint8_t* ws,
+                     cudaStream_t stream) {
   const std::vector<int2>& tiles = plan.tiles;
   if (tiles.empty()) return Status::Ok();
-  const int64_t H = p.heads;
+  const int64_t H = p.heads, Hkv = kv_heads_of(p);  // (Hkv < H: grouped-query attention)
+  if (H * (H / Hkv) >= (int64_t(1) << 16))
+    return Status::Unsupported("ops.k: grouped-query attention needs heads x (heads / K/V heads) below 65536, got " +
+                               std::to_string(H) + " x " + std::to_string(H / Hkv));
   const bool three = plan.three;
   uint8_t* const tiles_ws = ws;
   unsigned* next_item = nullptr;  // the persistent kernels' item counter, zeroed with the list
@@ -1829,8 +1854,9 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   MXFLASH_RETURN_IF_ERROR(
       make_tile_map(&tm_q, ops.q, kHeadDim, uint64_t(H * p.Pq), three ? attn::kRowsPerConsumer : attn::kTile));
   // A batch whose K/V sequences are all empty still needs valid (unused) maps.
-  MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_k, ops.k, kHeadDim, uint64_t(std::max<int64_t>(H * p.Pk, attn::kTile))));
-  MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_v, ops.v, uint64_t(std::max<int64_t>(p.Pk, attn::kTile)), uint64_t(H * kHeadDim)));
+  MXFLASH_RETURN_IF_ERROR(make_tile_map(&tm_k, ops.k, kHeadDim, uint64_t(std::max<int64_t>(Hkv * p.Pk, attn::kTile))));
+  MXFLASH_RETURN_IF_ERROR(
+      make_tile_map(&tm_v, ops.v, uint64_t(std::max<int64_t>(p.Pk, attn::kTile)), uint64_t(Hkv * kHeadDim)));
   attn::FwdParams fp;
   fp.cu_q = p.cu_q;
   fp.cu_q_sf = p.cu_q_sf;
@@ -1841,6 +1867,7 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   fp.v_scale = ops.v_scale;
   fp.tiles = reinterpret_cast<const int2*>(tiles_ws);
   fp.heads = p.heads;
+  fp.kv_magic = attn::kv_magic(H / Hkv);
   // K and V, e4m3. The causal mask: heads in turn whatever the K/V bytes (a sequence's Q tiles run
   // heaviest first, so each round's items are of one weight across the heads). H200, 2026-12-01,
   // same binary, two rounds: llm-long causal 827-830 TFLOP/s against 770-773 with each head's tiles
@@ -1868,10 +1895,10 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   CUtensorMap tm_o{};
   if (staged) MXFLASH_RETURN_IF_ERROR(make_bf16_rows_map(&tm_o, p.out, uint64_t(p.To), uint64_t(H)));
   // V scales per 128-key tile: folded into every promotion (kVariantVTile).
-  auto kernel = ops.v_per_tile ? attn::attention_fwd_kernel<kDefaultVariantVTile>
+  auto kernel = ops.v_per_tile ? attn::attention_fwd_kernel<kDefaultVariantVTile | kG>
                                : attn::attention_fwd_kernel<kDefaultVariant>;
   // The three-consumer kernel takes only the tree reductions and the V-tile bits of a variant.
-  constexpr int kV3 = kDefaultVariantVTile, kM3 = kDefaultVariantVTile & ~attn::kVariantVTile;
+  constexpr int kV3 = kDefaultVariantVTile | kG, kM3 = kDefaultVariantVTile & ~attn::kVariantVTile;
   auto kernel3 = !three ? nullptr : ops.v_per_tile ? attn::attention_fwd_kernel3<kV3> : attn::attention_fwd_kernel3<kM3>;
   // The persistent three-consumer kernel with the variant bits `extra` (the causal mask's or none):
   // out staged for TMA stores, or (out not 16-byte aligned) its direct stores.
@@ -1890,9 +1917,10 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   constexpr int kNoTurnMaxTiles = 2;
   auto kernel2p = !ops.v_per_tile ? attn::attention_fwd_kernel2p<kDefaultVariant>
                   : plan.longest_lk <= kNoTurnMaxTiles * attn::kTile
-                      ? attn::attention_fwd_kernel2p<kDefaultVariantVTile & ~attn::kVariantExpTurn>
-                      : attn::attention_fwd_kernel2p<kDefaultVariantVTile>;
+                      ? attn::attention_fwd_kernel2p<(kDefaultVariantVTile & ~attn::kVariantExpTurn) | kG>
+                      : attn::attention_fwd_kernel2p<kDefaultVariantVTile | kG>;
 #if MXFLASH_FWD_EXPERIMENTS
+  if constexpr (kG == 0) {
   if (three && ops.v_per_tile) {
     constexpr int kV = kDefaultVariantVTile;
     switch (experiment_variant() & (attn::kVariantTrace | attn::kVariantTracePin)) {
@@ -1931,11 +1959,12 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
     default: break;
   }
   if (experiment_variant() >= 0 && !three) persistent = 0;  // a two-consumer variant: a CTA per item
+  }
 #endif
   if (p.causal != CausalMask::kNone) {  // the persistent kernels with the mask (exec_plan: no split tail)
     constexpr int kC = attn::kVariantCausal;
     kernel3p = pick3p(std::integral_constant<int, kC>{});
-    kernel2p = ops.v_per_tile ? attn::attention_fwd_kernel2p<kDefaultVariantVTile | kC>
+    kernel2p = ops.v_per_tile ? attn::attention_fwd_kernel2p<kDefaultVariantVTile | kC | kG>
                               : attn::attention_fwd_kernel2p<kDefaultVariant | kC>;
     if (persistent <= 0 || plan.slots() > 0)
       return Status::Internal("attention_forward: a causal plan without persistent CTAs or with a split tail");
@@ -2002,25 +2031,18 @@ Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, con
   return Status::Ok();
 }
 
-// Runs `body(workspace)` on the caller's workspace (at least `need` bytes) or on one allocated on
-// the stream and freed after.
-template <typename Body>
-Status with_workspace(void* workspace, size_t workspace_bytes, size_t need, cudaStream_t stream, Body body) {
-  bool owned = false;
-  if (!workspace) {
-    MXFLASH_RETURN_IF_ERROR(workspace_alloc(need, stream, &workspace, "attention_forward workspace"));
-    owned = true;
-  } else if (workspace_bytes < need) {
-    return Status::Invalid("workspace: " + std::to_string(workspace_bytes) + " bytes given, " + std::to_string(need) +
-                           " needed");
+// The forward's workspace (with_workspace): any alignment.
+constexpr WorkspaceRule kFwdWorkspace = {"attention_forward workspace", "", 0, ""};
+// The main kernel over operands in the execution layout (launch_main_v), grouped-query or not.
+Status launch_main(const AttentionFwdProblem& p, const FwdExecOperands& ops, const ExecPlan& plan, uint8_t* ws,
+                   cudaStream_t stream) {
+  if (kv_heads_of(p) != p.heads) {
+    if (!ops.v_per_tile) return Status::Internal("attention_forward: grouped-query attention on MX-tensor operands");
+    return launch_main_v<attn::kVariantGqa>(p, ops, plan, ws, stream);
   }
-  Status st = body(static_cast<uint8_t*>(workspace));
-  if (owned) {
-    const Status fr = workspace_free(workspace, stream, "attention_forward workspace free");
-    if (st.ok()) st = fr;
-  }
-  return st;
+  return launch_main_v<0>(p, ops, plan, ws, stream);
 }
+
 }  // namespace
 
 size_t attention_fwd_exec_workspace_bytes(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k,
@@ -2038,7 +2060,7 @@ Status attention_forward_exec(const AttentionFwdProblem& p, const FwdExecOperand
                               size_t workspace_bytes, void* stream_ptr) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   const ExecPlan plan = exec_plan(*p.host_cu_q, *p.host_cu_k, p.batch, p.heads, p.broadcast_q, p.causal);
-  return with_workspace(workspace, workspace_bytes, exec_workspace_bytes(plan), stream,
+  return with_workspace(workspace, workspace_bytes, exec_workspace_bytes(plan), stream, kFwdWorkspace,
                         [&](uint8_t* ws) { return launch_main(p, ops, plan, ws, stream); });
 }
 
@@ -2046,7 +2068,7 @@ Status attention_forward(const AttentionFwdProblem& p, void* workspace, size_t w
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   const ExecPlan plan = exec_plan(*p.host_cu_q, *p.host_cu_k, p.batch, p.heads, p.broadcast_q, p.causal);
   const WorkspaceLayout w = layout_of(p.batch, p.heads, p.Pq, p.Pk, exec_workspace_bytes(plan));
-  return with_workspace(workspace, workspace_bytes, w.total, stream, [&](uint8_t* ws) -> Status {
+  return with_workspace(workspace, workspace_bytes, w.total, stream, kFwdWorkspace, [&](uint8_t* ws) -> Status {
     const int64_t H = p.heads;
     bool prepare = true;
 #if MXFLASH_FWD_EXPERIMENTS

@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
 
 #include "mxflash/status.h"
 
@@ -19,5 +21,36 @@ namespace mxflash::cuda {
 inline constexpr size_t kWorkspacePoolKeep = size_t(256) << 20;
 Status workspace_alloc(size_t bytes, cudaStream_t stream, void** out, const char* what);
 Status workspace_free(void* p, cudaStream_t stream, const char* what);
+
+// The caller's workspace checks and the call's own workspace, shared by the attention launchers.
+struct WorkspaceRule {
+  const char* what;      // the call's name in allocation errors, e.g. "attention_backward workspace"
+  const char* size_fn;   // appended to the short-workspace message, e.g. " (attention_backward_workspace_size)"
+  size_t align;          // a caller's workspace must be aligned to it (0: any)
+  const char* align_msg; // the message for a misaligned one
+};
+
+// body(ws) on `workspace` (at least `need` bytes, aligned as `rule` says) or, where it is null, on a
+// workspace allocated for the call and freed behind it on the stream.
+template <typename Body>
+Status with_workspace(void* workspace, size_t workspace_bytes, size_t need, cudaStream_t stream,
+                      const WorkspaceRule& rule, Body body) {
+  bool owned = false;
+  if (!workspace) {
+    MXFLASH_RETURN_IF_ERROR(workspace_alloc(need, stream, &workspace, rule.what));
+    owned = true;
+  } else if (workspace_bytes < need) {
+    return Status::Invalid("workspace: " + std::to_string(workspace_bytes) + " bytes given, " + std::to_string(need) +
+                           " needed" + rule.size_fn);
+  } else if (rule.align > 0 && reinterpret_cast<uintptr_t>(workspace) % rule.align != 0) {
+    return Status::Invalid(rule.align_msg);
+  }
+  Status st = body(static_cast<uint8_t*>(workspace));
+  if (owned) {
+    const Status fr = workspace_free(workspace, stream, rule.what);
+    if (st.ok()) st = fr;
+  }
+  return st;
+}
 
 }  // namespace mxflash::cuda
