@@ -4,9 +4,10 @@ is negligible): wall time per call (the least of 10 batches of 50 calls, the GPU
 SDPA step beside it, then a cProfile of the mx_attention training step (top 25 by own time; not with
 --no-profile). --batch B --length L --heads H set another shape, --causal the mask; at shapes whose
 GPU work is not negligible, --host-only times the host alone (each batch's calls issued, timed
-before the GPU is drained). "mx_attention step, stubbed": the step with quantize_attention_training,
-attention_forward_operands and attention_backward_operands answering from one earlier call (no
-work): the autograd machinery's and the glue's own host cost.
+before the GPU is drained). "step's forward call" / "step's backward call": the two calls an
+mx_attention step makes (mxflash._attention_step_forward / _backward: quantize into two buffers and
+attend; the backward on the saved buffer). "mx_attention step, stubbed": the step with those two
+answering from one earlier call (no work): the autograd machinery's and the glue's own host cost.
 
 Usage (GPU machine, module built: scripts/gpu_check.sh's python section builds it):
   PYTHONPATH=python python3 scripts/time_mx_host_overhead.py [--no-profile] [--causal]
@@ -60,24 +61,28 @@ calls = {
                                                                               causal=C),
     "mx_attention fwd (no grad)": lambda: mx_attention(q, k, v, qm, km, causal=C),
     "mx_attention step": step,
+    "step's forward call": lambda: mxflash._attention_step_forward(q, k, v, qm, km, None, False, C, True),
+    "step's backward call": lambda: mxflash._attention_step_backward(_step_out[2], _step_out[0], dout, _step_out[1],
+                                                                     qm, km, H, H, None, False, C),
     "torch sdpa step (bf16)": sdpa_step,
     "torch.empty x12": lambda: [torch.empty(1000, device="cuda") for _ in range(12)],
     "mx_attention step, stubbed": "stubbed",
 }
-# The step with the three wrappers it calls replaced by stubs that return one real call's results:
-# what the autograd machinery and mx_attention's own glue cost (the rest is the wrappers').
-_real = (mxflash.quantize_attention_training, mxflash.attention_forward_operands, mxflash.attention_backward_operands)
-_grads = mxflash.attention_backward_operands(bops, out, dout, lse, qm, km, causal=C)
+# The step with the two calls it makes (mxflash._attention_step_forward / _backward: the operands
+# in two buffers, one binding call each way) replaced by stubs that return one real call's results:
+# what the autograd machinery and mx_attention's own glue cost (the rest is the two calls').
+_real = (mxflash._attention_step_forward, mxflash._attention_step_backward)
+_step_out = mxflash._attention_step_forward(q, k, v, qm, km, None, False, C, True)
+_grads = mxflash._attention_step_backward(_step_out[2], _step_out[0], dout, _step_out[1], qm, km, H, H, None, False, C)
 
 
 def stubbed():
-    stubs = (lambda *a, **kw: (fops, bops), lambda *a, **kw: (out, lse), lambda *a, **kw: _grads)
-    (mxflash.quantize_attention_training, mxflash.attention_forward_operands,
-     mxflash.attention_backward_operands) = stubs
+    mxflash._attention_step_forward = lambda *a, **kw: _step_out
+    mxflash._attention_step_backward = lambda *a, **kw: _grads
     try:
         step()
     finally:
-        mxflash.quantize_attention_training, mxflash.attention_forward_operands, mxflash.attention_backward_operands = _real
+        mxflash._attention_step_forward, mxflash._attention_step_backward = _real
 
 
 calls["mx_attention step, stubbed"] = stubbed

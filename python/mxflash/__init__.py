@@ -1167,6 +1167,56 @@ def attention_backward_operands(ops, out, dout, lse, q_meta, k_meta, softmax_sca
     return tuple(outs)
 
 
+# ---------------------------------------------------------------------------- autograd's step
+# mx_attention's host path (mxflash.autograd): the operand sets of a training step in two uint8
+# buffers instead of ten arrays, one call each way (the bindings' StepLayout, python/src/module.cpp).
+def _attention_step_forward(q, k, v, q_meta, k_meta, softmax_scale, broadcast_q, causal, training):
+    """q, k, v (torch, one dtype: bfloat16 or float32, contiguous; k, v with kv heads dividing q's)
+    quantized into fresh buffers and attended: (out, lse, saved), saved the backward's operands in one
+    uint8 tensor (None without training)."""
+    torch = _torch()
+    causal = _causal_code(causal)
+    heads, kv_heads = int(q.shape[1]), int(k.shape[1])
+    device = q.device
+    n_saved, n_scratch = _C.attention_step_layout(q_meta._host, k_meta._host, heads, kv_heads, bool(training),
+                                                  bool(broadcast_q), causal, bool(q.is_cuda))
+    saved = torch.empty(max(n_saved, 1), dtype=torch.uint8, device=device)
+    scratch = torch.empty(max(n_scratch, 1), dtype=torch.uint8, device=device)
+    tokens = q_meta.total_tokens * (k_meta.batch if broadcast_q else 1)
+    out = torch.empty((tokens, heads, HEAD_DIM), dtype=torch.bfloat16, device=device)
+    lse = torch.empty((heads, tokens), dtype=torch.float32, device=device)
+    scale = float("nan") if softmax_scale is None else float(softmax_scale)
+    qc, kc = q_meta._cpp_for(q), k_meta._cpp_for(q)
+    _C.attention_step_forward(qc, kc, _view(q, "q"), _view(k, "k"), _view(v, "v"), _view(saved, "saved", True),
+                              _view(scratch, "scratch", True), _view(out, "out", True), _view(lse, "lse", True),
+                              scale, bool(broadcast_q), causal, bool(training), _stream(q))
+    del scratch  # V' and the workspace: freed to torch's caching allocator behind the kernels
+    return out, lse, (saved if training else None)
+
+
+def _attention_step_backward(saved, out, dout, lse, q_meta, k_meta, heads, kv_heads, softmax_scale, broadcast_q,
+                             causal):
+    """The backward of _attention_step_forward's call: (dq, dk, dv) bfloat16, dk and dv with kv_heads."""
+    torch = _torch()
+    causal = _causal_code(causal)
+    device = out.device
+    dq = torch.empty((q_meta.total_tokens, heads, HEAD_DIM), dtype=torch.bfloat16, device=device)
+    dk = torch.empty((k_meta.total_tokens, kv_heads, HEAD_DIM), dtype=torch.bfloat16, device=device)
+    dv = torch.empty((k_meta.total_tokens, kv_heads, HEAD_DIM), dtype=torch.bfloat16, device=device)
+    workspace = ws_ptr = ws_bytes = 0
+    if out.is_cuda:
+        n = _C.attention_backward_operands_workspace_size(q_meta._host, k_meta._host, heads, bool(broadcast_q), False,
+                                                          causal, kv_heads)
+        workspace, ws_ptr, ws_bytes = _torch_workspace(n, device)
+    scale = float("nan") if softmax_scale is None else float(softmax_scale)
+    _C.attention_step_backward(q_meta._cpp_for(out), k_meta._cpp_for(out), heads, kv_heads,
+                               _view(saved, "saved"), _view(out, "out"), _view(dout, "dout"), _view(lse, "lse"),
+                               scale, bool(broadcast_q), causal, _view(dq, "dq", True), _view(dk, "dk", True),
+                               _view(dv, "dv", True), ws_ptr, ws_bytes, _stream(out))
+    del workspace
+    return dq, dk, dv
+
+
 # ---------------------------------------------------------------------------- scalar codecs
 # The library's own element and scale rules (include/mxflash/mx.h), vectorized over numpy arrays;
 # they exist to test the C++ codecs against independent implementations such as ml_dtypes.

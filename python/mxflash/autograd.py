@@ -16,7 +16,9 @@ the head dim, RCEIL; Q' and K' are the forward's): each input is read once per t
 the autograd graph keeps those FP8 operands (about 5 bytes per element of Q and K/V), out and the
 LSE, not q, k, v, all through save_for_backward (so activation checkpointing drops and recomputes
 them like any layer's activations). The backward then runs mxflash.attention_backward_operands on
-them (no prepare passes). causal= (False, True / "top_left", "bottom_right": see mx_attention) is
+them (no prepare passes). Those calls' bytes, with fewer host steps: the operands travel in two
+uint8 buffers (the kept one saved for the backward) and each direction is one binding call
+(mxflash._attention_step_forward / _backward). causal= (False, True / "top_left", "bottom_right": see mx_attention) is
 the forward's mask, and the backward runs with the same one.
 The forward and the backward run the sm_90a kernels on CUDA tensors (the backward is deterministic:
 no atomics) and the exact-MX CPU references on CPU tensors. Gradients come back in the inputs'
@@ -63,21 +65,19 @@ def _make_function():
         @staticmethod
         def forward(ctx, q, k, v, q_meta, k_meta, softmax_scale, broadcast_q, causal, training):
             xs = _quantizable_all(q, k, v)
-            if training:
-                # One read of q, k, v for both passes: the backward's operands are written now and
-                # kept instead of q, k, v (five bytes per element of Q and K/V, with the scales).
-                ops, bwd_ops = mxflash.quantize_attention_training(*xs, q_meta, k_meta)
-            else:
-                ops, bwd_ops = mxflash.quantize_attention_forward(*xs, q_meta, k_meta), None
+            # One read of q, k, v for both passes (training): the backward's operands are written now
+            # into one uint8 buffer (`saved`: Q', K', V rows, Qᵀ', Kᵀ' and their scales, about five
+            # bytes per element of Q and K/V) and kept instead of q, k, v; the forward's V' and
+            # workspace live in a second one, dropped after the call.
+            out, lse, saved = mxflash._attention_step_forward(*xs, q_meta, k_meta, softmax_scale, broadcast_q, causal,
+                                                              training)
             del xs
-            out, lse = mxflash.attention_forward_operands(ops, q_meta, k_meta, softmax_scale=softmax_scale,
-                                                          broadcast_q=broadcast_q, causal=causal)
-            del ops  # V' is the forward's alone; Q' and K' live on in the backward's operands
             # Everything the backward reads goes through save_for_backward (intermediates included:
             # no double backward), so that saved-tensor hooks see it: activation checkpointing
             # (torch.utils.checkpoint) then drops the FP8 operands and lse after the forward and
             # recomputes them, as it does for any layer's activations.
-            ctx.save_for_backward(out, lse, *(bwd_ops if bwd_ops is not None else ()))
+            ctx.save_for_backward(out, lse, saved)
+            ctx.heads = (int(q.shape[1]), int(k.shape[1]))
             ctx.q_meta, ctx.k_meta = q_meta, k_meta
             ctx.softmax_scale, ctx.broadcast_q, ctx.causal = softmax_scale, broadcast_q, causal
             ctx.dtypes = (q.dtype, k.dtype, v.dtype)
@@ -90,12 +90,11 @@ def _make_function():
         @staticmethod
         @torch.autograd.function.once_differentiable  # (no double backward: a clear error, not zeros)
         def backward(ctx, dout):
-            out, lse, *arrays = ctx.saved_tensors  # (a graph exists only when the forward kept the operands)
-            ops = mxflash.AttentionBwdOperands(*arrays)
-            del arrays
-            dq, dk, dv = mxflash.attention_backward_operands(ops, out, dout.to(torch.bfloat16).contiguous(), lse,
-                                                             ctx.q_meta, ctx.k_meta, softmax_scale=ctx.softmax_scale,
-                                                             broadcast_q=ctx.broadcast_q, causal=ctx.causal)
+            out, lse, saved = ctx.saved_tensors  # (a graph exists only when the forward kept the operands)
+            dq, dk, dv = mxflash._attention_step_backward(saved, out, dout.to(torch.bfloat16).contiguous(), lse,
+                                                          ctx.q_meta, ctx.k_meta, *ctx.heads, ctx.softmax_scale,
+                                                          ctx.broadcast_q, ctx.causal)
+            del saved
             dt = ctx.dtypes
             return dq.to(dt[0]), dk.to(dt[1]), dv.to(dt[2]), None, None, None, None, None, None
 

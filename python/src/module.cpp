@@ -227,6 +227,71 @@ std::vector<int32_t> to_int32(const std::vector<int64_t>& v, const char* name) {
   return out;
 }
 
+// ------------------------------------------------------------------ the autograd step's host path
+// mx_attention's training step (python/mxflash/autograd.py) with its operands in two caller buffers
+// instead of ten tensors: `saved` holds what the backward reads (Q', K', and the backward's V rows,
+// Qᵀ', Kᵀ' with their scales; Q' and K' only without training), `scratch` the forward's V' and its
+// scale, then the forward's workspace. One allocation each, one view each, one call each way: the
+// Python layer's ~40 tensor conversions and ~17 allocations a step were most of its host time
+// (docs/performance.md). Parts at 256-byte offsets, in the public orders of
+// attention_{fwd,bwd}_operand_bytes.
+struct StepLayout {
+  size_t fwd[kAttentionFwdOperandCount] = {};  // q, k, v, q_scale, k_scale, v_scale (v, v_scale in scratch)
+  size_t bwd[kAttentionBwdOperandCount] = {};  // q, k, v, qt, kt, then their scales (all in saved)
+  size_t saved = 0, scratch = 0, workspace_at = 0, workspace = 0;
+};
+
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+StepLayout step_layout(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t H, int64_t Hkv, bool training,
+                       const AttentionOptions& opt, bool cuda) {
+  StepLayout l;
+  size_t fb[kAttentionFwdOperandCount], bb[kAttentionBwdOperandCount];
+  attention_fwd_operand_bytes(q_meta, k_meta, H, fb, Hkv);
+  attention_bwd_operand_bytes(q_meta, k_meta, H, bb, Hkv);
+  auto take = [](size_t* end, size_t bytes) {
+    const size_t at = *end;
+    *end += align256(bytes);
+    return at;
+  };
+  for (int i : {0, 1, 3, 4}) l.fwd[i] = take(&l.saved, fb[i]);  // Q', K' and their scales
+  for (int i : {0, 1, 5, 6}) l.bwd[i] = l.fwd[i == 0 ? 0 : i == 1 ? 1 : i == 5 ? 3 : 4];
+  if (training)
+    for (int i : {2, 3, 4, 7, 8, 9}) l.bwd[i] = take(&l.saved, bb[i]);
+  for (int i : {2, 5}) l.fwd[i] = take(&l.scratch, fb[i]);  // V' (the forward's alone)
+  l.workspace_at = l.scratch;
+  l.workspace = cuda ? attention_forward_operands_workspace_size(q_meta, k_meta, H, opt) : 0;
+  l.scratch += l.workspace;
+  return l;
+}
+
+// `name`: a uint8 buffer of at least `bytes` on `like`'s device, 16-byte aligned (the parts' offsets
+// are multiples of 256; the payloads need 16); its base pointer.
+uint8_t* step_buffer(const TensorView& b, const char* name, size_t bytes, const TensorView& like) {
+  if (b.ndim != 1 || (b.dtype != DType::kUInt8 && b.dtype != DType::kE4M3) || size_t(b.shape[0]) < bytes ||
+      b.device != like.device || (b.device == Device::kCUDA && b.device_id != like.device_id) ||
+      (bytes > 0 && b.data == nullptr) || reinterpret_cast<uintptr_t>(b.data) % 16 != 0)
+    throw nb::value_error((std::string(name) + ": must be a 16-byte aligned uint8 buffer of at least " +
+                           std::to_string(bytes) + " bytes on the inputs' device")
+                              .c_str());
+  return static_cast<uint8_t*>(b.data);
+}
+
+// The operand sets over the step's buffers (bwd's parts past Q', K' only with training).
+void step_operands(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t H, int64_t Hkv, const StepLayout& l,
+                   uint8_t* saved, uint8_t* scratch, const TensorView& like, AttentionFwdOperands* fwd,
+                   AttentionBwdOperands* bwd) {
+  void* fp[kAttentionFwdOperandCount];
+  void* bp[kAttentionBwdOperandCount];
+  for (int i = 0; i < kAttentionFwdOperandCount; ++i) fp[i] = (i == 2 || i == 5 ? scratch : saved) + l.fwd[i];
+  for (int i = 0; i < kAttentionBwdOperandCount; ++i) bp[i] = saved + l.bwd[i];
+  if (fwd) *fwd = attention_fwd_operand_views(q_meta, k_meta, H, fp, like.device, like.device_id, Hkv);
+  if (bwd) *bwd = attention_bwd_operand_views(q_meta, k_meta, H, bp, like.device, like.device_id, Hkv);
+}
+
+// H from q (T, H, 128), Hkv from k (T, Hkv, 128); 1 where malformed (the calls then reject them by name).
+int64_t heads_of(const TensorView& x) { return x.ndim == 3 && x.shape[1] >= 1 ? x.shape[1] : 1; }
+
 template <typename E>
 nb::dict enum_names(int count) {
   nb::dict d;
@@ -670,6 +735,67 @@ NB_MODULE(_mxflash, m) {
       "q_meta"_a, "k_meta"_a, "ops"_a, "out"_a, "dout"_a, "lse"_a, "softmax_scale"_a, "broadcast_q"_a, "dq_accum"_a,
       "dq_fp16_scale_log2"_a, "p_scale"_a, "output_mxfp8_dkv"_a, "dq"_a, "dk"_a, "dv"_a, "dk_scales"_a.none(),
       "dv_scales"_a.none(), "workspace"_a, "workspace_bytes"_a, "stream"_a, "causal"_a = 0,
+      nb::call_guard<nb::gil_scoped_release>());
+
+  // mx_attention's step (StepLayout): the buffers' sizes, then the forward (quantize into the
+  // buffers, attention on them) and the backward on the saved buffer.
+  m.def(
+      "attention_step_layout",
+      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, int64_t kv_heads, bool training,
+         bool broadcast_q, int causal, bool cuda) {
+        if (heads < 1) throw nb::value_error("heads: must be >= 1");
+        check_kv_heads(heads, kv_heads);
+        const StepLayout l = step_layout(q_meta, k_meta, heads, kv_heads ? kv_heads : heads, training,
+                                         attention_options(NAN, broadcast_q, causal), cuda);
+        return std::make_tuple(l.saved, l.scratch);
+      },
+      "q_meta"_a, "k_meta"_a, "heads"_a, "kv_heads"_a, "training"_a, "broadcast_q"_a, "causal"_a, "cuda"_a);
+  m.def(
+      "attention_step_forward",
+      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, const View& q, const View& k, const View& v,
+         const View& saved, const View& scratch, const View& out, const View& lse, double softmax_scale,
+         bool broadcast_q, int causal, bool training, uintptr_t stream) {
+        const TensorView tq = to_view(q, "q"), tk = to_view(k, "k"), tv = to_view(v, "v");
+        const TensorView ts = to_view(saved, "saved"), tc = to_view(scratch, "scratch");
+        const TensorView tout = to_view(out, "out"), tl = to_view(lse, "lse");
+        const AttentionOptions opt = attention_options(softmax_scale, broadcast_q, causal);
+        const int64_t H = heads_of(tq), Hkv = heads_of(tk) <= H && H % heads_of(tk) == 0 ? heads_of(tk) : H;
+        DeviceGuard guard(tq);
+        const StepLayout l = step_layout(q_meta, k_meta, H, Hkv, training, opt, tq.device == Device::kCUDA);
+        uint8_t* sp = step_buffer(ts, "saved", l.saved, tq);
+        uint8_t* cp = step_buffer(tc, "scratch", l.scratch, tq);
+        AttentionFwdOperands fwd;
+        AttentionBwdOperands bwd;
+        step_operands(q_meta, k_meta, H, Hkv, l, sp, cp, tq, &fwd, training ? &bwd : nullptr);
+        throw_if_error(training ? quantize_attention_training(tq, tk, tv, q_meta, k_meta, fwd, bwd, as_stream(stream))
+                                : quantize_attention_forward(tq, tk, tv, q_meta, k_meta, fwd, as_stream(stream)));
+        throw_if_error(attention_forward(fwd, q_meta, k_meta, opt, tout, tl, cp + l.workspace_at, l.workspace,
+                                         as_stream(stream)));
+      },
+      "q_meta"_a, "k_meta"_a, "q"_a, "k"_a, "v"_a, "saved"_a, "scratch"_a, "out"_a, "lse"_a, "softmax_scale"_a,
+      "broadcast_q"_a, "causal"_a, "training"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>());
+  m.def(
+      "attention_step_backward",
+      [](const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t heads, int64_t kv_heads, const View& saved,
+         const View& out, const View& dout, const View& lse, double softmax_scale, bool broadcast_q, int causal,
+         const View& dq, const View& dk, const View& dv, uintptr_t workspace, size_t workspace_bytes,
+         uintptr_t stream) {
+        if (heads < 1) throw nb::value_error("heads: must be >= 1");
+        check_kv_heads(heads, kv_heads);
+        const int64_t Hkv = kv_heads ? kv_heads : heads;
+        const TensorView ts = to_view(saved, "saved"), tout = to_view(out, "out");
+        const AttentionBackwardOptions opt = backward_options(softmax_scale, broadcast_q, 0, 12, 0, false, false, causal);
+        DeviceGuard guard(tout);
+        const StepLayout l = step_layout(q_meta, k_meta, heads, Hkv, true, AttentionOptions{}, false);
+        AttentionBwdOperands bwd;
+        step_operands(q_meta, k_meta, heads, Hkv, l, step_buffer(ts, "saved", l.saved, tout), nullptr, tout, nullptr,
+                      &bwd);
+        throw_if_error(attention_backward(bwd, tout, to_view(dout, "dout"), to_view(lse, "lse"), q_meta, k_meta, opt,
+                                          to_view(dq, "dq"), to_view(dk, "dk"), to_view(dv, "dv"), {}, {},
+                                          reinterpret_cast<void*>(workspace), workspace_bytes, as_stream(stream)));
+      },
+      "q_meta"_a, "k_meta"_a, "heads"_a, "kv_heads"_a, "saved"_a, "out"_a, "dout"_a, "lse"_a, "softmax_scale"_a,
+      "broadcast_q"_a, "causal"_a, "dq"_a, "dk"_a, "dv"_a, "workspace"_a, "workspace_bytes"_a, "stream"_a,
       nb::call_guard<nb::gil_scoped_release>());
 
   // ------------------------------------------------------------------ scalar codecs, vectorized

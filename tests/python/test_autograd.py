@@ -293,6 +293,31 @@ def test_cuda_graph_capture_of_a_training_step(torch_cuda, ring, monkeypatch):
         assert sqnr_db(want[2].float().cpu().numpy(), k.grad.float().cpu().numpy()) > 40
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("kv_heads,causal", [(H, False), (1, "bottom_right")], ids=["mha", "mqa-causal"])
+def test_step_is_the_public_operand_calls(device, kv_heads, causal, request):
+    """mx_attention's step (its operands in two buffers, one binding call each way: _attention_step_*)
+    gives the bytes of the public calls it stands for: quantize_attention_training, then
+    attention_forward_operands and attention_backward_operands on those operands."""
+    import torch
+    from mxflash.autograd import mx_attention
+
+    if device == "cuda":
+        request.getfixturevalue("torch_cuda")
+    qm, km = mxflash.JaggedMeta.from_lengths(Q_LENGTHS), mxflash.JaggedMeta.from_lengths(K_LENGTHS)
+    q, k, v = leaves(device, torch.bfloat16, seed=31)
+    k, v = (x.detach()[:, :kv_heads].contiguous().requires_grad_() for x in (k, v))
+    dout = torch.randn(sum(Q_LENGTHS), H, 128, generator=torch.Generator().manual_seed(32)).to(device, torch.bfloat16)
+    out = mx_attention(q, k, v, qm, km, causal=causal)
+    out.backward(dout)
+    fops, bops = mxflash.quantize_attention_training(q.detach(), k.detach(), v.detach(), qm, km)
+    want_out, lse = mxflash.attention_forward_operands(fops, qm, km, causal=causal)
+    want = mxflash.attention_backward_operands(bops, want_out, dout, lse, qm, km, causal=causal)
+    for name, a, b in (("out", out.detach(), want_out), ("dq", q.grad, want[0]), ("dk", k.grad, want[1]),
+                       ("dv", v.grad, want[2])):
+        assert a.shape == b.shape and torch.equal(a.view(torch.int16), b.view(torch.int16)), name
+
+
 def test_float16_inputs_give_the_float32_results_in_float16():
     """float16 q, k, v (fp16 training): quantized through float32 (exact), so out and the gradients are
     the float32 inputs' results, returned in float16."""
