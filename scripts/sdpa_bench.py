@@ -14,8 +14,12 @@ Cases: llm (B=8, H=16, L=2048), llm-long (B=2, H=16, L=8192), each without and w
 gqa-8k (B=1, H=32 over 8 K/V heads, L=8192, causal: a Llama-3-8B layer's shape). Grouped-query
 cases also run `mxflash-repeat`: k and v repeated per group (repeat_interleave) before the same call,
 the path mx_attention took before its K/V operands stayed at their own heads. `kept MiB`: the memory
-a training forward leaves allocated for its backward (the autograd graph's saved tensors and out),
+a training forward leaves allocated for its backward when its q, k, v come from an op just before
+it and the caller drops them (as a layer's projections' outputs): saved tensors, inputs held, out;
 `peak MiB`: a step's peak above what was allocated before it.
+
+--compiled adds `mxflash-compiled`: the drop-in's step under torch.compile(fullgraph=True,
+mode="reduce-overhead"), its graphs replayed as CUDA graphs (no host time per launch).
 
 Usage (GPU machine, module built: scripts/gpu_check.sh's python section builds it):
   PYTHONPATH=python python3 scripts/sdpa_bench.py [--samples 10] [--cases llm,llm-long-causal] [--json F]
@@ -35,7 +39,9 @@ CASES = {  # name: (B, H, Hkv, L, causal)
     "llm-long": (2, 16, 16, 8192, False),
     "llm-long-causal": (2, 16, 16, 8192, True),
     "gqa-8k-causal": (1, 32, 8, 8192, True),
+    "small-causal": (4, 8, 8, 512, True),  # (--cases small-causal: a host-bound shape)
 }
+DEFAULT_CASES = "llm,llm-causal,llm-long,llm-long-causal,gqa-8k-causal"
 
 
 def host_ms(fn, calls=20):
@@ -68,14 +74,19 @@ def profile(fn, label):
 
 
 def memory_mib(fn, leaves, dout):
-    """(kept, peak) MiB of a training call of fn: what its forward leaves allocated for the backward
-    (saved tensors and out), and the step's peak above what was allocated before it."""
+    """(kept, peak) MiB of a training call of fn as a layer inside a model sees it: q, k, v made by an
+    op just before it (copies of the leaves, as a projection's outputs would be) and dropped by the
+    caller after it, so that what stays allocated after the forward is what the attention keeps for
+    its backward (saved tensors, inputs it holds on to, and out); and the step's peak above what was
+    allocated before it."""
     for x in leaves:
         x.grad = None
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    out = fn(*leaves)
+    inputs = [x * 1.0 for x in leaves]  # (MulBackward with a Python scalar keeps no tensor)
+    out = fn(*inputs)
+    del inputs
     torch.cuda.synchronize()
     kept = torch.cuda.memory_allocated() - base
     out.backward(dout)
@@ -96,7 +107,9 @@ def torch_backend(name):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--samples", type=int, default=10)
-    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--cases", default=DEFAULT_CASES)
+    ap.add_argument("--compiled", action="store_true",
+                    help="also the drop-in's step under torch.compile(fullgraph=True, mode='reduce-overhead')")
     ap.add_argument("--profile", action="store_true", help="also print torch.profiler's table of mxflash's calls")
     ap.add_argument("--json", help="also write the rows (case, pass, impl, ms, host ms, TFLOP/s, cos) here")
     args = ap.parse_args()
@@ -117,6 +130,10 @@ def main():
         if gqa:
             impls["mxflash-repeat"] = lambda x, y, z: mx_sdpa(x, y.repeat_interleave(h // hkv, dim=1),
                                                               z.repeat_interleave(h // hkv, dim=1), is_causal=causal)
+        if args.compiled:
+            impls["mxflash-compiled"] = torch.compile(
+                lambda x, y, z: mx_sdpa(x, y, z, is_causal=causal, enable_gqa=gqa), fullgraph=True,
+                mode="reduce-overhead")
         for backend in ("cudnn", "flash"):
             def run(x, y, z, backend=backend):
                 with torch_backend(backend):
@@ -146,10 +163,14 @@ def main():
                 fn(*leaves).backward(dout)
 
             try:
-                mem[impl] = memory_mib(fn, leaves, dout)
+                if impl != "mxflash-compiled":  # (its CUDA graphs take their inputs' addresses as they are)
+                    mem[impl] = memory_mib(fn, leaves, dout)
             except RuntimeError:
                 pass
             for what, f in (("fwd", fwd), ("step", step)):
+                if impl == "mxflash-compiled" and what == "fwd":  # (the step's graphs only)
+                    times[impl, what] = None
+                    continue
                 try:
                     times[impl, what] = timed(f, args.samples)
                     hosts[impl, what] = host_ms(f)

@@ -23,13 +23,17 @@ the forward's mask, and the backward runs with the same one.
 The forward and the backward run the sm_90a kernels on CUDA tensors (the backward is deterministic:
 no atomics) and the exact-MX CPU references on CPU tensors. Gradients come back in the inputs'
 dtype. Under torch.compile, mx_attention is a graph break (it runs eagerly between the compiled
-layers around it; fullgraph=True is not supported).
+layers around it; fullgraph=True is not supported with it), and so is flash_attn_varlen_func;
+scaled_dot_product_attention and flash_attn_func trace into the graph as the custom ops
+mxflash::dense_step_fwd / _bwd (the same calls: fullgraph=True and CUDA graphs work).
 
 Drop-ins for code written against other attention calls, all running mx_attention:
 scaled_dot_product_attention (torch.nn.functional's, dense (B, H, L, 128)), flash_attn_func and
 flash_attn_varlen_func (FlashAttention 2's, dense (B, L, H, 128) and packed variable-length; their
 causal=True is FlashAttention's bottom-right mask).
 """
+import atexit
+
 import mxflash
 
 
@@ -39,20 +43,21 @@ def _torch():
     return torch
 
 
-def _quantizable(x):
+def _quantizable(x, detach=True):
     """x as the quantizer takes it: bfloat16 and float32 as they are; float16 (exactly) and float64
-    through float32."""
+    through float32. detach=False keeps the conversions in the autograd graph (the custom ops' path)."""
     torch = _torch()
-    x = x.detach()
+    if detach:
+        x = x.detach()
     if x.dtype in (torch.float16, torch.float64):
         x = x.float()
     return x.contiguous()
 
 
-def _quantizable_all(q, k, v):
+def _quantizable_all(q, k, v, detach=True):
     """q, k, v as the attention quantizers take them (one dtype for all three): bfloat16 when all
     are bfloat16, else float32 (exact for bfloat16 and float16, so the bytes are the same)."""
-    xs = [_quantizable(x) for x in (q, k, v)]
+    xs = [_quantizable(x, detach) for x in (q, k, v)]
     if any(x.dtype != xs[0].dtype for x in xs):
         xs = [x.float() for x in xs]
     return xs
@@ -270,6 +275,13 @@ def _dense_attention(query, key, value, scale, causal, layout, enable_gqa=True):
         # inputs so that their gradients come back (zero).
         shape = (batch, lq, heads, 128)
         out = query.new_zeros(shape) + 0 * (query.sum() + key.sum() + value.sum())
+    elif _compiling():
+        # Traced by torch.compile: the same calls as torch.library custom ops (_dense_ops), so that
+        # the graph need not break here (fullgraph=True works; CUDA graphs of the step too).
+        mxflash._causal_code(causal)  # rejects a bad value by name before any work
+        xs = _quantizable_all(packed(query), packed(key), packed(value), detach=False)
+        out = _dense_step(*xs, int(batch), int(lq), int(lk), scale, causal)
+        out = out.view(batch, lq, heads, 128)
     else:
         out = mx_attention(packed(query), packed(key), packed(value), _uniform_meta(batch, lq),
                            _uniform_meta(batch, lk), softmax_scale=scale, causal=causal)
@@ -279,7 +291,128 @@ def _dense_attention(query, key, value, scale, causal, layout, enable_gqa=True):
     return out if out.dtype == query.dtype else out.to(query.dtype)
 
 
-scaled_dot_product_attention = _opaque_to_torch_compile(scaled_dot_product_attention)
+# ------------------------------------------------------------------ the dense drop-ins under torch.compile
+# torch.compile traces scaled_dot_product_attention and flash_attn_func into its graph: their step
+# runs as two torch.library custom ops (mxflash::dense_step_fwd / _bwd, the autograd Function's
+# calls: mxflash._attention_step_forward / _backward on the equal-length metadata of (batch, length),
+# the same bytes), with fake implementations that give the outputs' shapes (the saved buffer's size
+# from the bindings' layout) and the backward registered through torch.library. Eager calls keep the
+# autograd Function (fewer host steps than a custom op's dispatch).
+_DENSE_OPS = None
+
+
+def _compiling():
+    torch = _torch()
+    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return bool(is_compiling is not None and is_compiling())
+
+
+def _dense_ops():
+    """(forward op, backward op), registered on first use."""
+    global _DENSE_OPS
+    if _DENSE_OPS is not None:
+        return _DENSE_OPS
+    import math
+
+    torch = _torch()
+    from torch.library import custom_op
+
+    def metas(batch, lq, lk):
+        # int(): a symbolic size (torch.compile's dynamic shapes) is specialized here, with a guard:
+        # the metadata, and the saved buffer's size with them, are per (batch, length)
+        return _uniform_meta(int(batch), int(lq)), _uniform_meta(int(batch), int(lk))
+
+    def scale_of(softmax_scale):
+        return None if math.isnan(softmax_scale) else softmax_scale
+
+    mask = {0: False, 1: "top_left", 2: "bottom_right"}  # (the ops take the mask's code)
+
+    @custom_op("mxflash::dense_step_fwd", mutates_args=())
+    def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: int, lq: int, lk: int, softmax_scale: float,
+            causal: int, training: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        qm, km = metas(batch, lq, lk)
+        out, lse, saved = mxflash._attention_step_forward(q, k, v, qm, km, scale_of(softmax_scale), False,
+                                                          mask[causal], training)
+        return out, lse, saved if saved is not None else q.new_empty((0,), dtype=torch.uint8)
+
+    @fwd.register_fake
+    def _(q, k, v, batch, lq, lk, softmax_scale, causal, training):
+        heads, kv_heads = int(q.shape[1]), int(k.shape[1])
+        saved = 0
+        if training:
+            qm, km = metas(batch, lq, lk)
+            saved = max(mxflash._C.attention_step_layout(qm._host, km._host, heads, kv_heads, True, False, causal,
+                                                         bool(q.is_cuda))[0], 1)
+        tokens = int(batch) * int(lq)
+        return (q.new_empty((tokens, heads, 128), dtype=torch.bfloat16),
+                q.new_empty((heads, tokens), dtype=torch.float32), q.new_empty((saved,), dtype=torch.uint8))
+
+    @custom_op("mxflash::dense_step_bwd", mutates_args=())
+    def bwd(saved: torch.Tensor, out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor, batch: int, lq: int,
+            lk: int, heads: int, kv_heads: int, softmax_scale: float,
+            causal: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        qm, km = metas(batch, lq, lk)
+        return mxflash._attention_step_backward(saved, out, dout, lse, qm, km, heads, kv_heads,
+                                                scale_of(softmax_scale), False, mask[causal])
+
+    @bwd.register_fake
+    def _(saved, out, dout, lse, batch, lq, lk, heads, kv_heads, softmax_scale, causal):
+        tq, tk, heads, kv_heads = int(batch) * int(lq), int(batch) * int(lk), int(heads), int(kv_heads)
+        return (out.new_empty((tq, heads, 128)), out.new_empty((tk, kv_heads, 128)), out.new_empty((tk, kv_heads, 128)))
+
+    def setup_context(ctx, inputs, output):
+        q, k, v, batch, lq, lk, softmax_scale, causal, _training = inputs
+        out, lse, saved = output
+        ctx.mark_non_differentiable(lse, saved)
+        ctx.save_for_backward(out, lse, saved)
+        ctx.args = (batch, lq, lk, int(q.shape[1]), int(k.shape[1]), softmax_scale, causal)
+        ctx.dtypes = (q.dtype, k.dtype, v.dtype)
+
+    def backward(ctx, dout, _dlse, _dsaved):
+        out, lse, saved = ctx.saved_tensors
+        dq, dk, dv = bwd(saved, out, dout.to(torch.bfloat16).contiguous(), lse, *ctx.args)
+        dt = ctx.dtypes
+        return dq.to(dt[0]), dk.to(dt[1]), dv.to(dt[2]), None, None, None, None, None, None
+
+    fwd.register_autograd(backward, setup_context=setup_context)
+    _DENSE_OPS = (fwd, bwd)
+    return _DENSE_OPS
+
+
+def _dense_step(q, k, v, batch, lq, lk, softmax_scale, causal):
+    """mx_attention's step on (batch x lq, H, 128) q and (batch x lk, Hkv, 128) k, v of equal-length
+    sequences through the custom ops (under torch.compile); out bfloat16, or float16 for float16 inputs
+    is done by the caller."""
+    torch = _torch()
+    training = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    scale = float("nan") if softmax_scale is None else float(softmax_scale)
+    out, _, _ = _dense_ops()[0](q, k, v, batch, lq, lk, scale, mxflash._causal_code(causal), training)
+    return out
+
+
+def _drop_kept_metas():
+    """At exit: the kept metadata go before the extension module does (torch.compile's caches keep
+    this module's globals alive until after it, and nanobind would report the metas as leaked)."""
+    _UNIFORM_METAS.clear()
+    _VARLEN_METAS.clear()
+
+
+def _register_dense_ops():
+    """The custom ops at import where torch is installed (not inside a traced call: torch.compile
+    cannot trace their registration); a second import of this module finds them registered."""
+    global _DENSE_OPS
+    try:
+        import torch
+    except ImportError:
+        return
+    try:
+        _dense_ops()
+    except RuntimeError:  # (already registered by an earlier import of this module)
+        _DENSE_OPS = (torch.ops.mxflash.dense_step_fwd, torch.ops.mxflash.dense_step_bwd)
+
+
+_register_dense_ops()
+atexit.register(_drop_kept_metas)
 
 
 # ---------------------------------------------------------------------------- FlashAttention's calls
@@ -382,5 +515,4 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return out if out.dtype == q.dtype else out.to(q.dtype)
 
 
-flash_attn_func = _opaque_to_torch_compile(flash_attn_func)
 flash_attn_varlen_func = _opaque_to_torch_compile(flash_attn_varlen_func)

@@ -263,3 +263,70 @@ def test_cuda_against_torch_sdpa_float64(torch_cuda):
     assert sqnr_db(ref.detach().cpu(), out.float().cpu()) > 25
     for name, got, want in (("dq", dq, rq.grad), ("dk", dk, rk.grad), ("dv", dv, rv.grad)):
         assert sqnr_db(want.cpu(), got.float().cpu()) > 20, name
+
+
+def compiled_against_eager(device, compile_kw, dtype_name="bfloat16"):
+    """A step through the drop-ins (SDPA with GQA and is_causal, flash_attn_func with FlashAttention's
+    causal) compiled with torch.compile(fullgraph=True, **compile_kw) against the eager step: out and
+    every gradient bit for bit (the compiled graph runs the custom ops mxflash::dense_step_fwd / _bwd,
+    the eager step the autograd Function: the same binding calls)."""
+    import torch
+    from mxflash.autograd import flash_attn_func, scaled_dot_product_attention as sdpa
+
+    dtype = getattr(torch, dtype_name)
+    dout = dense((2, 4, 70), dtype, device, seed=9).detach()
+
+    def fn(q, k, v):
+        a = sdpa(q * 2.0, k, v, is_causal=True, enable_gqa=True)
+        b = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True).transpose(1, 2)
+        out = a + b
+        return (out.float() * dout.float()).sum(), out
+
+    results = []
+    for f in (fn, torch.compile(fn, fullgraph=True, **compile_kw)):
+        for _ in range(3 if compile_kw.get("mode") == "reduce-overhead" else 1):  # (CUDA graphs: warm-up, record, replay)
+            q, k, v = dense((2, 4, 70), dtype, device, seed=1), dense((2, 2, 70), dtype, device, 2), dense((2, 2, 70), dtype, device, 3)
+            loss, out = f(q, k, v)
+            loss.backward()
+        results.append([out.detach().clone(), q.grad, k.grad, v.grad])
+    for name, a, b in zip(("out", "dq", "dk", "dv"), *results):
+        assert a.dtype == b.dtype and torch.equal(a, b), name + ": compiled differs from eager"
+    assert results[0][1].abs().sum() > 0
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_torch_compile_fullgraph_cpu(dtype):
+    """fullgraph=True: the drop-ins trace into the graph (no graph break); aot_eager (dynamo and AOT
+    autograd without inductor's code generation)."""
+    compiled_against_eager("cpu", {"backend": "aot_eager"}, dtype)
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_torch_compile_fullgraph_cuda(torch_cuda, mode):
+    """On CUDA with inductor, and with its CUDA graphs (mode="reduce-overhead": the step's launches
+    recorded once and replayed)."""
+    compiled_against_eager("cuda", {} if mode == "default" else {"mode": mode})
+
+
+def test_torch_compile_new_shapes_are_specialized():
+    """A compiled step called on a second and a third (batch, length): torch.compile's automatic
+    dynamic shapes hand the custom ops symbolic sizes, which they specialize (the metadata and the
+    saved buffer are per shape); every call gives the eager bytes."""
+    import torch
+    from mxflash.autograd import scaled_dot_product_attention as sdpa
+
+    def fn(q, k, v):
+        out = sdpa(q, k, v, is_causal=True, enable_gqa=True)
+        return out.float().sum(), out
+
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    for b, n in ((2, 100), (3, 130), (1, 77)):
+        results = []
+        for f in (fn, compiled):
+            q, k, v = dense((b, 4, n), torch.bfloat16, seed=n), dense((b, 2, n), torch.bfloat16, seed=n + 1), \
+                dense((b, 2, n), torch.bfloat16, seed=n + 2)
+            loss, out = f(q, k, v)
+            loss.backward()
+            results.append([out.detach(), q.grad, k.grad, v.grad])
+        for name, a, c in zip(("out", "dq", "dk", "dv"), *results):
+            assert torch.equal(a, c), f"{name} at batch {b}, length {n}: compiled differs from eager"
