@@ -14,6 +14,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
@@ -313,6 +314,14 @@ void check_same_size(size_t a, size_t b) {
 NB_MODULE(_mxflash, m) {
   using namespace mxflash;
   m.doc() = "mxflash C++ bindings (internal; use the mxflash package)";
+  // A training script that still holds autograd graphs at exit (its last loss, an out) holds the
+  // JaggedMeta objects their nodes keep; Python finalizes them after this module, and nanobind would
+  // print them as leaked at every such exit. Not leaks: the warnings are off unless
+  // MXFLASH_NB_LEAK_WARNINGS=1 (for hunting real reference-count bugs in these bindings).
+  {
+    const char* w = std::getenv("MXFLASH_NB_LEAK_WARNINGS");
+    nb::set_leak_warnings(w != nullptr && w[0] == '1');
+  }
 
 #if defined(MXFLASH_WITH_CUDA)
   m.attr("WITH_CUDA") = true;
