@@ -442,3 +442,36 @@ def test_grouped_query_attention(kv_heads, causal):
     else:
         ref = reference(rq, rk, rv, lengths, lengths)
     assert sqnr_db(ref.numpy(), out.detach().float().numpy()) > 20
+
+
+def test_step_buffers_are_checked_before_any_work():
+    """The step's bindings refuse a saved or scratch buffer that is too short, misaligned or not
+    uint8, naming it, before writing anything (out keeps its poison)."""
+    import torch
+
+    qm, km = mxflash.JaggedMeta.from_lengths(Q_LENGTHS), mxflash.JaggedMeta.from_lengths(K_LENGTHS)
+    q, k, v = (x.detach() for x in leaves("cpu", torch.bfloat16, seed=41))
+    n_saved, n_scratch = mxflash._C.attention_step_layout(qm._host, km._host, H, H, True, False, 0, False)
+    assert n_saved > 0 and n_scratch > 0
+    tokens = sum(Q_LENGTHS)
+    out = torch.full((tokens, H, 128), 7.0, dtype=torch.bfloat16)
+    lse = torch.full((H, tokens), 7.0)
+    view = mxflash._view
+
+    def call(saved, scratch):
+        mxflash._C.attention_step_forward(qm._host, km._host, view(q, "q"), view(k, "k"), view(v, "v"),
+                                          view(saved, "saved", True), view(scratch, "scratch", True),
+                                          view(out, "out", True), view(lse, "lse", True), float("nan"), False, 0,
+                                          True, 0)
+
+    good_saved, good_scratch = torch.empty(n_saved + 16, dtype=torch.uint8), torch.empty(n_scratch, dtype=torch.uint8)
+    bad = [(torch.empty(n_saved - 1, dtype=torch.uint8), good_scratch, "saved"),
+           (good_saved[1:], good_scratch, "saved"),
+           (torch.empty(n_saved // 4 + 1, dtype=torch.float32), good_scratch, "saved"),
+           (good_saved, torch.empty(n_scratch - 1, dtype=torch.uint8), "scratch")]
+    for saved, scratch, name in bad:
+        with pytest.raises(ValueError, match=f"^{name}: must be a 16-byte aligned uint8 buffer of at least "):
+            call(saved, scratch)
+        assert bool((out == 7.0).all()) and bool((lse == 7.0).all()), f"written although {name} was refused"
+    call(good_saved, good_scratch)
+    assert not bool((out == 7.0).all())
