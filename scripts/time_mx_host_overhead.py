@@ -61,9 +61,9 @@ calls = {
                                                                               causal=C),
     "mx_attention fwd (no grad)": lambda: mx_attention(q, k, v, qm, km, causal=C),
     "mx_attention step": step,
-    "step's forward call": lambda: mxflash._attention_step_forward(q, k, v, qm, km, None, False, C, True),
+    "step's forward call": lambda: mxflash._attention_step_forward(q, k, v, qm, km, None, False, C_CODE, True),
     "step's backward call": lambda: mxflash._attention_step_backward(_step_out[2], _step_out[0], dout, _step_out[1],
-                                                                     qm, km, H, H, None, False, C),
+                                                                     qm, km, H, H, None, False, C_CODE),
     "torch sdpa step (bf16)": sdpa_step,
     "torch.empty x12": lambda: [torch.empty(1000, device="cuda") for _ in range(12)],
     "mx_attention step, stubbed": "stubbed",
@@ -72,8 +72,10 @@ calls = {
 # in two buffers, one binding call each way) replaced by stubs that return one real call's results:
 # what the autograd machinery and mx_attention's own glue cost (the rest is the two calls').
 _real = (mxflash._attention_step_forward, mxflash._attention_step_backward)
-_step_out = mxflash._attention_step_forward(q, k, v, qm, km, None, False, C, True)
-_grads = mxflash._attention_step_backward(_step_out[2], _step_out[0], dout, _step_out[1], qm, km, H, H, None, False, C)
+C_CODE = mxflash._causal_code(C)  # (the step's calls take the mask's code)
+_step_out = mxflash._attention_step_forward(q, k, v, qm, km, None, False, C_CODE, True)
+_grads = mxflash._attention_step_backward(_step_out[2], _step_out[0], dout, _step_out[1], qm, km, H, H, None, False,
+                                          C_CODE)
 
 
 def stubbed():

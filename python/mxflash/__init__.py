@@ -384,11 +384,15 @@ def _heads_of_input(x, meta):
     return 1
 
 
+def _kv_heads(hk, heads):
+    """K and V's head count hk where it divides heads (grouped-query attention), else heads (the
+    launcher then rejects k by name)."""
+    return hk if hk >= 1 and heads % hk == 0 else heads
+
+
 def _kv_heads_of_input(k, k_meta, heads):
-    """K and V's head count of a (Tk, Hkv, 128) input: Hkv where it divides heads (grouped-query
-    attention), else heads (the launcher then rejects k by name)."""
-    hk = _heads_of_input(k, k_meta)
-    return hk if heads % hk == 0 else heads
+    """_kv_heads of a (Tk, Hkv, 128) input."""
+    return _kv_heads(_heads_of_input(k, k_meta), heads)
 
 
 def _shape_or_empty(fn, *args):
@@ -1146,7 +1150,7 @@ def attention_backward_operands(ops, out, dout, lse, q_meta, k_meta, softmax_sca
     arrays = _operand_arrays(ops, "ops", AttentionBwdOperands)
     qp, kp = arrays[0], arrays[2]
     heads = (int(qp.shape[0]) or 1) if qp.ndim == 3 else 1
-    kv_heads = int(kp.shape[0]) if kp.ndim == 3 and kp.shape[0] >= 1 and heads % int(kp.shape[0]) == 0 else heads
+    kv_heads = _kv_heads(int(kp.shape[0]) if kp.ndim == 3 else heads, heads)
     o, g, l = _as_array(out, "out"), _as_array(dout, "dout"), _as_array(lse, "lse")
     mx_out = bool(output_mxfp8_dkv)
     outs, scale_views = _backward_outputs(qp, heads, q_meta, k_meta, grads, mx_out, kv_heads)
@@ -1173,9 +1177,8 @@ def attention_backward_operands(ops, out, dout, lse, q_meta, k_meta, softmax_sca
 def _attention_step_forward(q, k, v, q_meta, k_meta, softmax_scale, broadcast_q, causal, training):
     """q, k, v (torch, one dtype: bfloat16 or float32, contiguous; k, v with kv heads dividing q's)
     quantized into fresh buffers and attended: (out, lse, saved), saved the backward's operands in one
-    uint8 tensor (None without training)."""
+    uint8 tensor (None without training). causal: the mask's code (_causal_code's)."""
     torch = _torch()
-    causal = _causal_code(causal)
     heads, kv_heads = int(q.shape[1]), int(k.shape[1])
     device = q.device
     n_saved, n_scratch = _C.attention_step_layout(q_meta._host, k_meta._host, heads, kv_heads, bool(training),
@@ -1196,9 +1199,9 @@ def _attention_step_forward(q, k, v, q_meta, k_meta, softmax_scale, broadcast_q,
 
 def _attention_step_backward(saved, out, dout, lse, q_meta, k_meta, heads, kv_heads, softmax_scale, broadcast_q,
                              causal):
-    """The backward of _attention_step_forward's call: (dq, dk, dv) bfloat16, dk and dv with kv_heads."""
+    """The backward of _attention_step_forward's call: (dq, dk, dv) bfloat16, dk and dv with kv_heads;
+    causal the mask's code."""
     torch = _torch()
-    causal = _causal_code(causal)
     device = out.device
     dq = torch.empty((q_meta.total_tokens, heads, HEAD_DIM), dtype=torch.bfloat16, device=device)
     dk = torch.empty((k_meta.total_tokens, kv_heads, HEAD_DIM), dtype=torch.bfloat16, device=device)

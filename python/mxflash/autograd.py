@@ -128,7 +128,7 @@ def mx_attention(q, k, v, q_meta, k_meta, softmax_scale=None, broadcast_q=False,
     per-head bf16 gradients): the same result as repeating k and v before the call.
     """
     _check_inputs(q, k, v, q_meta, k_meta)
-    mxflash._causal_code(causal)  # rejects a bad value by name before any work
+    causal = mxflash._causal_code(causal)  # rejects a bad value by name before any work; the code from here on
     global _function
     if _function is None:
         _function = _make_function()
@@ -278,9 +278,9 @@ def _dense_attention(query, key, value, scale, causal, layout, enable_gqa=True):
     elif _compiling():
         # Traced by torch.compile: the same calls as torch.library custom ops (_dense_ops), so that
         # the graph need not break here (fullgraph=True works; CUDA graphs of the step too).
-        mxflash._causal_code(causal)  # rejects a bad value by name before any work
+        code = mxflash._causal_code(causal)  # rejects a bad value by name before any work
         xs = _quantizable_all(packed(query), packed(key), packed(value), detach=False)
-        out = _dense_step(*xs, int(batch), int(lq), int(lk), scale, causal)
+        out = _dense_step(*xs, int(batch), int(lq), int(lk), scale, code)
         out = out.view(batch, lq, heads, 128)
     else:
         out = mx_attention(packed(query), packed(key), packed(value), _uniform_meta(batch, lq),
@@ -325,14 +325,12 @@ def _dense_ops():
     def scale_of(softmax_scale):
         return None if math.isnan(softmax_scale) else softmax_scale
 
-    mask = {0: False, 1: "top_left", 2: "bottom_right"}  # (the ops take the mask's code)
-
     @custom_op("mxflash::dense_step_fwd", mutates_args=())
     def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: int, lq: int, lk: int, softmax_scale: float,
             causal: int, training: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         qm, km = metas(batch, lq, lk)
-        out, lse, saved = mxflash._attention_step_forward(q, k, v, qm, km, scale_of(softmax_scale), False,
-                                                          mask[causal], training)
+        out, lse, saved = mxflash._attention_step_forward(q, k, v, qm, km, scale_of(softmax_scale), False, causal,
+                                                          training)
         return out, lse, saved if saved is not None else q.new_empty((0,), dtype=torch.uint8)
 
     @fwd.register_fake
@@ -353,7 +351,7 @@ def _dense_ops():
             causal: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         qm, km = metas(batch, lq, lk)
         return mxflash._attention_step_backward(saved, out, dout, lse, qm, km, heads, kv_heads,
-                                                scale_of(softmax_scale), False, mask[causal])
+                                                scale_of(softmax_scale), False, causal)
 
     @bwd.register_fake
     def _(saved, out, dout, lse, batch, lq, lk, heads, kv_heads, softmax_scale, causal):
@@ -381,12 +379,12 @@ def _dense_ops():
 
 def _dense_step(q, k, v, batch, lq, lk, softmax_scale, causal):
     """mx_attention's step on (batch x lq, H, 128) q and (batch x lk, Hkv, 128) k, v of equal-length
-    sequences through the custom ops (under torch.compile); out bfloat16, or float16 for float16 inputs
-    is done by the caller."""
+    sequences through the custom ops (under torch.compile; causal: the mask's code); out bfloat16, or
+    float16 for float16 inputs is done by the caller."""
     torch = _torch()
     training = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
     scale = float("nan") if softmax_scale is None else float(softmax_scale)
-    out, _, _ = _dense_ops()[0](q, k, v, batch, lq, lk, scale, mxflash._causal_code(causal), training)
+    out, _, _ = _dense_ops()[0](q, k, v, batch, lq, lk, scale, causal, training)
     return out
 
 
