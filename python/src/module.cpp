@@ -20,6 +20,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #if defined(MXFLASH_WITH_CUDA)
@@ -256,7 +257,8 @@ StepLayout step_layout(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64
     return at;
   };
   for (int i : {0, 1, 3, 4}) l.fwd[i] = take(&l.saved, fb[i]);  // Q', K' and their scales
-  for (int i : {0, 1, 5, 6}) l.bwd[i] = l.fwd[i == 0 ? 0 : i == 1 ? 1 : i == 5 ? 3 : 4];
+  // the backward's q, k, q_scale, k_scale are the forward's
+  for (const auto& [b, f] : {std::pair{0, 0}, std::pair{1, 1}, std::pair{5, 3}, std::pair{6, 4}}) l.bwd[b] = l.fwd[f];
   if (training)
     for (int i : {2, 3, 4, 7, 8, 9}) l.bwd[i] = take(&l.saved, bb[i]);
   for (int i : {2, 5}) l.fwd[i] = take(&l.scratch, fb[i]);  // V' (the forward's alone)
@@ -768,7 +770,7 @@ NB_MODULE(_mxflash, m) {
         const TensorView ts = to_view(saved, "saved"), tc = to_view(scratch, "scratch");
         const TensorView tout = to_view(out, "out"), tl = to_view(lse, "lse");
         const AttentionOptions opt = attention_options(softmax_scale, broadcast_q, causal);
-        const int64_t H = heads_of(tq), Hkv = heads_of(tk) <= H && H % heads_of(tk) == 0 ? heads_of(tk) : H;
+        const int64_t H = heads_of(tq), hk = heads_of(tk), Hkv = H % hk == 0 ? hk : H;
         DeviceGuard guard(tq);
         const StepLayout l = step_layout(q_meta, k_meta, H, Hkv, training, opt, tq.device == Device::kCUDA);
         uint8_t* sp = step_buffer(ts, "saved", l.saved, tq);
