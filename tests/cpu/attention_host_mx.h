@@ -3,6 +3,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -102,6 +103,18 @@ inline std::vector<uint8_t> repeat_slabs(const std::vector<uint8_t>& x, size_t b
   std::vector<uint8_t> y;
   for (int64_t h = 0; h < heads * g; ++h)
     y.insert(y.end(), x.begin() + ptrdiff_t(size_t(h / g) * slab), x.begin() + ptrdiff_t(size_t(h / g + 1) * slab));
+  return y;
+}
+// x (T, Hkv, 128) with each head repeated g times: (T, Hkv x g, 128), head h = x's h / g (K or V
+// as the repeated inputs give them).
+template <typename T>
+std::vector<T> repeat_rows(const std::vector<T>& x, int64_t Hkv, int64_t g) {
+  const size_t rows = x.size() / size_t(Hkv * kHeadDim);
+  std::vector<T> y(x.size() * size_t(g));
+  for (size_t t = 0; t < rows; ++t)
+    for (int64_t h = 0; h < Hkv * g; ++h)
+      std::copy_n(x.begin() + ptrdiff_t((t * size_t(Hkv) + size_t(h / g)) * kHeadDim), kHeadDim,
+                  y.begin() + ptrdiff_t((t * size_t(Hkv * g) + size_t(h)) * kHeadDim));
   return y;
 }
 inline std::vector<uint16_t> group_sums(const std::vector<uint16_t>& x, int64_t Hkv, int64_t g) {

@@ -41,12 +41,7 @@ void run(const std::vector<int64_t>& q_lengths, const std::vector<int64_t>& k_le
   std::mt19937_64 rng(seed);
   std::vector<uint16_t> q = draw(size_t(Tq * H * kHeadDim), rng), k = draw(size_t(Tk * Hkv * kHeadDim), rng),
                         v = draw(k.size(), rng), dout = draw(size_t(To * H * kHeadDim), rng);
-  std::vector<uint16_t> kr(size_t(Tk * H * kHeadDim)), vr(kr.size());
-  for (int64_t t = 0; t < Tk; ++t)
-    for (int64_t h = 0; h < H; ++h) {
-      std::copy_n(k.begin() + (t * Hkv + h / g) * kHeadDim, kHeadDim, kr.begin() + (t * H + h) * kHeadDim);
-      std::copy_n(v.begin() + (t * Hkv + h / g) * kHeadDim, kHeadDim, vr.begin() + (t * H + h) * kHeadDim);
-    }
+  std::vector<uint16_t> kr = test::repeat_rows(k, Hkv, g), vr = test::repeat_rows(v, Hkv, g);
 
   test::HostOperands gf(qm, km, H, test::kPoison, Hkv), ff(qm, km, H);
   test::HostBwdOperands gb(qm, km, H, test::kPoison, Hkv), fb(qm, km, H);

@@ -103,14 +103,7 @@ void run_case(const Case& c, uint64_t seed) {
     return x;
   };
   std::vector<uint16_t> q = draw(Tq, H), k = draw(Tk, Hkv), v = draw(Tk, Hkv), dout = draw(To, H);
-  auto repeat_rows = [&](const std::vector<uint16_t>& x) {  // (Tk, Hkv, 128) -> (Tk, H, 128)
-    std::vector<uint16_t> y(size_t(Tk * H * kHeadDim));
-    for (int64_t t = 0; t < Tk; ++t)
-      for (int64_t h = 0; h < H; ++h)
-        std::copy_n(x.begin() + (t * Hkv + h / g) * kHeadDim, kHeadDim, y.begin() + (t * H + h) * kHeadDim);
-    return y;
-  };
-  const std::vector<uint16_t> kr = repeat_rows(k), vr = repeat_rows(v);
+  const std::vector<uint16_t> kr = test::repeat_rows(k, Hkv, g), vr = test::repeat_rows(v, Hkv, g);
   auto bytes16 = [](const std::vector<uint16_t>& x) {
     std::vector<uint8_t> b(x.size() * 2);
     std::memcpy(b.data(), x.data(), b.size());
