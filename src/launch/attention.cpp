@@ -485,6 +485,21 @@ void tokens_values(const TensorView& x, const TensorView& sc, const JaggedMeta& 
     }
 }
 
+// The forward's operands on the CPU (ref::attention_fwd_operands) of q (Tq, H, 128), k and v
+// (Tk, Hkv, 128): one call, or with fewer K/V heads (grouped-query attention) Q' from Q's own call and
+// K', V' from K/V's (each output depends on its own input only).
+Status fwd_operands_cpu(const JaggedMeta& q_meta, const JaggedMeta& k_meta, int64_t H, int64_t Hkv,
+                        const std::vector<float>& qf, const std::vector<float>& kf, const std::vector<float>& vf,
+                        ref::AttnFwdOperands* r) {
+  if (Hkv == H) return ref::attention_fwd_operands(q_meta, k_meta, H, qf.data(), kf.data(), vf.data(), r);
+  ref::AttnFwdOperands kv;
+  MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(q_meta, q_meta, H, qf.data(), qf.data(), qf.data(), r));
+  MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(k_meta, k_meta, Hkv, kf.data(), kf.data(), vf.data(), &kv));
+  r->k = std::move(kv.k), r->k_scale = std::move(kv.k_scale);
+  r->v = std::move(kv.v), r->v_scale = std::move(kv.v_scale);
+  return Status::Ok();
+}
+
 // The operands' values, K and V repeated to H heads.
 void dequantized_operands(const AttentionFwdOperands& ops, const JaggedMeta& qm, const JaggedMeta& km, int64_t H,
                           int64_t Hkv, std::vector<float>* q, std::vector<float>* k, std::vector<float>* v) {
@@ -535,16 +550,8 @@ Status quantize_attention_forward(const TensorView& q, const TensorView& k, cons
   MXFLASH_RETURN_IF_ERROR(check_operand_heads(oh, okv, H, Hkv, "ops"));
   MXFLASH_RETURN_IF_ERROR(check_same_device({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&ops.q, "ops.q"}}, &xd));
   if (xd == Device::kCPU) {
-    ref::AttnFwdOperands r, rkv;
-    const std::vector<float> qf = as_f32(q), kf = as_f32(k), vf = as_f32(v);
-    if (Hkv == H) {
-      MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(q_meta, k_meta, H, qf.data(), kf.data(), vf.data(), &r));
-    } else {  // grouped-query: Q' from Q's own call, K' and V' from K/V's (each output depends on its input only)
-      MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(q_meta, q_meta, H, qf.data(), qf.data(), qf.data(), &r));
-      MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(k_meta, k_meta, Hkv, kf.data(), kf.data(), vf.data(), &rkv));
-      r.k = std::move(rkv.k), r.k_scale = std::move(rkv.k_scale);
-      r.v = std::move(rkv.v), r.v_scale = std::move(rkv.v_scale);
-    }
+    ref::AttnFwdOperands r;
+    MXFLASH_RETURN_IF_ERROR(fwd_operands_cpu(q_meta, k_meta, H, Hkv, as_f32(q), as_f32(k), as_f32(v), &r));
     copy_into(r.q, ops.q);
     copy_into(r.k, ops.k);
     copy_into(r.v, ops.v);
@@ -911,14 +918,7 @@ Status quantize_attention_backward(const TensorView& q, const TensorView& k, con
     // The forward's rules per output: Q', K' as the forward's q, k; V rows as its k (per tile); Qᵀ',
     // Kᵀ' as its v (token-contiguous per tile), each on its own sequences.
     ref::AttnFwdOperands fwd, kv, qq;
-    if (Hkv == H) {
-      MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(q_meta, k_meta, H, qf.data(), kf.data(), vf.data(), &fwd));
-    } else if (write_qk) {  // grouped-query: Q' and K' from calls of their own heads (as quantize_attention_forward)
-      ref::AttnFwdOperands kk;
-      MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(q_meta, q_meta, H, qf.data(), qf.data(), qf.data(), &fwd));
-      MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(k_meta, k_meta, Hkv, kf.data(), kf.data(), vf.data(), &kk));
-      fwd.k = std::move(kk.k), fwd.k_scale = std::move(kk.k_scale);
-    }
+    if (write_qk) MXFLASH_RETURN_IF_ERROR(fwd_operands_cpu(q_meta, k_meta, H, Hkv, qf, kf, vf, &fwd));
     MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(k_meta, k_meta, Hkv, kf.data(), vf.data(), kf.data(), &kv));
     MXFLASH_RETURN_IF_ERROR(ref::attention_fwd_operands(q_meta, q_meta, H, qf.data(), qf.data(), qf.data(), &qq));
     if (write_qk) {
